@@ -1,0 +1,155 @@
+"""The ``simsrv`` command line (DESIGN.md section 4). Only this module imports typer and rich."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from sim.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Discrete-event simulator of an LLM inference cluster.")
+out_console = Console()
+err_console = Console(stderr=True)
+_verbose = {"on": False}
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors.")):
+    _verbose["on"] = verbose
+
+
+def _overrides(policy: Optional[str], chunk: Optional[int], sets: List[str]) -> list[str]:
+    out = list(sets or [])
+    if chunk is not None:
+        out += ["engine.policy=chunked", f"engine.max_num_batched_tokens={chunk}"]
+        if policy not in (None, "chunked"):
+            raise UserError(f"--chunk {chunk} means --policy chunked, but --policy {policy} was given")
+    elif policy is not None:
+        out.append(f"engine.policy={policy}")
+    return out
+
+
+def _summary_table(summary: dict) -> Table:
+    t = Table(title=f"simsrv {summary['model_id']} on {summary['simsrv_gpu']} x{summary['simsrv_replicas']}"
+                    f" (TP {summary['simsrv_tensor_parallel_size']}), policy {summary['simsrv_policy']}")
+    t.add_column("metric (ms)")
+    for c in ("mean", "p50", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
+        t.add_row(label, *(_fmt(summary[f"{c}_{key}_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    t.add_row("queue time", *(_fmt(summary[f"simsrv_{c}_queue_time_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    return t
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _run_progress(total: int):
+    progress = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err_console, transient=True, disable=not err_console.is_terminal)
+    task = progress.add_task("run", total=total)
+    return progress, (lambda done, _total: progress.update(task, completed=done))
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="continuous | chunked"),
+    chunk: Optional[int] = typer.Option(None, "--chunk", help="Policy chunked with this max_num_batched_tokens."),
+    set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default reports/runs/NAME-POLICY)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+):
+    """Simulate one scenario; print a summary table and write the run directory."""
+    from sim.output import write_run
+    from sim.run import run_scenario
+    from sim.scenario import load_scenario
+    from sim.summary import summarize
+    from sim.workload import build_workload
+
+    s = load_scenario(scenario, _overrides(policy, chunk, set_))
+    arrays = build_workload(s)
+    progress, cb = _run_progress(len(arrays))
+    with progress:
+        result = run_scenario(s, progress=cb, workload=arrays)
+    summary = summarize(result)
+    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
+    out_dir = write_run(result, summary, out or Path("reports/runs") / f"{s.name}-{tag}")
+    if quiet:
+        return
+    out_console.print(_summary_table(summary))
+    out_console.print(
+        f"completed {summary['completed']:,} / {summary['num_prompts']:,} (failed {summary['failed']:,})  "
+        f"duration {summary['duration']:,.1f} s  throughput {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:,.0f} output tok/s, {summary['total_token_throughput']:,.0f} tok/s"
+    )
+    good = summary["request_goodput"]
+    out_console.print(
+        f"preemptions {summary['simsrv_num_preemptions']:,}  peak KV use {summary['simsrv_peak_kv_usage']:.0%}"
+        + (f"  goodput {good:.2f} req/s" if good is not None else "")
+        + f"  (simulated in {summary['simsrv_wall_s']:.1f} s wall)"
+    )
+    for reason, n in summary["simsrv_failed_reasons"].items():
+        out_console.print(f"failed: {n} x {reason}")
+    out_console.print(f"wrote {out_dir}/")
+
+
+@app.command()
+def explain(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    context: int = typer.Option(2048, "--context", help="Context length N (tokens)."),
+    batch: int = typer.Option(1, "--batch", help="Decode batch size B."),
+    set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly the documented keys as JSON."),
+):
+    """Roofline and memory arithmetic of the deployment, per GPU."""
+    from sim.deployment import build_deployment
+    from sim.explain import explain as explain_fn
+    from sim.scenario import load_scenario
+
+    if context < 1 or batch < 1:
+        raise UserError("--context and --batch must be >= 1")
+    s = load_scenario(scenario, set_)
+    figures = explain_fn(build_deployment(s), context, batch)
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    t = Table(title=f"{s.name}: context {context}, batch {batch}")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in figures.items():
+        t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
+    out_console.print(t)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as e:
+        if _verbose["on"]:
+            raise
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        raise

@@ -1,0 +1,138 @@
+"""Cluster wiring in SimPy: an arrival process, a router, one process per replica.
+
+Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
+waits ``cost.step_time(plan)`` and applies ``on_step_done``. A fast-forwarded run of identical
+decode steps is interrupted by an arrival and cut at the step boundary after it, where an
+engine would let the new request in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import simpy
+
+from sim.cost.roofline import RooflineCostModel
+from sim.policies.base import Scheduler
+from sim.recorder import Recorder
+from sim.request import Request
+from sim.router import RouterFn
+from sim.workload.arrays import RequestArrays
+
+
+def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int) -> int:
+    """Smallest j in [1, k] whose cumulative time reaches ``elapsed_s`` (steps evenly spaced
+    from ``first_s`` to ``last_s``): the step running at ``elapsed_s`` is allowed to finish."""
+    slope = (last_s - first_s) / (k - 1) if k > 1 else 0.0
+
+    def cum(j: int) -> float:
+        return j * first_s + slope * j * (j - 1) / 2.0
+
+    if slope > 1e-18:
+        a, b = slope / 2.0, first_s - slope / 2.0
+        j = int(math.ceil((-b + math.sqrt(b * b + 4 * a * elapsed_s)) / (2 * a)))
+    else:
+        j = int(math.ceil(elapsed_s / first_s)) if first_s > 0 else 1
+    j = min(max(j, 1), k)
+    while j > 1 and cum(j - 1) >= elapsed_s:
+        j -= 1
+    while j < k and cum(j) < elapsed_s:
+        j += 1
+    return j
+
+
+class Replica:
+    """One serving-engine instance: a scheduler stepping on simulated GPUs."""
+
+    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler,
+                 cost: RooflineCostModel, recorder: Recorder, on_finish: Callable[[int], None]):
+        self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
+        self.recorder, self.on_finish = recorder, on_finish
+        self._wake: simpy.Event | None = None
+        self._interruptible = False
+        self.process = env.process(self._loop())
+
+    def submit(self, req: Request) -> None:
+        req.replica = self.index
+        if not self.scheduler.add_request(req, self.env.now):
+            self.on_finish(1)
+            return
+        if self._wake is not None:
+            if not self._wake.triggered:
+                self._wake.succeed()
+        elif self._interruptible:
+            self._interruptible = False
+            self.process.interrupt()
+
+    def _loop(self):
+        env, sched, rec = self.env, self.scheduler, self.recorder
+        while True:
+            plan = sched.schedule(env.now)
+            if plan is None:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            k = plan.num_steps
+            first, last = self.cost.run_durations_s(plan.batch)
+            start = env.now
+            done = k
+            if k > 1:
+                self._interruptible = True
+                try:
+                    yield env.timeout(k * (first + last) / 2.0)
+                except simpy.Interrupt:
+                    done = steps_within(env.now - start, first, last, k)
+                    slope = (last - first) / (k - 1)
+                    end = start + done * first + slope * done * (done - 1) / 2.0
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                    last = first + slope * (done - 1)
+                self._interruptible = False
+            else:
+                yield env.timeout(first)
+            finished = sched.on_step_done(plan, env.now, done)
+            rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
+                      plan.prefill_tokens, plan.num_decode_seqs * done, sched.kv.num_used,
+                      len(sched.waiting), first, last))
+            if finished:
+                self.on_finish(len(finished))
+
+
+def simulate(arrays: RequestArrays, schedulers: list[Scheduler], costs: list[RooflineCostModel],
+             router: RouterFn, progress: Callable[[int], None] | None = None) -> tuple[list[Request], Recorder]:
+    """Replay ``arrays`` through the replicas; return every request (completed or failed)."""
+    env = simpy.Environment()
+    rec = Recorder()
+    requests: list[Request] = []
+    ended = [0]
+    report_every = max(1, len(arrays) // 200)
+
+    def on_finish(n: int) -> None:
+        before = ended[0]
+        ended[0] += n
+        if progress is not None and ended[0] // report_every != before // report_every:
+            progress(ended[0])
+
+    replicas = [Replica(env, i, s, c, rec, on_finish) for i, (s, c) in enumerate(zip(schedulers, costs))]
+
+    def arrivals():
+        arrival = arrays.arrival_s.tolist()
+        inp = arrays.input_tokens.tolist()
+        out = arrays.output_tokens.tolist()
+        for i in range(len(arrival)):
+            t = arrival[i]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            req = Request(i, t, inp[i], out[i])
+            requests.append(req)
+            replicas[router(req, schedulers)].submit(req)
+
+    env.process(arrivals())
+    env.run()
+    for s in schedulers:
+        rec.resume_gaps_s.extend(s.resume_gaps_s)
+    if progress is not None:
+        progress(ended[0])
+    return requests, rec

@@ -1,0 +1,191 @@
+"""Roofline step-cost model: each operator takes max(compute time, memory time).
+
+Why: an operator cannot run faster than its FLOPs at peak nor its bytes at peak bandwidth
+(Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)). Prefill GEMMs are compute
+bound, decode GEMMs and attention are bandwidth bound; the max() gives both regimes from one
+formula. Achieved fractions of peak are named constants here (``Efficiencies``); calibration
+against measured kernels replaces them.
+
+All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Shoeybi et al.
+2019: attention heads and MLP columns split across ``tp`` GPUs, two all-reduces per layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.batch import Batch
+from sim.hardware import GPUSpec
+from sim.models import ModelSpec
+
+OPS = (
+    "gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "attn_prefill", "attn_decode",
+    "elementwise", "allreduce", "lm_head", "sampling", "overhead",
+)
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Fractions of peak reached by real kernels (defaults until calibrated).
+
+    NOTE: GEMM compute 0.85 is aiconfigurator's measured large-shape H100 GEMM (875/989
+    TFLOP/s, kernels_profile/hardware.md); memory 0.8 is aiconfigurator's bandwidth factor;
+    FlashAttention-2 reaches about 50-70% of peak in the forward pass (Dao 2023).
+    """
+
+    gemm_compute: float = 0.85
+    attn_compute: float = 0.6
+    memory: float = 0.8
+    link: float = 0.8
+    allreduce_latency_s: float = 10e-6  # aiconfigurator p2p_latency, NCCL launch + sync
+    step_overhead_s: float = 1.0e-3     # scheduler, input prep, launch per step (vidur CPU profile)
+    per_seq_overhead_s: float = 10e-6   # per scheduled sequence per step (vidur CPU profile slope)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds per operator class for one step (summed over layers), and their total."""
+
+    ops_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.ops_s.values())
+
+
+class RooflineCostModel:
+    """Per-step time of a batch on one replica of ``tp`` GPUs."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
+                 eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None):
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.eff = eff or Efficiencies()
+        m, e = model, self.eff
+        self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
+        self.kv_dtype_bytes = kv_dtype_bytes or m.dtype_bytes
+        self.flops_s = gpu.bf16_flops_per_s
+        self.mem_bw = gpu.hbm_bw_bytes_per_s * e.memory
+        self.heads = m.num_heads / tp
+        self.q_dim = m.q_size / tp
+        self.kv_dim = max(1, m.num_kv_heads // tp) * m.head_dim  # KV heads replicate when tp > H_kv
+        self.mlp_dim = m.intermediate_size / tp
+        # Linear layers as (input width, output width) per GPU.
+        h = m.hidden_size
+        self._qkv = (h, self.q_dim + 2 * self.kv_dim)
+        self._o = (self.q_dim, h)
+        self._up = (h, 2 * self.mlp_dim)     # fused gate+up of a gated MLP
+        self._down = (self.mlp_dim, h)
+        self._lm = (h, m.vocab_size / tp)
+        # KV bytes per cached token per layer per GPU (PagedAttention: K and V).
+        self.kv_layer_bytes = 2 * self.kv_dim * self.kv_dtype_bytes
+        # Elementwise bytes per token per layer: 2 RMSNorms (read+write h), 2 residual adds
+        # (2 reads + 1 write of h), rotary on q,k (read+write), SiLU*gate (read 2I, write I),
+        # KV-cache write (k and v).
+        self.elem_layer_bytes = self.dtype_bytes * (
+            4 * h + 6 * h + 2 * (self.q_dim + self.kv_dim) + 3 * self.mlp_dim + 2 * self.kv_dim
+        )
+        self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
+
+    # -- operators ------------------------------------------------------------------------------
+    def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
+                  flop_mult: float = 1.0) -> float:
+        """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes."""
+        fin, fout = shape
+        flops = 2.0 * tokens * fin * fout * flop_mult
+        bytes_ = (fin * fout * weight_reads + tokens * (fin + fout) * flop_mult) * self.dtype_bytes
+        return max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
+
+    def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
+        """(qkv, o, mlp_up, mlp_down) seconds for all layers; cached by token count."""
+        hit = self._gemm_cache.get(tokens)
+        if hit is not None:
+            return hit
+        m, L = self.model, self.model.num_layers
+        if m.num_experts > 1:
+            # MoE: each token runs top-k experts (FLOPs); the weights read are those of the
+            # experts touched, E * (1 - (1 - k/E)^T) in expectation under uniform routing
+            # (Jiang et al. 2024, "Mixtral of Experts").
+            k, E = m.num_experts_per_tok, m.num_experts
+            touched = E * (1.0 - (1.0 - k / E) ** tokens)
+            up = self._linear_s(tokens, self._up, touched, k)
+            down = self._linear_s(tokens, self._down, touched, k)
+        else:
+            up = self._linear_s(tokens, self._up)
+            down = self._linear_s(tokens, self._down)
+        out = (L * self._linear_s(tokens, self._qkv), L * self._linear_s(tokens, self._o), L * up, L * down)
+        self._gemm_cache[tokens] = out
+        return out
+
+    def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
+        """Causal attention of each chunk of c new tokens after x cached ones.
+
+        FLOPs: QK^T and PV, 2 * 2 * heads * d_head per (query, key) pair; a chunk has
+        c * (x + (c + 1) / 2) causal pairs (Dao 2023, "FlashAttention-2", causal FLOPs = half
+        of the square). Bytes: K and V of x + c tokens read once, Q read and O written.
+        """
+        if not chunks:
+            return 0.0
+        pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
+        kv_tokens = sum(c + x for c, x in chunks)
+        new_tokens = sum(c for c, _ in chunks)
+        flops = 4.0 * self.heads * self.model.head_dim * pairs
+        bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
+        L = self.model.num_layers
+        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+
+    def _attn_decode_s(self, num_seqs: int, context_tokens: float) -> float:
+        """Decode attention reads every cached K and V of the batch: bandwidth bound."""
+        if not num_seqs:
+            return 0.0
+        flops = 4.0 * self.heads * self.model.head_dim * context_tokens
+        bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
+        L = self.model.num_layers
+        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+
+    def _allreduce_s(self, tokens: int) -> float:
+        """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
+        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth)."""
+        if self.tp == 1:
+            return 0.0
+        size = tokens * self.model.hidden_size * self.dtype_bytes
+        link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
+        one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
+        return 2 * self.model.num_layers * one
+
+    def _components(self, b: Batch, decode_context: float) -> tuple[float, ...]:
+        tokens = b.num_tokens
+        qkv, o, up, down = self._gemms(tokens) if tokens else (0.0, 0.0, 0.0, 0.0)
+        # Embedding lookup (read+write h per token) joins the per-layer elementwise traffic.
+        elem = tokens * (self.model.num_layers * self.elem_layer_bytes
+                         + 2 * self.model.hidden_size * self.dtype_bytes) / self.mem_bw
+        lm = self._linear_s(b.num_logits, self._lm) if b.num_logits else 0.0
+        # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
+        # sampler (vLLM gathers the vocab shards before sampling).
+        sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
+        num_seqs = b.num_decode_seqs + len(b.prefill_chunks)
+        overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs if tokens else 0.0
+        return (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
+                self._attn_decode_s(b.num_decode_seqs, decode_context), elem,
+                self._allreduce_s(tokens), lm, sampling, overhead)
+
+    # -- public ---------------------------------------------------------------------------------
+    def step_time(self, batch: Batch) -> StepCost:
+        """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total."""
+        first = self._components(batch, batch.decode_context_tokens)
+        if batch.num_steps == 1:
+            return StepCost(dict(zip(OPS, first)))
+        last = self._components(batch, self._last_context(batch))
+        k = batch.num_steps
+        return StepCost({op: k * (a + z) / 2.0 for op, a, z in zip(OPS, first, last)})
+
+    def run_durations_s(self, batch: Batch) -> tuple[float, float]:
+        """(first step, last step) seconds. Step time is affine in the decode context, which
+        grows by ``num_decode_seqs`` per step, so a run's steps are evenly spaced between them."""
+        first = sum(self._components(batch, batch.decode_context_tokens))
+        if batch.num_steps == 1:
+            return first, first
+        return first, sum(self._components(batch, self._last_context(batch)))
+
+    @staticmethod
+    def _last_context(b: Batch) -> float:
+        return b.decode_context_tokens + (b.num_steps - 1) * b.num_decode_seqs

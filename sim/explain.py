@@ -1,0 +1,44 @@
+"""``simsrv explain``: the roofline and memory arithmetic of a deployment, per GPU.
+
+Why: users should be able to check the simulator's key figures by hand; these are the
+numbers behind every step time (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+from sim.deployment import Deployment
+from sim.kv import blocks_for
+
+EXPLAIN_KEYS = (
+    "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
+    "max_seqs_at_context", "ridge_flops_per_byte", "prefill_intensity_flops_per_byte",
+    "decode_intensity_flops_per_byte", "decode_step_floor_ms", "prefill_floor_ms",
+)
+
+
+def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float | int]:
+    m, g, tp = dep.model, dep.gpu, dep.tp
+    n, b = context_tokens, batch
+    weight_bytes = m.num_params * m.dtype_bytes / tp
+    kv_tok = m.kv_bytes_per_token(dep.kv_dtype_bytes)
+    kv_tok_gpu = kv_tok * (max(1, m.num_kv_heads // tp) / m.num_kv_heads)
+    # Forward-pass FLOPs per token: 2 per active weight (Kaplan et al. 2020, section 2.1), plus
+    # attention QK^T and PV, 4 * L * H * d_head per (query, key) pair.
+    attn_pair_flops = 4 * m.num_layers * m.num_heads * m.head_dim
+    prefill_flops = 2 * m.num_active_params * n + attn_pair_flops * n * (n + 1) / 2  # causal
+    prefill_bytes = m.num_params * m.dtype_bytes + n * kv_tok
+    decode_flops = b * (2 * m.num_active_params + attn_pair_flops * n)
+    decode_bytes = m.num_params * m.dtype_bytes + b * n * kv_tok
+    decode_bytes_gpu = weight_bytes + b * n * kv_tok_gpu
+    return {
+        "params": m.num_params,
+        "weight_bytes_per_gpu": weight_bytes,
+        "kv_bytes_per_token": kv_tok,
+        "kv_capacity_tokens": dep.memory.kv_capacity_tokens,
+        "max_seqs_at_context": dep.memory.num_kv_blocks // blocks_for(n, dep.memory.block_size),
+        "ridge_flops_per_byte": g.ridge_flops_per_byte,
+        "prefill_intensity_flops_per_byte": prefill_flops / prefill_bytes,
+        "decode_intensity_flops_per_byte": decode_flops / decode_bytes,
+        "decode_step_floor_ms": decode_bytes_gpu / g.hbm_bw_bytes_per_s * 1e3,
+        "prefill_floor_ms": prefill_flops / tp / g.bf16_flops_per_s * 1e3,
+    }

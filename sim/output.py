@@ -1,0 +1,26 @@
+"""``write_run``: the run directory of DESIGN.md section 5."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
+    "output_tokens", "ttft_s", "tpot_s", "e2el_s", "queue_s", "num_preemptions", "replica", "status",
+    "fail_reason",
+)
+STEP_COLUMNS = (
+    "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens",
+    "kv_blocks_used", "num_waiting", "first_step_s", "last_step_s",
+)
+
+
+def write_run(result, summary: dict, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    result.requests.select(REQUEST_COLUMNS).write_parquet(out / "requests.parquet", statistics=False)
+    result.steps.select(STEP_COLUMNS).write_parquet(out / "steps.parquet", statistics=False)
+    (out / "scenario.resolved.yaml").write_text(result.scenario.to_yaml())
+    return out

@@ -1,0 +1,34 @@
+"""Append-only records of a run: one row per engine step (or fast-forwarded run of identical
+decode steps), turned into columns once at the end.
+
+Why: appending a tuple per step is the cheapest thing the hot loop can do; all analysis reads
+columns afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STEP_COLUMNS = (
+    "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens",
+    "decode_tokens", "kv_blocks_used", "num_waiting", "first_step_s", "last_step_s",
+)
+_INT = {"replica", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "num_waiting"}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+        self.resume_gaps_s: list[float] = []
+
+    def step(self, row: tuple) -> None:
+        self.steps.append(row)
+
+    def step_columns(self) -> dict[str, np.ndarray]:
+        if not self.steps:
+            return {c: np.zeros(0, dtype=np.int64 if c in _INT else np.float64) for c in STEP_COLUMNS}
+        cols = list(zip(*self.steps))
+        return {
+            c: np.asarray(v, dtype=np.int64 if c in _INT else np.float64)
+            for c, v in zip(STEP_COLUMNS, cols)
+        }

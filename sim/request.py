@@ -1,0 +1,47 @@
+"""A request's simulated life: arrival, admission, prefill progress, tokens, finish.
+
+Why: policies and the cluster mutate these fields in place; metrics read them once at the
+end. ``__slots__`` keeps 10^5-10^7 live requests small.
+"""
+
+from __future__ import annotations
+
+import math
+
+NAN = math.nan
+
+
+class Request:
+    """One request. Times are simulated seconds; ``nan`` means "not yet"."""
+
+    __slots__ = (
+        "request_id", "arrival_s", "prompt_tokens", "output_tokens",
+        "num_generated", "num_computed", "prefill_target", "num_blocks",
+        "first_scheduled_s", "first_token_s", "finish_s", "last_token_s",
+        "num_preemptions", "replica", "status", "fail_reason",
+        "g_join", "step_join", "phase", "epoch", "in_decode",
+    )
+
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.num_generated = 0      # tokens emitted (stale while in the decode set)
+        self.num_computed = 0       # tokens whose KV is computed, during (re)prefill
+        self.prefill_target = prompt_tokens  # prompt + tokens generated before a recompute
+        self.num_blocks = 0         # KV blocks held (stale while in the decode set)
+        self.first_scheduled_s = NAN
+        self.first_token_s = NAN
+        self.finish_s = NAN
+        self.last_token_s = NAN
+        self.num_preemptions = 0
+        self.replica = -1
+        self.status = "waiting"     # waiting | running | completed | failed
+        self.fail_reason = ""
+        # decode-set bookkeeping (see policies/decode_set.py)
+        self.g_join = 0
+        self.step_join = 0
+        self.phase = 0
+        self.epoch = 0
+        self.in_decode = False

@@ -1,0 +1,223 @@
+"""Scenario files (DESIGN.md section 3): YAML -> validated, frozen ``Scenario``.
+
+Why: every run is reproducible from its resolved scenario; unknown keys are errors that list
+the valid ones, so a typo never silently runs the default.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.errors import UserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HFConfigRef(_Strict):
+    hf_config: str
+    name: Optional[str] = None
+
+
+class Hardware(_Strict):
+    gpu: str = "h100-sxm"
+
+
+class Cluster(_Strict):
+    replicas: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    router: Literal["round_robin", "least_outstanding", "least_kv"] = "least_outstanding"
+
+
+class Engine(_Strict):
+    policy: Literal["continuous", "chunked"] = "continuous"
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: Optional[int] = Field(None, ge=1)
+    block_size: int = Field(16, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    enable_prefix_caching: bool = False
+    preemption_mode: Literal["recompute"] = "recompute"
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    max_num_partial_prefills: int = Field(1, ge=1)
+    step_overhead_ms: Optional[float] = Field(None, ge=0)
+    per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
+
+
+class TraceSpec(_Strict):
+    path: str
+    format: Literal["auto", "normalized", "azure", "vidur"] = "auto"
+    time_scale: float = Field(1.0, gt=0)
+
+
+class LengthDist(_Strict):
+    dist: Literal["fixed", "uniform", "lognormal", "empirical"]
+    value: Optional[int] = Field(None, ge=1)
+    min: Optional[int] = Field(None, ge=1)
+    max: Optional[int] = Field(None, ge=1)
+    mean: Optional[float] = Field(None, gt=0)
+    sigma: Optional[float] = Field(None, ge=0)
+    path: Optional[str] = None
+    column: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> "LengthDist":
+        need = {"fixed": ["value"], "uniform": ["min", "max"], "lognormal": ["mean", "sigma"],
+                "empirical": ["path", "column"]}[self.dist]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"dist {self.dist} needs {', '.join(missing)}")
+        if self.dist == "uniform" and self.min > self.max:
+            raise ValueError(f"min {self.min} > max {self.max}")
+        return self
+
+
+class Synthetic(_Strict):
+    num_requests: int = Field(1000, ge=1)
+    request_rate: float = Field(4.0, gt=0)  # inf = all at t=0, as vLLM bench
+    burstiness: float = Field(1.0, gt=0)
+    input_tokens: LengthDist = LengthDist(dist="lognormal", mean=900, sigma=0.8, max=8192)
+    output_tokens: LengthDist = LengthDist(dist="lognormal", mean=300, sigma=0.8, max=2048)
+
+
+class Workload(_Strict):
+    trace: Optional[TraceSpec] = None
+    synthetic: Optional[Synthetic] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Workload":
+        if (self.trace is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of workload.trace or workload.synthetic")
+        return self
+
+
+class SLO(_Strict):
+    ttft_ms: Optional[float] = Field(None, gt=0)
+    tpot_ms: Optional[float] = Field(None, gt=0)
+    e2el_ms: Optional[float] = Field(None, gt=0)
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    model: Union[str, HFConfigRef] = "llama-3-8b"
+    hardware: Hardware = Hardware()
+    cluster: Cluster = Cluster()
+    engine: Engine = Engine()
+    workload: Workload
+    slo: SLO = SLO()
+    base_dir: str = "."  # directory of the scenario file: relative paths resolve against it
+
+    @model_validator(mode="after")
+    def _engine_limits(self) -> "Scenario":
+        e = self.engine
+        if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
+            raise ValueError(
+                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "
+                f"engine.max_num_seqs ({e.max_num_seqs}) for chunked prefill, as vLLM requires"
+            )
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        """A relative path is looked up from the current directory, then the scenario's."""
+        path = Path(p)
+        if path.is_absolute() or path.exists():
+            return path
+        return Path(self.base_dir) / path
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class whose field list explains an error at ``loc``."""
+    cls: Any = Scenario
+    for part in loc[:-1]:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return None
+        field = cls.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not cands:
+            return None
+        cls = cands[0]
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _format_error(err: ValidationError, where: str) -> str:
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "function-after"))))
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    if e["type"] == "extra_forbidden":
+        cls = _model_at(loc)
+        valid = ", ".join(k for k in (cls.model_fields if cls else {}) if k != "base_dir")
+        return f"{where}: unknown key '{key}'; valid keys here: {valid}"
+    if loc and loc[0] == "model":
+        return f"{where}: model: give a catalogue name or {{hf_config: path/to/config.json}}"
+    msg = e["msg"].removeprefix("Value error, ")
+    return f"{where}: {key}: {msg}"
+
+
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """``--set a.b.c=value``: create intermediate mappings as needed."""
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {} if nxt is None or not isinstance(nxt, dict) else nxt
+            node[p] = nxt
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str) and value.lower() in ("inf", "+inf", ".inf"):
+        value = math.inf
+    return key.strip(), value
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read, override and validate a scenario file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: scenario file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{line} not valid YAML ({getattr(e, 'problem', e)})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a scenario is a YAML mapping of keys, got {type(raw).__name__}")
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(raw, key, value)
+    raw.pop("base_dir", None)
+    return scenario_from_dict(raw, str(path), base_dir=str(path.parent))
+
+
+def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".") -> Scenario:
+    try:
+        return Scenario(**raw, base_dir=base_dir)
+    except ValidationError as err:
+        raise UserError(_format_error(err, where)) from None
+    except TypeError as err:
+        raise UserError(f"{where}: {err}") from None

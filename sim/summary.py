@@ -1,0 +1,92 @@
+"""``summarize``: a run's figures, keyed as vLLM bench's ``--save-result`` JSON.
+
+Why: users diff simsrv results against their real ``vllm bench serve`` results key for key;
+simulator-only figures carry the ``simsrv_`` prefix.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections import Counter
+
+import numpy as np
+
+from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
+
+
+def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
+    out = {}
+    for k in ("mean", "median", "std", "p50", "p90", "p99"):
+        v = stats[k] * 1e3
+        out[f"{k}_{metric}_ms"] = None if math.isnan(v) else v
+    return out
+
+
+def summarize(result) -> dict:
+    s = result.scenario
+    rq = result.requests
+    ok = (rq["status"] == "completed").to_numpy()
+    cols = {c: rq[c].to_numpy() for c in ("ttft_s", "tpot_s", "e2el_s", "queue_s", "finish_s",
+                                          "input_tokens", "output_tokens", "num_preemptions")}
+    steps = {c: result.steps[c].to_numpy() for c in result.steps.columns}
+    finish = cols["finish_s"][ok]
+    duration = float(finish.max()) if ok.any() else 0.0
+    completed = int(ok.sum())
+    tin = int(cols["input_tokens"][ok].sum())
+    tout = int(cols["output_tokens"][ok].sum())
+    gaps, counts = itl_samples(steps, result.resume_gaps_s)
+    if s.workload.synthetic is not None:
+        rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
+    else:
+        rate, burst = result.workload.mean_rate_per_s, None
+    has_slo = any(v is not None for v in (s.slo.ttft_ms, s.slo.tpot_ms, s.slo.e2el_ms))
+    good = int(goodput_mask(cols, ok, s.slo).sum()) if has_slo else None
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    model_id = s.model if isinstance(s.model, str) else (s.model.name or s.model.hf_config)
+    reasons = Counter(rq.filter(~rq["status"].eq("completed"))["fail_reason"].to_list())
+    dep = result.deployment
+    out: dict = {
+        "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "backend": "simsrv",
+        "model_id": model_id,
+        "tokenizer_id": model_id,
+        "num_prompts": len(rq),
+        "request_rate": "inf" if math.isinf(rate) else rate,
+        "burstiness": burst,
+        "max_concurrency": None,
+        "duration": duration,
+        "completed": completed,
+        "failed": len(rq) - completed,
+        "total_input_tokens": tin,
+        "total_output_tokens": tout,
+        "request_throughput": per_s(completed),
+        "request_goodput": per_s(good) if good is not None else None,
+        "output_throughput": per_s(tout),
+        "total_token_throughput": per_s(tin + tout),
+    }
+    out.update(_ms(plain_stats(cols["ttft_s"][ok]), "ttft"))
+    out.update(_ms(plain_stats(cols["tpot_s"][ok]), "tpot"))
+    out.update(_ms(weighted_stats(gaps, counts), "itl"))
+    out.update(_ms(plain_stats(cols["e2el_s"][ok]), "e2el"))
+    q = plain_stats(cols["queue_s"][ok])
+    out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
+    out.update({
+        "simsrv_policy": s.engine.policy,
+        "simsrv_gpu": s.hardware.gpu,
+        "simsrv_replicas": s.cluster.replicas,
+        "simsrv_tensor_parallel_size": s.cluster.tensor_parallel_size,
+        "simsrv_router": s.cluster.router,
+        "simsrv_seed": s.seed,
+        "simsrv_num_preemptions": int(cols["num_preemptions"].sum()),
+        "simsrv_failed_reasons": dict(sorted(reasons.items())),
+        "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
+        "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
+        "simsrv_peak_kv_usage": max(result.peak_kv_blocks, default=0) / dep.memory.num_kv_blocks,
+        "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
+        "simsrv_num_step_rows": len(steps["num_steps"]),
+        "simsrv_cost_model": "roofline (default efficiencies, uncalibrated)",
+        "simsrv_wall_s": result.wall_s,
+        "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
+    })
+    return out

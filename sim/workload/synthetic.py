@@ -1,0 +1,56 @@
+"""Synthetic workloads: gamma arrivals and length distributions (DESIGN.md section 3).
+
+Why: vLLM bench draws inter-arrival gaps from a gamma distribution with shape = burstiness
+and mean 1/rate (burstiness 1 = Poisson; < 1 burstier); users compare against it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sim.errors import UserError
+from sim.workload.arrays import RequestArrays
+
+
+def arrival_times_s(rng: np.random.Generator, n: int, rate_per_s: float, burstiness: float) -> np.ndarray:
+    """Gamma(shape=burstiness, scale=1/(rate*burstiness)) gaps, first request at t=0 (vLLM bench)."""
+    if math.isinf(rate_per_s):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate_per_s * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def sample_lengths(rng: np.random.Generator, n: int, spec, resolve_path, where: str) -> np.ndarray:
+    """Token counts (>= 1) from a ``LengthDist``."""
+    if spec.dist == "fixed":
+        out = np.full(n, spec.value, dtype=np.int64)
+    elif spec.dist == "uniform":
+        out = rng.integers(spec.min, spec.max + 1, size=n)
+    elif spec.dist == "lognormal":
+        # mean of a lognormal is exp(mu + sigma^2 / 2): pick mu so the mean is `mean`.
+        mu = math.log(spec.mean) - spec.sigma**2 / 2.0
+        out = np.rint(rng.lognormal(mu, spec.sigma, size=n)).astype(np.int64)
+    else:  # empirical: resample a column of a trace file
+        from sim.workload.trace import read_column
+
+        values = read_column(resolve_path(spec.path), spec.column, where)
+        out = rng.choice(values, size=n, replace=True).astype(np.int64)
+    if spec.max is not None and spec.dist != "uniform":
+        out = np.minimum(out, spec.max)
+    if spec.min is not None and spec.dist != "uniform":
+        out = np.maximum(out, spec.min)
+    return np.maximum(out, 1)
+
+
+def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArrays:
+    """Draw arrivals, then input lengths, then output lengths, from one seeded generator."""
+    if spec.num_requests < 1:
+        raise UserError("workload.synthetic.num_requests: must be >= 1")
+    rng = np.random.default_rng(seed)
+    arrival = arrival_times_s(rng, spec.num_requests, spec.request_rate, spec.burstiness)
+    inp = sample_lengths(rng, spec.num_requests, spec.input_tokens, resolve_path, "workload.synthetic.input_tokens")
+    out = sample_lengths(rng, spec.num_requests, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
+    return RequestArrays(arrival, inp, out)
