@@ -69,6 +69,7 @@ class Scheduler:
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
         self.decode = DecodeSet(kv.block_size)
         self.num_preemptions = 0
+        self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a preemption
 
     # -- queue ----------------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class Scheduler:
             if k < plan.num_steps:
                 blocks = ds.blocks_needed(k)
                 kv.release_blocks(plan.decode_blocks - blocks)
+            self.tokens_emitted += ds.num_seqs * k
             for req in ds.advance(k, blocks):
                 ds.remove(req)
                 self._finish(req, now, finished)
@@ -158,6 +160,7 @@ class Scheduler:
             else:
                 req.first_token_s = now
             req.num_generated += 1
+            self.tokens_emitted += 1
             if req.num_generated >= req.output_tokens:
                 self._finish(req, now, finished)
             else:

@@ -58,42 +58,33 @@ class DecodeSet:
         self.phase_count[req.phase] -= 1
 
     # -- look-ahead ---------------------------------------------------------------------------
-    def _first_alloc_step(self, q: int) -> int:
-        """Index j of the first step in which a sequence of phase class q needs a new block.
-
-        Step j computes the token at position n + j and needs ceil((n + j + 1) / bs) blocks,
-        one more than held exactly when (n + j) % bs == 0.
-        """
-        return (-(q + self.steps)) % self.block_size
+    # Step j of a run computes the token at position n + j and needs ceil((n + j + 1) / bs)
+    # blocks: one more than held exactly when (n + j) % bs == 0. A sequence of phase class q
+    # first allocates at step r = -(q + steps) mod bs, then every bs steps; so the class with
+    # first-allocation offset r is q = -(r + steps) mod bs.
+    def _count_at_offset(self, r: int) -> int:
+        return self.phase_count[(-r - self.steps) % self.block_size]
 
     def blocks_needed(self, num_steps: int) -> int:
         """New KV blocks the set takes over the next ``num_steps`` steps."""
-        bs = self.block_size
-        total = 0
-        for q, c in enumerate(self.phase_count):
-            if c:
-                r = self._first_alloc_step(q)
-                if num_steps > r:
-                    total += c * ((num_steps - 1 - r) // bs + 1)
-        return total
+        if num_steps <= 0 or not self.num_seqs:
+            return 0
+        rounds, rem = divmod(num_steps, self.block_size)
+        counts, bs, base = self.phase_count, self.block_size, -self.steps
+        return rounds * self.num_seqs + sum(counts[(base - r) % bs] for r in range(rem))
 
     def max_steps_within(self, free_blocks: int) -> int:
-        """Largest k such that ``blocks_needed(k) <= free_blocks`` (bounded by the next finish)."""
+        """Largest k such that ``blocks_needed(k) <= free_blocks``."""
         if self.num_seqs == 0:
             return 1 << 62
-        bs = self.block_size
+        # Allocation events come in rounds of bs steps, ordered inside a round by offset r;
+        # the event numbered free_blocks (0-based) is the first that cannot be met.
         rounds, idx = divmod(free_blocks, self.num_seqs)
-        # Allocation events happen in rounds of bs steps; inside a round, sequences allocate at
-        # their first-allocation offset r. The (free_blocks)-th event (0-based) cannot be met.
-        counts = [0] * bs
-        for q, c in enumerate(self.phase_count):
-            if c:
-                counts[self._first_alloc_step(q)] += c
         seen = 0
-        for r, c in enumerate(counts):
-            seen += c
+        for r in range(self.block_size):
+            seen += self._count_at_offset(r)
             if seen > idx:
-                return r + rounds * bs
+                return r + rounds * self.block_size
         raise AssertionError("phase histogram inconsistent with num_seqs")
 
     def steps_to_next_finish(self) -> int:

@@ -1,0 +1,73 @@
+"""Simulation speed and memory: simulated requests per wall-clock second, and peak RSS.
+
+Workload (issue 2): synthetic chat, lognormal 900 input / 300 output tokens (sigma 0.8),
+Poisson arrivals at RATE req/s, Llama-3-8B on H100 SXM, 8 replicas, 100,000 requests, for
+the continuous policy and chunked prefill (512-token budget). Each policy runs in a fresh
+process so its peak RSS is its own. Usage: python bench/speed.py [--requests N] [--rate R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def one(policy: str, chunk: int, n: int, rate: float, replicas: int) -> dict:
+    from sim.run import run_scenario
+    from sim.scenario import scenario_from_dict
+    from sim.summary import summarize
+
+    raw = {
+        "name": "bench", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+        "cluster": {"replicas": replicas},
+        "engine": {"policy": policy, "max_num_batched_tokens": chunk},
+        "workload": {"synthetic": {
+            "num_requests": n, "request_rate": rate,
+            "input_tokens": {"dist": "lognormal", "mean": 900, "sigma": 0.8, "max": 7000},
+            "output_tokens": {"dist": "lognormal", "mean": 300, "sigma": 0.8, "max": 1000},
+        }},
+    }
+    t0 = time.perf_counter()
+    result = run_scenario(scenario_from_dict(raw))
+    sim_s = time.perf_counter() - t0
+    s = summarize(result)
+    wall = time.perf_counter() - t0
+    return {
+        "policy": policy if policy == "continuous" else f"chunked {chunk}",
+        "requests": n, "replicas": replicas, "rate": rate,
+        "wall_s": round(wall, 2), "simulate_s": round(sim_s, 2),
+        "req_per_wall_s": round(n / wall),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "step_rows": result.steps.height, "engine_steps": s["simsrv_num_steps"],
+        "p99_ttft_ms": round(s["p99_ttft_ms"], 1), "p99_tpot_ms": round(s["p99_tpot_ms"], 1),
+        "preemptions": s["simsrv_num_preemptions"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=80.0)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--one", nargs=2, metavar=("POLICY", "CHUNK"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.one[0], int(a.one[1]), a.requests, a.rate, a.replicas)))
+        return
+    cols = ("policy", "requests", "replicas", "rate", "wall_s", "req_per_wall_s", "peak_rss_mb",
+            "step_rows", "engine_steps", "p99_ttft_ms", "p99_tpot_ms", "preemptions")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for policy, chunk in (("continuous", 8192), ("chunked", 512)):
+        cmd = [sys.executable, __file__, "--requests", str(a.requests), "--rate", str(a.rate),
+               "--replicas", str(a.replicas), "--one", policy, str(chunk)]
+        row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        print("| " + " | ".join(str(row[c]) for c in cols) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Metric definitions (vLLM bench) and the exact weighted percentiles used for ITL."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.metrics import itl_samples, request_metrics, weighted_stats
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(0, 30)), min_size=1, max_size=40))
+def test_weighted_stats_equal_numpy_on_expanded_array(pairs):
+    v = np.array([p[0] for p in pairs])
+    w = np.array([p[1] for p in pairs])
+    if w.sum() == 0:
+        return
+    expanded = np.repeat(v, w)
+    got = weighted_stats(v, w)
+    for p in (50, 90, 99):
+        assert got[f"p{p}"] == pytest.approx(np.percentile(expanded, p), rel=1e-9, abs=1e-9)
+    assert got["median"] == pytest.approx(np.median(expanded), rel=1e-9, abs=1e-9)
+    assert got["mean"] == pytest.approx(expanded.mean(), rel=1e-9, abs=1e-9)
+    assert got["std"] == pytest.approx(expanded.std(), rel=1e-6, abs=1e-6)
+
+
+def test_tpot_only_for_multi_token_outputs():
+    req = {"status": np.array(["completed", "completed", "failed"]), "arrival_s": np.array([0.0, 1.0, 2.0]),
+           "first_token_s": np.array([0.5, 1.2, np.nan]), "finish_s": np.array([2.5, 1.2, 2.0]),
+           "first_scheduled_s": np.array([0.1, 1.0, np.nan]), "output_tokens": np.array([5, 1, 10])}
+    m = request_metrics(req)
+    assert m["ttft_s"][0] == 0.5 and m["tpot_s"][0] == pytest.approx(0.5)  # (2.5 - 0.5) / 4
+    assert np.isnan(m["tpot_s"][1]) and np.isnan(m["ttft_s"][2])
+    assert m["queue_s"][0] == pytest.approx(0.1)
+
+
+def test_itl_expands_fast_forwarded_runs_per_step():
+    steps = {"num_steps": np.array([1, 4]), "decode_tokens": np.array([0, 12]),
+             "first_step_s": np.array([0.05, 0.010]), "last_step_s": np.array([0.05, 0.013])}
+    gaps, counts = itl_samples(steps, [0.2])
+    assert gaps.tolist() == pytest.approx([0.010, 0.011, 0.012, 0.013, 0.2])
+    assert counts.tolist() == [3, 3, 3, 3, 1]

@@ -1,0 +1,135 @@
+"""Schedulers driven by hand through schedule() / on_step_done(), without SimPy."""
+
+from sim.kv import KVBlockManager
+from sim.policies import EngineLimits
+from sim.policies.chunked import ChunkedScheduler
+from sim.policies.continuous import ContinuousScheduler
+from sim.request import Request
+
+
+def _sched(cls, blocks=1000, bs=16, **limits):
+    return cls(EngineLimits(**limits), KVBlockManager(blocks, bs))
+
+
+def _drive(s, now=0.0, dt=0.01, max_steps=10_000):
+    """Run steps until idle; return (plans, finished requests)."""
+    plans, done = [], []
+    for _ in range(max_steps):
+        plan = s.schedule(now)
+        if plan is None:
+            return plans, done
+        plans.append(plan)
+        now += dt * plan.num_steps
+        done += s.on_step_done(plan, now)
+    raise AssertionError("did not finish")
+
+
+def test_continuous_prefills_whole_prompt_in_one_step():
+    s = _sched(ContinuousScheduler, max_num_batched_tokens=8192)
+    s.add_request(Request(0, 0.0, 3000, 5), 0.0)
+    plan = s.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.chunks] == [(0, 3000)]
+    assert plan.num_decode_seqs == 0
+
+
+def test_continuous_long_prompt_stalls_with_decodes_in_the_same_step():
+    s = _sched(ContinuousScheduler, max_num_batched_tokens=16384, max_model_len=16384)
+    s.add_request(Request(0, 0.0, 100, 50), 0.0)
+    s.on_step_done(s.schedule(0.0), 0.01)
+    s.add_request(Request(1, 0.0, 10000, 5), 0.01)
+    plan = s.schedule(0.01)
+    assert plan.num_decode_seqs == 1 and plan.prefill_tokens == 10000
+
+
+def test_chunked_runs_decodes_first_then_chunks_within_budget():
+    s = _sched(ChunkedScheduler, max_num_batched_tokens=512, max_num_seqs=64)
+    s.add_request(Request(0, 0.0, 100, 50), 0.0)
+    s.on_step_done(s.schedule(0.0), 0.01)  # request 0 now decoding
+    s.add_request(Request(1, 0.0, 2000, 5), 0.01)
+    chunks = []
+    now = 0.01
+    while 1 in s.prefilling or not chunks:
+        plan = s.schedule(now)
+        assert plan.num_decode_seqs == 1  # the decode rides along every step
+        assert plan.num_decode_seqs + plan.prefill_tokens <= 512
+        chunks += [n for r, n in plan.chunks if r.request_id == 1]
+        now += 0.01
+        s.on_step_done(plan, now)
+    assert chunks == [511, 511, 511, 467]
+    assert s.running[1].first_token_s == now
+
+
+def test_long_prefill_token_threshold_caps_a_chunk():
+    s = _sched(ChunkedScheduler, max_num_batched_tokens=2048, long_prefill_token_threshold=300)
+    s.add_request(Request(0, 0.0, 1000, 2), 0.0)
+    assert s.schedule(0.0).chunks[0][1] == 300
+
+
+def test_max_num_partial_prefills_limits_concurrent_long_prompts():
+    def first_plan(limit):
+        s = _sched(ChunkedScheduler, max_num_batched_tokens=1024, long_prefill_token_threshold=400,
+                   max_num_partial_prefills=limit)
+        for i, n in enumerate((300, 2000, 2000)):
+            s.add_request(Request(i, 0.0, n, 2), 0.0)
+        return [(r.request_id, n) for r, n in s.schedule(0.0).chunks]
+
+    assert first_plan(1) == [(0, 300), (1, 400)]  # request 2 would be a second partial prefill
+    assert first_plan(2) == [(0, 300), (1, 400), (2, 324)]
+
+
+def test_max_num_seqs_caps_the_batch():
+    s = _sched(ContinuousScheduler, max_num_seqs=3)
+    for i in range(5):
+        s.add_request(Request(i, 0.0, 10, 100), 0.0)
+    plan = s.schedule(0.0)
+    assert len(plan.chunks) == 3 and len(s.waiting) == 2
+
+
+def test_decode_run_is_fast_forwarded_to_the_first_finish():
+    s = _sched(ContinuousScheduler)
+    s.add_request(Request(0, 0.0, 10, 40), 0.0)
+    s.add_request(Request(1, 0.0, 10, 25), 0.0)
+    s.on_step_done(s.schedule(0.0), 0.01)
+    plan = s.schedule(0.01)
+    assert plan.num_steps == 24 and plan.num_decode_seqs == 2  # request 1 emits its 25th token
+    done = s.on_step_done(plan, 0.5)
+    assert [r.request_id for r in done] == [1]
+
+
+def test_preempts_most_recent_request_when_kv_runs_out():
+    # 8 blocks of 4 tokens; each request grows to 25 tokens (7 blocks): both cannot fit
+    s = _sched(ContinuousScheduler, blocks=8, bs=4)
+    a, b = Request(0, 0.0, 6, 20), Request(1, 0.0, 6, 20)
+    s.add_request(a, 0.0)
+    s.add_request(b, 0.0)
+    plans, done = _drive(s)
+    assert {r.request_id for r in done} == {0, 1}
+    assert b.num_preemptions >= 1 and a.num_preemptions == 0  # the later admission is the victim
+    assert s.kv.num_used == 0 and s.kv.peak_used == 8
+    assert s.tokens_emitted == 40
+
+
+def test_prompt_that_can_never_fit_fails_with_reason():
+    s = _sched(ChunkedScheduler, blocks=10, bs=16, max_model_len=100_000)
+    r = Request(0, 0.0, 500, 10)
+    assert not s.add_request(r, 0.0)
+    assert r.status == "failed" and "needs 32 KV blocks" in r.fail_reason and "has 10" in r.fail_reason
+    assert s.schedule(0.0) is None
+
+
+def test_prompt_over_max_model_len_fails():
+    s = _sched(ContinuousScheduler, max_model_len=4096)
+    r = Request(0, 0.0, 4000, 200)
+    assert not s.add_request(r, 0.0)
+    assert "max_model_len 4096" in r.fail_reason
+
+
+def test_recompute_resumes_and_records_the_gap():
+    s = _sched(ChunkedScheduler, blocks=6, bs=4, max_num_batched_tokens=64, max_num_seqs=4)
+    reqs = [Request(i, 0.0, 7, 12) for i in range(3)]
+    for r in reqs:
+        s.add_request(r, 0.0)
+    plans, done = _drive(s)
+    assert len(done) == 3 and s.num_preemptions > 0
+    assert s.tokens_emitted == 36
+    assert len(s.resume_gaps_s) == sum(1 for _ in s.resume_gaps_s) and all(g > 0 for g in s.resume_gaps_s)
