@@ -1,4 +1,4 @@
-"""A workload as three aligned arrays, sorted by arrival time."""
+"""A workload as aligned arrays, sorted by arrival time."""
 
 from __future__ import annotations
 
@@ -9,11 +9,20 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RequestArrays:
-    """``arrival_s`` (from the first request), ``input_tokens``, ``output_tokens`` per request."""
+    """``arrival_s`` (from the first request), ``input_tokens``, ``output_tokens`` per request.
+
+    Optional: ``hash_ids`` — per request, the ids of its prompt's prefix blocks of
+    ``hash_block_size`` tokens each (two requests sharing a leading run of ids share that
+    prefix's KV cache, as in Mooncake traces); ``session_id`` and ``priority`` per request.
+    """
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
+    hash_ids: list[np.ndarray] | None = None
+    hash_block_size: int = 16
+    session_id: np.ndarray | None = None
+    priority: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
