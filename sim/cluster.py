@@ -1,9 +1,10 @@
 """Cluster wiring in SimPy: an arrival process, a router, one process per replica.
 
 Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
-waits ``cost.step_time(plan)`` and applies ``on_step_done``. A fast-forwarded run of identical
+waits the plan's step time and applies ``on_step_done``. A fast-forwarded run of identical
 decode steps is interrupted by an arrival and cut at the step boundary after it, where an
-engine would let the new request in.
+engine would let the new request in. Disaggregation is a topology (sim/topology.py), not a
+mode inside one scheduler.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 
 import simpy
 
-from sim.cost.roofline import RooflineCostModel
 from sim.policies.base import Scheduler
 from sim.recorder import Recorder
 from sim.request import Request
@@ -45,10 +45,12 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int) -> int
 class Replica:
     """One serving-engine instance: a scheduler stepping on simulated GPUs."""
 
-    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler,
-                 cost: RooflineCostModel, recorder: Recorder, on_finish: Callable[[int], None]):
+    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, cost,
+                 recorder: Recorder, on_finish: Callable[[list[Request]], None],
+                 swap_s_per_block: float = 0.0, on_step: Callable[["Replica"], None] | None = None):
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
-        self.recorder, self.on_finish = recorder, on_finish
+        self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
+        self.swap_s_per_block = swap_s_per_block
         self._wake: simpy.Event | None = None
         self._interruptible = False
         self.process = env.process(self._loop())
@@ -56,8 +58,12 @@ class Replica:
     def submit(self, req: Request) -> None:
         req.replica = self.index
         if not self.scheduler.add_request(req, self.env.now):
-            self.on_finish(1)
+            self.on_finish([req])
             return
+        self.notify()
+
+    def notify(self) -> None:
+        """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
         if self._wake is not None:
             if not self._wake.triggered:
                 self._wake.succeed()
@@ -76,6 +82,9 @@ class Replica:
                 continue
             k = plan.num_steps
             first, last = self.cost.run_durations_s(plan.batch)
+            if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
+                first += plan.swap_blocks * self.swap_s_per_block
+                last = first
             start = env.now
             done = k
             if k > 1:
@@ -96,26 +105,54 @@ class Replica:
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
                       plan.prefill_tokens, plan.num_decode_seqs * done, sched.kv.num_used,
                       len(sched.waiting), first, last))
+            for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
+                rec.itl_adjust.append((first, first + gap))
             if finished:
-                self.on_finish(len(finished))
+                self.on_finish(finished)
+            if self.on_step is not None:
+                self.on_step(self)
 
 
-def simulate(arrays: RequestArrays, schedulers: list[Scheduler], costs: list[RooflineCostModel],
-             router: RouterFn, progress: Callable[[int], None] | None = None) -> tuple[list[Request], Recorder]:
-    """Replay ``arrays`` through the replicas; return every request (completed or failed)."""
+class Colocated:
+    """Replicas that each run prefill and decode; the router picks one per arrival."""
+
+    def __init__(self, env: simpy.Environment, schedulers: list[Scheduler], costs: list, router: RouterFn,
+                 recorder: Recorder, on_finish: Callable[[list[Request]], None], swap_s_per_block: float = 0.0):
+        self.schedulers = schedulers
+        self.router = router
+        self.replicas = [Replica(env, i, s, c, recorder, on_finish, swap_s_per_block)
+                         for i, (s, c) in enumerate(zip(schedulers, costs))]
+
+    def submit(self, req: Request) -> None:
+        self.replicas[self.router(req, self.schedulers)].submit(req)
+
+
+TopologyFactory = Callable[[simpy.Environment, Recorder, Callable[[list[Request]], None]], object]
+
+
+def simulate(arrays: RequestArrays, schedulers: list[Scheduler] | None = None, costs: list | None = None,
+             router: RouterFn | None = None, progress: Callable[[int], None] | None = None,
+             topology: TopologyFactory | None = None,
+             swap_s_per_block: float = 0.0) -> tuple[list[Request], Recorder]:
+    """Replay ``arrays`` through a topology (colocated replicas by default); return every
+    request (completed or failed) and the step records."""
     env = simpy.Environment()
     rec = Recorder()
     requests: list[Request] = []
     ended = [0]
     report_every = max(1, len(arrays) // 200)
 
-    def on_finish(n: int) -> None:
+    def on_finish(finished: list[Request]) -> None:
         before = ended[0]
-        ended[0] += n
+        ended[0] += len(finished)
         if progress is not None and ended[0] // report_every != before // report_every:
             progress(ended[0])
 
-    replicas = [Replica(env, i, s, c, rec, on_finish) for i, (s, c) in enumerate(zip(schedulers, costs))]
+    if topology is None:
+        topo = Colocated(env, schedulers, costs, router, rec, on_finish, swap_s_per_block)
+    else:
+        topo = topology(env, rec, on_finish)
+    hash_ids = arrays.hash_ids
 
     def arrivals():
         arrival = arrays.arrival_s.tolist()
@@ -126,12 +163,15 @@ def simulate(arrays: RequestArrays, schedulers: list[Scheduler], costs: list[Roo
             if t > env.now:
                 yield env.timeout(t - env.now)
             req = Request(i, t, inp[i], out[i])
+            if hash_ids is not None:
+                req.hash_ids = hash_ids[i]
+                req.hash_block_size = arrays.hash_block_size
             requests.append(req)
-            replicas[router(req, schedulers)].submit(req)
+            topo.submit(req)
 
     env.process(arrivals())
     env.run()
-    for s in schedulers:
+    for s in topo.schedulers:
         rec.resume_gaps_s.extend(s.resume_gaps_s)
     if progress is not None:
         progress(ended[0])

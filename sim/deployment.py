@@ -27,18 +27,30 @@ class Deployment:
     cost: RooflineCostModel
     kv_dtype_bytes: int
 
-    def new_scheduler(self, policy: str) -> Scheduler:
-        return POLICIES[policy](self.limits, KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size))
+    prefix_caching: bool = False
+
+    def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
+        cls = POLICIES[policy] if isinstance(policy, str) else policy
+        kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching)
+        return cls(self.limits, kv)
+
+    @property
+    def swap_s_per_block(self) -> float:
+        """Seconds to move one KV block between GPU and host: each GPU of the tensor-parallel
+        group copies its shard over its own PCIe link (bytes / PCIe bandwidth)."""
+        return self.memory.kv_block_bytes_per_gpu / self.gpu.pcie_bw_bytes_per_s
 
 
-def build_deployment(s: Scenario) -> Deployment:
+def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = None,
+                     where: str = "scenario") -> Deployment:
+    """The replica of ``s`` (or of one of its disaggregated pools: ``gpu_key``, ``tp``)."""
     e = s.engine
     model = get_model(s.model if isinstance(s.model, str) else s.model.model_dump(), Path(s.base_dir))
-    gpu = get_gpu(s.hardware.gpu)
-    tp = s.cluster.tensor_parallel_size
+    gpu = get_gpu(gpu_key or s.hardware.gpu)
+    tp = tp or s.cluster.tensor_parallel_size
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where="scenario")
+                      e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
     eff = Efficiencies()
     if e.step_overhead_ms is not None:
         eff = replace(eff, step_overhead_s=e.step_overhead_ms / 1e3)
@@ -50,5 +62,7 @@ def build_deployment(s: Scenario) -> Deployment:
         max_model_len=e.max_model_len or model.max_position_embeddings,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         max_num_partial_prefills=e.max_num_partial_prefills,
+        preemption_mode=e.preemption_mode,
     )
-    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, eff), kv_bytes)
+    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, eff), kv_bytes,
+                      e.enable_prefix_caching)

@@ -53,7 +53,8 @@ def plain_stats(values: np.ndarray) -> dict[str, float]:
     return out
 
 
-def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float]) -> tuple[np.ndarray, np.ndarray]:
+def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
+                adjust: list[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(gap seconds, count) pairs: each decode step's duration once per decode sequence in it.
 
     A fast-forwarded row of k steps holds steps evenly spaced from ``first_step_s`` to
@@ -73,6 +74,17 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float]) -> tup
     if resume_gaps_s:
         gaps = np.concatenate([gaps, np.asarray(resume_gaps_s)])
         counts = np.concatenate([counts, np.ones(len(resume_gaps_s), dtype=np.int64)])
+    if len(adjust):
+        # A request that joined decoding with its KV computed elsewhere (swap-in, KV transfer)
+        # waited before its first decode step: that token's gap is the wait plus the step, so
+        # one sample of the step's duration is replaced by the longer gap.
+        old, new = np.asarray(adjust, dtype=np.float64).T
+        gaps = np.concatenate([gaps, old, new])
+        counts = np.concatenate([counts, -np.ones(len(old), np.int64), np.ones(len(new), np.int64)])
+        gaps, inverse = np.unique(gaps, return_inverse=True)
+        counts = np.bincount(inverse, weights=counts, minlength=len(gaps)).astype(np.int64)
+        if (counts < 0).any():
+            raise AssertionError("ITL adjustment removed a gap the step log does not hold")
     return gaps, counts
 
 

@@ -20,6 +20,9 @@ class Recorder:
     def __init__(self) -> None:
         self.steps: list[tuple] = []
         self.resume_gaps_s: list[float] = []
+        # (step duration counted once in the step log, the true gap that replaces it) for a
+        # request whose first decode step came after waiting with its KV elsewhere
+        self.itl_adjust: list[tuple[float, float]] = []
 
     def step(self, row: tuple) -> None:
         self.steps.append(row)

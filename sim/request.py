@@ -20,6 +20,9 @@ class Request:
         "first_scheduled_s", "first_token_s", "finish_s", "last_token_s",
         "num_preemptions", "replica", "status", "fail_reason",
         "g_join", "step_join", "phase", "epoch", "in_decode",
+        "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
+        "hash_ids", "hash_block_size", "prefix_keys", "cached_keys", "num_shared_blocks",
+        "prefix_hit_tokens",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
@@ -45,3 +48,17 @@ class Request:
         self.phase = 0
         self.epoch = 0
         self.in_decode = False
+        # KV computed elsewhere (host memory after a swap, or a prefill replica): admitted
+        # straight into the decode set once blocks are free
+        self.kv_ready = False
+        self.swapped_blocks = 0
+        self.handoff_blocks = 0     # KV blocks held on the prefill replica until decode admits
+        self.transfer_start_s = NAN
+        self.transfer_end_s = NAN
+        # prefix caching (see kv.py): block-hash chain of the prompt, cached blocks referenced
+        self.hash_ids = None
+        self.hash_block_size = 16
+        self.prefix_keys = None
+        self.cached_keys: list = []
+        self.num_shared_blocks = 0
+        self.prefix_hit_tokens = 0

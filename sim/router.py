@@ -19,7 +19,7 @@ def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
     """Fewest waiting + running requests; ties go to the lowest index."""
     best, best_n = 0, None
     for i, s in enumerate(replicas):
-        n = len(s.waiting) + len(s.running)
+        n = s.num_outstanding
         if best_n is None or n < best_n:
             best, best_n = i, n
     return best
@@ -36,6 +36,17 @@ def least_kv(req: Request, replicas: Sequence[Scheduler]) -> int:
     return best
 
 
+def prefix_affinity(req: Request, replicas: Sequence[Scheduler]) -> int:
+    """The replica whose prefix cache holds the longest prefix of the prompt (SGLang's
+    cache-aware routing); with no cached prefix anywhere, or a tie, fewest outstanding."""
+    best, best_key = 0, None
+    for i, s in enumerate(replicas):
+        key = (-s.kv.cached_prefix_blocks(req), s.num_outstanding)
+        if best_key is None or key < best_key:
+            best, best_key = i, key
+    return best
+
+
 def make_router(name: str) -> RouterFn:
     if name == "round_robin":
         counter = [0]
@@ -46,4 +57,4 @@ def make_router(name: str) -> RouterFn:
             return i
 
         return round_robin
-    return {"least_outstanding": least_outstanding, "least_kv": least_kv}[name]
+    return {"least_outstanding": least_outstanding, "least_kv": least_kv, "prefix_affinity": prefix_affinity}[name]

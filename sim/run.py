@@ -13,20 +13,28 @@ from sim.cluster import simulate
 from sim.deployment import Deployment, build_deployment
 from sim.metrics import request_metrics
 from sim.router import make_router
-from sim.scenario import Scenario
+from sim.policies.disagg import DecodeScheduler, PrefillScheduler
+from sim.scenario import Disaggregation, Scenario
+from sim.topology import Disaggregated
 from sim.workload import RequestArrays, build_workload
 
 
 @dataclass
 class RunResult:
     scenario: Scenario
-    deployment: Deployment
+    deployment: Deployment          # the replica (the decode pool's, when disaggregated)
     workload: RequestArrays
     requests: pl.DataFrame
     steps: pl.DataFrame
     resume_gaps_s: list[float]
     wall_s: float
-    peak_kv_blocks: list[int] = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    itl_adjust: list[tuple[float, float]] = field(default_factory=list)
+    transfers: dict = field(default_factory=dict)
+
+    @property
+    def peak_kv_usage(self) -> float:
+        return max((s.kv.peak_used / s.kv.num_blocks for s in self.schedulers), default=0.0)
 
 
 def _request_frame(reqs) -> pl.DataFrame:
@@ -47,23 +55,51 @@ def _request_frame(reqs) -> pl.DataFrame:
         **m,
         "num_preemptions": np.fromiter((r.num_preemptions for r in reqs), np.int64, len(reqs)),
         "replica": np.fromiter((r.replica for r in reqs), np.int64, len(reqs)),
+        "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in reqs), np.int64, len(reqs)),
+        "kv_transfer_s": np.fromiter((r.transfer_end_s - r.transfer_start_s for r in reqs), np.float64, len(reqs)),
         "status": [r.status for r in reqs],
         "fail_reason": [r.fail_reason for r in reqs],
     }, nan_to_null=False)
     return frame
 
 
+def _disaggregated(scenario: Scenario, router):
+    """Schedulers and a topology factory for ``policy: disaggregated``."""
+    d = scenario.disaggregation or Disaggregation()
+    pdep = build_deployment(scenario, d.prefill.gpu, d.prefill.tensor_parallel_size, "disaggregation.prefill")
+    ddep = build_deployment(scenario, d.decode.gpu, d.decode.tensor_parallel_size, "disaggregation.decode")
+    prefill = [pdep.new_scheduler(PrefillScheduler) for _ in range(d.prefill.replicas)]
+    decode = [ddep.new_scheduler(DecodeScheduler) for _ in range(d.decode.replicas)]
+    kv_bytes_per_token = ddep.model.kv_bytes_per_token(ddep.kv_dtype_bytes)
+
+    def factory(env, rec, on_finish):
+        topo = Disaggregated(env, prefill, [pdep.cost] * len(prefill), decode, [ddep.cost] * len(decode),
+                             router, kv_bytes_per_token, d.kv_transfer.bandwidth_gb_per_s * 1e9,
+                             d.kv_transfer.latency_ms / 1e3, rec, on_finish, ddep.swap_s_per_block)
+        factory.topology = topo
+        return topo
+
+    return ddep, [*prefill, *decode], factory
+
+
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
                  workload: RequestArrays | None = None) -> RunResult:
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end."""
     t0 = time.perf_counter()
-    dep = build_deployment(scenario)
+    router = make_router(scenario.cluster.router)
     arrays = workload if workload is not None else build_workload(scenario)
-    n = scenario.cluster.replicas
-    schedulers = [dep.new_scheduler(scenario.engine.policy) for _ in range(n)]
-    costs = [dep.cost] * n
     cb = (lambda done: progress(done, len(arrays))) if progress else None
-    reqs, rec = simulate(arrays, schedulers, costs, make_router(scenario.cluster.router), cb)
+    transfers: dict = {}
+    if scenario.engine.policy == "disaggregated":
+        dep, schedulers, factory = _disaggregated(scenario, router)
+        reqs, rec = simulate(arrays, progress=cb, topology=factory)
+        links = factory.topology.links
+        transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links)}
+    else:
+        dep = build_deployment(scenario)
+        n = scenario.cluster.replicas
+        schedulers = [dep.new_scheduler(scenario.engine.policy) for _ in range(n)]
+        reqs, rec = simulate(arrays, schedulers, [dep.cost] * n, router, cb, swap_s_per_block=dep.swap_s_per_block)
     steps = pl.DataFrame(rec.step_columns())
     return RunResult(scenario, dep, arrays, _request_frame(reqs), steps, rec.resume_gaps_s,
-                     time.perf_counter() - t0, [s.kv.peak_used for s in schedulers])
+                     time.perf_counter() - t0, schedulers, rec.itl_adjust, transfers)

@@ -32,11 +32,11 @@ class Hardware(_Strict):
 class Cluster(_Strict):
     replicas: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
-    router: Literal["round_robin", "least_outstanding", "least_kv"] = "least_outstanding"
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = "least_outstanding"
 
 
 class Engine(_Strict):
-    policy: Literal["continuous", "chunked"] = "continuous"
+    policy: Literal["static", "continuous", "chunked", "disaggregated"] = "continuous"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     max_model_len: Optional[int] = Field(None, ge=1)
@@ -44,11 +44,30 @@ class Engine(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     enable_prefix_caching: bool = False
-    preemption_mode: Literal["recompute"] = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
     long_prefill_token_threshold: int = Field(0, ge=0)
     max_num_partial_prefills: int = Field(1, ge=1)
     step_overhead_ms: Optional[float] = Field(None, ge=0)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
+
+
+class Pool(_Strict):
+    """One pool of a disaggregated deployment; ``gpu`` defaults to ``hardware.gpu``."""
+
+    replicas: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu: Optional[str] = None
+
+
+class KVTransfer(_Strict):
+    bandwidth_gb_per_s: float = Field(50.0, gt=0)
+    latency_ms: float = Field(0.05, ge=0)
+
+
+class Disaggregation(_Strict):
+    prefill: Pool = Pool()
+    decode: Pool = Pool()
+    kv_transfer: KVTransfer = KVTransfer()
 
 
 class TraceSpec(_Strict):
@@ -85,6 +104,10 @@ class Synthetic(_Strict):
     burstiness: float = Field(1.0, gt=0)
     input_tokens: LengthDist = LengthDist(dist="lognormal", mean=900, sigma=0.8, max=8192)
     output_tokens: LengthDist = LengthDist(dist="lognormal", mean=300, sigma=0.8, max=2048)
+    # A shared system prompt of this many tokens precedes each prompt (input_tokens is then
+    # the question after it); requests pick one of num_prefixes distinct prompts uniformly.
+    shared_prefix_tokens: int = Field(0, ge=0)
+    num_prefixes: int = Field(1, ge=1)
 
 
 class Workload(_Strict):
@@ -113,6 +136,7 @@ class Scenario(_Strict):
     engine: Engine = Engine()
     workload: Workload
     slo: SLO = SLO()
+    disaggregation: Optional[Disaggregation] = None
     base_dir: str = "."  # directory of the scenario file: relative paths resolve against it
 
     @model_validator(mode="after")

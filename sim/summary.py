@@ -23,6 +23,17 @@ def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
     return out
 
 
+def _hit_rate(schedulers) -> float | None:
+    """Prefix-cache hit rate as vLLM reports it: cached prompt tokens / prompt tokens looked up."""
+    q = sum(s.kv.query_tokens for s in schedulers)
+    return sum(s.kv.hit_tokens for s in schedulers) / q if q else None
+
+
+def _mean_ms(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(values.mean() * 1e3) if len(values) else None
+
+
 def summarize(result) -> dict:
     s = result.scenario
     rq = result.requests
@@ -35,7 +46,7 @@ def summarize(result) -> dict:
     completed = int(ok.sum())
     tin = int(cols["input_tokens"][ok].sum())
     tout = int(cols["output_tokens"][ok].sum())
-    gaps, counts = itl_samples(steps, result.resume_gaps_s)
+    gaps, counts = itl_samples(steps, result.resume_gaps_s, result.itl_adjust)
     if s.workload.synthetic is not None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     else:
@@ -82,7 +93,12 @@ def summarize(result) -> dict:
         "simsrv_failed_reasons": dict(sorted(reasons.items())),
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
-        "simsrv_peak_kv_usage": max(result.peak_kv_blocks, default=0) / dep.memory.num_kv_blocks,
+        "simsrv_peak_kv_usage": result.peak_kv_usage,
+        "simsrv_num_swaps": sum(x.num_swaps for x in result.schedulers),
+        "simsrv_prefix_cache_hit_rate": _hit_rate(result.schedulers),
+        "simsrv_kv_transfers": result.transfers.get("count", 0),
+        "simsrv_kv_transfer_bytes": result.transfers.get("bytes", 0.0),
+        "simsrv_mean_kv_transfer_ms": _mean_ms(rq["kv_transfer_s"].to_numpy()),
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
         "simsrv_cost_model": "roofline (default efficiencies, uncalibrated)",

@@ -1,6 +1,7 @@
 """Invariants over random workloads (hypothesis): nothing lost, KV within capacity, tokens conserved."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,8 @@ from sim.policies import POLICIES, EngineLimits
 from sim.policies.decode_set import DecodeSet
 from sim.request import Request
 from sim.router import make_router
+from sim.policies.disagg import DecodeScheduler, PrefillScheduler
+from sim.topology import Disaggregated
 from sim.workload import RequestArrays
 
 COST = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), 1)
@@ -26,17 +29,13 @@ def workloads(draw):
     inp = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
     out = draw(st.lists(st.integers(1, 120), min_size=n, max_size=n))
     gaps[0] = 0.0
-    return RequestArrays(np.cumsum(gaps), np.array(inp), np.array(out))
+    # prompts share a prefix drawn from 3 groups of hash-id chains (16 tokens per id)
+    groups = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    hash_ids = [np.array([g * 1000 + j for j in range(-(-p // 16))]) for g, p in zip(groups, inp)]
+    return RequestArrays(np.cumsum(gaps), np.array(inp), np.array(out), hash_ids=hash_ids, hash_block_size=16)
 
 
-@settings(max_examples=60, deadline=None)
-@given(w=workloads(), policy=st.sampled_from(sorted(POLICIES)), blocks=st.integers(3, 60),
-       bs=st.sampled_from([1, 4, 16]), budget=st.integers(64, 600), seqs=st.integers(1, 40),
-       replicas=st.integers(1, 3), router=st.sampled_from(["round_robin", "least_outstanding", "least_kv"]))
-def test_invariants(w, policy, blocks, bs, budget, seqs, replicas, router):
-    limits = EngineLimits(max_num_seqs=min(seqs, budget), max_num_batched_tokens=budget, max_model_len=10_000)
-    scheds = [POLICIES[policy](limits, KVBlockManager(blocks, bs)) for _ in range(replicas)]
-    reqs, rec = simulate(w, scheds, [COST] * replicas, make_router(router))
+def _check(w, reqs, rec, scheds, capacity):
     # every request ends completed or failed, none lost
     assert len(reqs) == len(w)
     assert {r.status for r in reqs} <= {"completed", "failed"}
@@ -47,13 +46,15 @@ def test_invariants(w, policy, blocks, bs, budget, seqs, replicas, router):
             assert r.arrival_s <= r.first_scheduled_s <= r.first_token_s <= r.finish_s
     # KV blocks in use never exceed capacity, and all are returned
     steps = rec.step_columns()
-    assert (steps["kv_blocks_used"] <= blocks).all()
-    assert all(s.kv.peak_used <= blocks and s.kv.num_used == 0 for s in scheds)
+    for s, cap in zip(scheds, capacity):
+        assert s.kv.peak_used <= cap and s.kv.num_used == 0
+        assert s.kv.num_used + s.kv.num_cached_free <= cap
+    assert (steps["kv_blocks_used"] <= max(capacity)).all()
     # output tokens produced equal those requested by completed requests
     done = [r for r in reqs if r.status == "completed"]
     assert sum(s.tokens_emitted for s in scheds) == sum(r.output_tokens for r in done)
     # pooled inter-token gaps add up to each request's (e2e - ttft), summed
-    gaps, counts = itl_samples(steps, rec.resume_gaps_s)
+    gaps, counts = itl_samples(steps, rec.resume_gaps_s, rec.itl_adjust)
     m = request_metrics({
         "status": np.array([r.status for r in reqs]), "arrival_s": np.array([r.arrival_s for r in reqs]),
         "first_token_s": np.array([r.first_token_s for r in reqs]), "finish_s": np.array([r.finish_s for r in reqs]),
@@ -61,7 +62,48 @@ def test_invariants(w, policy, blocks, bs, budget, seqs, replicas, router):
         "output_tokens": np.array([r.output_tokens for r in reqs]),
     })
     decode_time = np.nansum(m["e2el_s"] - m["ttft_s"])
-    assert np.dot(gaps, counts) == __import__("pytest").approx(decode_time, rel=1e-9, abs=1e-9)
+    assert np.dot(gaps, counts) == pytest.approx(decode_time, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(w=workloads(), policy=st.sampled_from(sorted(POLICIES)), blocks=st.integers(3, 60),
+       bs=st.sampled_from([1, 4, 16]), budget=st.integers(64, 600), seqs=st.integers(1, 40),
+       replicas=st.integers(1, 3), router=st.sampled_from(["round_robin", "least_outstanding", "least_kv",
+                                                           "prefix_affinity"]),
+       mode=st.sampled_from(["recompute", "swap"]), caching=st.booleans())
+def test_invariants(w, policy, blocks, bs, budget, seqs, replicas, router, mode, caching):
+    limits = EngineLimits(max_num_seqs=min(seqs, budget), max_num_batched_tokens=budget, max_model_len=10_000,
+                          preemption_mode=mode)
+    scheds = [POLICIES[policy](limits, KVBlockManager(blocks, bs, caching)) for _ in range(replicas)]
+    reqs, rec = simulate(w, scheds, [COST] * replicas, make_router(router), swap_s_per_block=1e-5)
+    _check(w, reqs, rec, scheds, [blocks] * replicas)
+
+
+class _CheckedDecode(DecodeScheduler):
+    def _on_kv_admitted(self, req, now):
+        assert req.transfer_end_s <= now  # no request admitted to decode before its KV arrived
+        super()._on_kv_admitted(req, now)
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=workloads(), pblocks=st.integers(20, 60), dblocks=st.integers(3, 60), bs=st.sampled_from([4, 16]),
+       np_=st.integers(1, 2), nd=st.integers(1, 3), bw=st.floats(1e6, 1e9), caching=st.booleans())
+def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching):
+    limits = EngineLimits(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=10_000)
+    prefill = [PrefillScheduler(limits, KVBlockManager(pblocks, bs, caching)) for _ in range(np_)]
+    decode = [_CheckedDecode(limits, KVBlockManager(dblocks, bs)) for _ in range(nd)]
+
+    def topo(env, rec, on_finish):
+        return Disaggregated(env, prefill, [COST] * np_, decode, [COST] * nd, make_router("least_outstanding"),
+                             1000.0, bw, 1e-4, rec, on_finish)
+
+    reqs, rec = simulate(w, topology=topo)
+    _check(w, reqs, rec, [*prefill, *decode], [pblocks] * np_ + [dblocks] * nd)
+    for s in prefill:
+        assert s.held_blocks == 0
+    for r in reqs:
+        if r.status == "completed" and r.output_tokens > 1:
+            assert r.transfer_end_s - r.transfer_start_s >= r.prompt_tokens * 1000.0 / bw + 1e-4 - 1e-9
 
 
 @settings(max_examples=200, deadline=None)

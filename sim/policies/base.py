@@ -26,6 +26,7 @@ class EngineLimits:
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap on a chunk
     max_num_partial_prefills: int = 1
+    preemption_mode: str = "recompute"     # recompute | swap
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
 
 
@@ -39,6 +40,10 @@ class StepPlan:
     decode_blocks: int
     chunks: list[tuple[Request, int]] = field(default_factory=list)
     chunk_contexts: list[int] = field(default_factory=list)
+    swap_blocks: int = 0  # KV blocks moved over PCIe (swap-out and swap-in) before the step
+    # Requests that joined the decode set with KV computed elsewhere: the gap before their
+    # first decode step (their next token's inter-token latency is that gap + the step).
+    ready_gaps_s: list[float] = field(default_factory=list)
 
     @property
     def batch(self) -> Batch:
@@ -68,19 +73,29 @@ class Scheduler:
         self.running: dict[int, Request] = {}     # admission order; the tail is preempted first
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
         self.decode = DecodeSet(kv.block_size)
+        self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
+        self.num_swaps = 0
         self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
-        self.resume_gaps_s: list[float] = []  # inter-token gaps that span a preemption
+        self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
+        self._swap_blocks = 0
 
     # -- queue ----------------------------------------------------------------------------------
-    def add_request(self, req: Request, now: float) -> bool:
-        """Queue ``req``; fail it at once (False) if it can never be served here."""
+    def admission_error(self, req: Request) -> str:
+        """Why ``req`` can never be served here, or ''."""
         total = req.prompt_tokens + req.output_tokens
         if total > self.limits.max_model_len:
-            return self._fail(req, now, f"prompt+output {total} tokens > max_model_len {self.limits.max_model_len}")
+            return f"prompt+output {total} tokens > max_model_len {self.limits.max_model_len}"
         need = blocks_for(total - 1, self.kv.block_size)
         if need > self.kv.num_blocks:
-            return self._fail(req, now, f"needs {need} KV blocks for {total} tokens; replica has {self.kv.num_blocks}")
+            return f"needs {need} KV blocks for {total} tokens; replica has {self.kv.num_blocks}"
+        return ""
+
+    def add_request(self, req: Request, now: float) -> bool:
+        """Queue ``req``; fail it at once (False) if it can never be served here."""
+        reason = self.admission_error(req)
+        if reason:
+            return self._fail(req, now, reason)
         self.waiting.append(req)
         return True
 
@@ -93,7 +108,7 @@ class Scheduler:
 
     @property
     def num_outstanding(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + self.incoming
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -104,9 +119,12 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         while ds.num_seqs and ds.blocks_needed(1) > kv.num_free:
             self._preempt_tail(now)
+        gaps = self._admit_kv_ready(now)
         step0_blocks = ds.blocks_needed(1)
         kv.allocate_blocks(step0_blocks)
-        plan = StepPlan(1, ds.num_seqs, ds.context_tokens + ds.num_seqs, step0_blocks)
+        plan = StepPlan(1, ds.num_seqs, ds.context_tokens + ds.num_seqs, step0_blocks,
+                        swap_blocks=self._swap_blocks, ready_gaps_s=gaps)
+        self._swap_blocks = 0
         self._fill_prefills(plan, self.limits.max_num_batched_tokens - ds.num_seqs, now)
         if not plan.chunks:
             if not ds.num_seqs:
@@ -115,6 +133,8 @@ class Scheduler:
                     self._preempt_tail(now)
                     return self.schedule(now)
                 return None
+            if plan.swap_blocks or gaps:
+                return plan  # a swap or a join costs the first step something of its own
             # Nothing else can join until a sequence finishes: fast-forward identical steps.
             kv.release_blocks(step0_blocks)
             k = min(ds.steps_to_next_finish(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
@@ -122,6 +142,60 @@ class Scheduler:
             plan.decode_blocks = ds.blocks_needed(k)
             kv.allocate_blocks(plan.decode_blocks)
         return plan
+
+    def _admit_kv_ready(self, now: float) -> list[float]:
+        """Admit waiting requests whose KV exists elsewhere (swapped out, or sent by a prefill
+        replica) straight into the decode set, first come first served."""
+        gaps: list[float] = []
+        kv, ds = self.kv, self.decode
+        bs = kv.block_size
+        while self.waiting and self.waiting[0].kv_ready and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            n = req.prompt_tokens + req.num_generated - 1
+            # its blocks, including the one its first decode step may open, and the running
+            # decodes' next step must all fit
+            if blocks_for(n + 1, bs) + ds.blocks_needed(1) > kv.num_free:
+                break
+            kv.allocate(req, n)
+            self.waiting.popleft()
+            req.kv_ready = False
+            req.status = "running"
+            if req.first_scheduled_s != req.first_scheduled_s:
+                req.first_scheduled_s = now
+            self._swap_blocks += req.swapped_blocks
+            req.swapped_blocks = 0
+            self._on_kv_admitted(req, now)
+            self.running[req.request_id] = req
+            ds.add(req)
+            gaps.append(now - req.last_token_s)
+        return gaps
+
+    def _on_kv_admitted(self, req: Request, now: float) -> None:
+        """Hook: the decode pool of a disaggregated cluster releases the prefill side's KV."""
+
+    def _try_admit(self, req: Request, plan: StepPlan, budget: int, now: float) -> int:
+        """Admit the waiting head with a first chunk chosen by ``_first_chunk``; 0 if it cannot
+        start now. A prefix-cache hit skips the cached blocks' prefill."""
+        kv = self.kv
+        hit = kv.lookup(req) if req.num_computed == 0 else 0
+        start = hit * kv.block_size
+        n = self._first_chunk(req.prefill_target - start, budget, plan)
+        if n <= 0:
+            return 0
+        need = blocks_for(start + n, kv.block_size) - hit + (kv.evictable_among(req, hit) if hit else 0)
+        if need > kv.num_free:
+            return 0  # first come first served: the head waits for blocks
+        if kv.prefix_caching and req.num_computed == 0:
+            kv.query_tokens += req.prompt_tokens
+            kv.hit_tokens += start
+            req.prefix_hit_tokens += start
+            kv.acquire_prefix(req, hit)
+        kv.allocate(req, start + n)
+        self._admit(req, plan, n, now)
+        return n
+
+    def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
+        raise NotImplementedError
 
     def _admit(self, req: Request, plan: StepPlan, num_tokens: int, now: float) -> None:
         self.waiting.popleft()
@@ -155,17 +229,23 @@ class Scheduler:
             if req.num_computed < req.prefill_target:
                 continue
             del self.prefilling[req.request_id]
+            kv.register(req)
             if req.num_generated:  # resumed after preemption: the gap spans it
                 self.resume_gaps_s.append(now - req.last_token_s)
             else:
                 req.first_token_s = now
+            req.last_token_s = now
             req.num_generated += 1
             self.tokens_emitted += 1
             if req.num_generated >= req.output_tokens:
                 self._finish(req, now, finished)
             else:
-                ds.add(req)
+                self._on_prefill_done(req, now)
         return finished
+
+    def _on_prefill_done(self, req: Request, now: float) -> None:
+        """The prompt's last chunk emitted a token: decode continues here (colocated)."""
+        self.decode.add(req)
 
     def _finish(self, req: Request, now: float, finished: list[Request]) -> None:
         req.status = "completed"
@@ -175,17 +255,28 @@ class Scheduler:
         finished.append(req)
 
     def _preempt_tail(self, now: float) -> None:
-        """Recompute preemption of the most recently admitted request (vLLM ``running.pop()``)."""
+        """Preempt the most recently admitted request (vLLM ``running.pop()``): its KV is
+        dropped and recomputed later, or, with ``preemption_mode: swap``, copied to host
+        memory over PCIe and back (decode-phase requests only; NOTE: a prefill in progress is
+        always recomputed, and host memory is assumed large enough)."""
         _, req = self.running.popitem()
+        swap = False
         if req.in_decode:  # it emitted a token at the end of the step that just ended
             self.decode.remove(req)
             req.last_token_s = now
+            swap = self.limits.preemption_mode == "swap"
         else:
             del self.prefilling[req.request_id]
+        if swap:
+            req.swapped_blocks = req.num_blocks
+            self._swap_blocks += req.num_blocks
+            self.num_swaps += 1
+            req.kv_ready = True
+        else:
+            req.num_computed = 0
+            req.prefill_target = req.prompt_tokens + req.num_generated
         self.kv.free(req)
         req.status = "waiting"
-        req.num_computed = 0
-        req.prefill_target = req.prompt_tokens + req.num_generated
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

@@ -18,10 +18,16 @@ class ChunkedScheduler(Scheduler):
         cap = self.limits.long_prefill_token_threshold
         return min(remaining, budget, cap) if cap > 0 else min(remaining, budget)
 
+    def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
+        n = self._chunk_cap(remaining, budget)
+        if n < remaining and self._partial >= self.limits.max_num_partial_prefills:
+            return 0  # it would be one partial prefill too many
+        return n
+
     def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
         limits, kv = self.limits, self.kv
         bs = kv.block_size
-        partial = 0
+        self._partial = 0
         # Running partial prefills continue first, in admission order.
         for req in self.prefilling.values():
             if budget <= 0:
@@ -35,16 +41,13 @@ class ChunkedScheduler(Scheduler):
             plan.chunks.append((req, n))
             plan.chunk_contexts.append(req.num_computed)
             budget -= n
-            partial += req.num_computed + n < req.prefill_target
+            self._partial += req.num_computed + n < req.prefill_target
         # Then waiting requests, first come first served.
-        while self.waiting and budget > 0 and len(self.running) < limits.max_num_seqs:
+        while (self.waiting and not self.waiting[0].kv_ready and budget > 0
+               and len(self.running) < limits.max_num_seqs):
             req = self.waiting[0]
-            n = self._chunk_cap(req.prefill_target, budget)
-            is_partial = n < req.prefill_target
-            if is_partial and partial >= limits.max_num_partial_prefills:
+            n = self._try_admit(req, plan, budget, now)
+            if not n:
                 break
-            if not kv.allocate(req, n):
-                break
-            self._admit(req, plan, n, now)
             budget -= n
-            partial += is_partial
+            self._partial += req.num_computed + n < req.prefill_target

@@ -13,17 +13,17 @@ from sim.policies.base import Scheduler, StepPlan
 class ContinuousScheduler(Scheduler):
     name = "continuous"
 
+    def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
+        if remaining > budget:
+            # NOTE: vLLM without chunking requires max_num_batched_tokens >= max_model_len;
+            # a prompt longer than the whole budget runs alone in a step instead of waiting forever.
+            if plan.chunks or remaining <= self.limits.max_num_batched_tokens:
+                return 0
+        return remaining
+
     def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
-        limits, kv = self.limits, self.kv
-        while self.waiting and len(self.running) < limits.max_num_seqs:
-            req = self.waiting[0]
-            need = req.prefill_target
-            if need > budget:
-                # NOTE: vLLM without chunking requires max_num_batched_tokens >= max_model_len;
-                # a prompt longer than the whole budget runs alone in a step instead of waiting forever.
-                if plan.chunks or need <= limits.max_num_batched_tokens:
-                    break
-            if not kv.allocate(req, need):
-                break  # first-come first-served: the head waits for blocks
-            self._admit(req, plan, need, now)
-            budget -= need
+        while self.waiting and not self.waiting[0].kv_ready and len(self.running) < self.limits.max_num_seqs:
+            n = self._try_admit(self.waiting[0], plan, budget, now)
+            if not n:
+                break
+            budget -= n

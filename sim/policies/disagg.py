@@ -1,0 +1,73 @@
+"""Schedulers of a disaggregated deployment (Zhong et al. 2024, "DistServe"; Patel et al. 2024,
+"Splitwise"): a prefill pool that only runs prompts, a decode pool that only extends them.
+
+Why: separating the phases removes prefill-decode interference at the price of moving each
+request's KV cache between pools. The prefill replica emits the first token, then keeps the
+request's KV blocks until a decode replica has received them and admitted the request
+(backpressure: a full decode pool stalls the prefill pool's admissions through its KV).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sim.kv import blocks_for
+from sim.policies.chunked import ChunkedScheduler
+from sim.policies.continuous import ContinuousScheduler
+from sim.request import Request
+
+
+class PrefillScheduler(ContinuousScheduler):
+    """Whole prompts, batched under the token budget; hands each request off after its first token."""
+
+    name = "prefill"
+
+    def __init__(self, limits, kv):
+        super().__init__(limits, kv)
+        self.handoffs: list[Request] = []  # drained by the cluster after each step
+        self.held_blocks = 0               # KV blocks kept for requests awaiting decode admission
+
+    def admission_error(self, req: Request) -> str:
+        if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
+            return f"prompt+output {req.prompt_tokens + req.output_tokens} tokens > max_model_len {self.limits.max_model_len}"
+        need = blocks_for(req.prompt_tokens, self.kv.block_size)
+        if need > self.kv.num_blocks:
+            return f"prompt needs {need} KV blocks; prefill replica has {self.kv.num_blocks}"
+        return ""
+
+    def _on_prefill_done(self, req: Request, now: float) -> None:
+        del self.running[req.request_id]
+        req.handoff_blocks = req.num_blocks  # stays counted in kv.num_used until released
+        self.held_blocks += req.num_blocks
+        req.num_blocks = 0
+        self.handoffs.append(req)
+
+    def release_handoff(self, req: Request) -> None:
+        """The decode side admitted ``req``: its prefill-side KV (and prefix-cache references)
+        can go; ``req.num_blocks`` meanwhile belongs to the decode side and is kept."""
+        decode_blocks = req.num_blocks
+        req.num_blocks = req.handoff_blocks
+        self.held_blocks -= req.handoff_blocks
+        req.handoff_blocks = 0
+        self.kv.free(req)
+        req.num_blocks = decode_blocks
+
+
+class DecodeScheduler(ChunkedScheduler):
+    """Admits requests whose KV has arrived; a preempted one is recomputed here in chunks."""
+
+    name = "decode"
+
+    def __init__(self, limits, kv):
+        super().__init__(limits, kv)
+        self.on_admitted: Callable[[Request], None] = lambda req: None
+
+    def add_transferred(self, req: Request) -> None:
+        req.kv_ready = True
+        req.status = "waiting"
+        self.incoming -= 1
+        self.waiting.append(req)
+
+    def _on_kv_admitted(self, req: Request, now: float) -> None:
+        if req.handoff_blocks:
+            self.on_admitted(req)
