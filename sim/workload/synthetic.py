@@ -53,4 +53,30 @@ def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArra
     arrival = arrival_times_s(rng, spec.num_requests, spec.request_rate, spec.burstiness)
     inp = sample_lengths(rng, spec.num_requests, spec.input_tokens, resolve_path, "workload.synthetic.input_tokens")
     out = sample_lengths(rng, spec.num_requests, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
+    if spec.shared_prefix_tokens:
+        return with_shared_prefix(rng, RequestArrays(arrival, inp, out), spec.shared_prefix_tokens, spec.num_prefixes)
     return RequestArrays(arrival, inp, out)
+
+
+SHARED_PREFIX_HASH_BLOCK_TOKENS = 16
+
+
+def with_shared_prefix(rng: np.random.Generator, w: RequestArrays, prefix_tokens: int,
+                       num_prefixes: int) -> RequestArrays:
+    """Prepend one of ``num_prefixes`` system prompts of ``prefix_tokens`` tokens to every prompt.
+
+    Each system prompt is a chain of hash ids, one per 16 tokens; the question after it gets
+    ids of its own, so only the system prompt is shared between requests.
+    """
+    h = SHARED_PREFIX_HASH_BLOCK_TOKENS
+    group = rng.integers(0, num_prefixes, size=len(w))
+    n_shared = -(-prefix_tokens // h)
+    inp = w.input_tokens + prefix_tokens
+    next_id = num_prefixes * n_shared
+    hash_ids = []
+    for g, total in zip(group.tolist(), inp.tolist()):
+        n_own = -(-total // h) - n_shared
+        ids = np.concatenate([np.arange(g * n_shared, (g + 1) * n_shared), np.arange(next_id, next_id + n_own)])
+        next_id += n_own
+        hash_ids.append(ids)
+    return RequestArrays(w.arrival_s, inp, w.output_tokens, hash_ids=hash_ids, hash_block_size=h)
