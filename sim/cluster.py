@@ -10,7 +10,7 @@ mode inside one scheduler.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import simpy
 
@@ -130,21 +130,45 @@ class Colocated:
 TopologyFactory = Callable[[simpy.Environment, Recorder, Callable[[list[Request]], None]], object]
 
 
-def simulate(arrays: RequestArrays, schedulers: list[Scheduler] | None = None, costs: list | None = None,
+def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[Scheduler] | None = None,
+             costs: list | None = None,
              router: RouterFn | None = None, progress: Callable[[int], None] | None = None,
              topology: TopologyFactory | None = None,
-             swap_s_per_block: float = 0.0) -> tuple[list[Request], Recorder]:
-    """Replay ``arrays`` through a topology (colocated replicas by default); return every
-    request (completed or failed) and the step records."""
+             swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
+             total_hint: int | None = None) -> tuple[list[Request], Recorder]:
+    """Replay ``arrays`` (or consecutive sorted chunks of a workload, fed as simulated time
+    reaches them) through a topology (colocated replicas by default); return every request
+    (completed or failed) and the step records. With ``max_concurrency`` (vLLM bench
+    ``--max-concurrency``) a request waits for its arrival time and for a free client; a client
+    is free ``think_time_s`` after its previous request ended, and the request's arrival time
+    is when it is sent."""
     env = simpy.Environment()
     rec = Recorder()
     requests: list[Request] = []
     ended = [0]
-    report_every = max(1, len(arrays) // 200)
+    chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
+    total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
+    report_every = max(1, total // 200)
+    free = [max_concurrency if max_concurrency is not None else -1]  # -1: open loop
+    wake: list[simpy.Event | None] = [None]
+
+    def release(n: int) -> None:
+        free[0] += n
+        if wake[0] is not None and not wake[0].triggered:
+            wake[0].succeed()
+
+    def release_later(n: int):
+        yield env.timeout(think_time_s)
+        release(n)
 
     def on_finish(finished: list[Request]) -> None:
         before = ended[0]
         ended[0] += len(finished)
+        if max_concurrency is not None:
+            if think_time_s > 0:
+                env.process(release_later(len(finished)))
+            else:
+                release(len(finished))
         if progress is not None and ended[0] // report_every != before // report_every:
             progress(ended[0])
 
@@ -152,22 +176,32 @@ def simulate(arrays: RequestArrays, schedulers: list[Scheduler] | None = None, c
         topo = Colocated(env, schedulers, costs, router, rec, on_finish, swap_s_per_block)
     else:
         topo = topology(env, rec, on_finish)
-    hash_ids = arrays.hash_ids
 
     def arrivals():
-        arrival = arrays.arrival_s.tolist()
-        inp = arrays.input_tokens.tolist()
-        out = arrays.output_tokens.tolist()
-        for i in range(len(arrival)):
-            t = arrival[i]
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            req = Request(i, t, inp[i], out[i])
-            if hash_ids is not None:
-                req.hash_ids = hash_ids[i]
-                req.hash_block_size = arrays.hash_block_size
-            requests.append(req)
-            topo.submit(req)
+        i = 0
+        for chunk in chunks:  # a stream is read only as far as simulated time has reached
+            arrival = chunk.arrival_s.tolist()
+            inp = chunk.input_tokens.tolist()
+            out = chunk.output_tokens.tolist()
+            hash_ids = chunk.hash_ids
+            for j in range(len(arrival)):
+                t = arrival[j]
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                if max_concurrency is not None:
+                    while free[0] <= 0:
+                        wake[0] = env.event()
+                        yield wake[0]
+                        wake[0] = None
+                    free[0] -= 1
+                    t = env.now
+                req = Request(i, t, inp[j], out[j])
+                if hash_ids is not None:
+                    req.hash_ids = hash_ids[j]
+                    req.hash_block_size = chunk.hash_block_size
+                requests.append(req)
+                topo.submit(req)
+                i += 1
 
     env.process(arrivals())
     env.run()

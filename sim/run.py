@@ -87,19 +87,29 @@ def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end."""
     t0 = time.perf_counter()
     router = make_router(scenario.cluster.router)
-    arrays = workload if workload is not None else build_workload(scenario)
-    cb = (lambda done: progress(done, len(arrays))) if progress else None
+    from sim.workload.build import closed_loop, should_stream, stream_workload
+
+    streamed = workload is None and should_stream(scenario)  # a large trace is read chunk by chunk
+    arrays = workload if workload is not None else (stream_workload(scenario) if streamed else build_workload(scenario))
+    cb = (lambda done: progress(done, len(arrays))) if progress and not streamed else None
+    concurrency, think_s = closed_loop(scenario)
+    loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     transfers: dict = {}
     if scenario.engine.policy == "disaggregated":
         dep, schedulers, factory = _disaggregated(scenario, router)
-        reqs, rec = simulate(arrays, progress=cb, topology=factory)
+        reqs, rec = simulate(arrays, progress=cb, topology=factory, **loop)
         links = factory.topology.links
         transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links)}
     else:
         dep = build_deployment(scenario)
         n = scenario.cluster.replicas
         schedulers = [dep.new_scheduler(scenario.engine.policy) for _ in range(n)]
-        reqs, rec = simulate(arrays, schedulers, [dep.cost] * n, router, cb, swap_s_per_block=dep.swap_s_per_block)
+        reqs, rec = simulate(arrays, schedulers, [dep.cost] * n, router, cb, swap_s_per_block=dep.swap_s_per_block,
+                             **loop)
     steps = pl.DataFrame(rec.step_columns())
-    return RunResult(scenario, dep, arrays, _request_frame(reqs), steps, rec.resume_gaps_s,
+    frame = _request_frame(reqs)
+    if streamed or concurrency is not None:  # the requests as sent
+        arrays = RequestArrays(frame["arrival_s"].to_numpy(), frame["input_tokens"].to_numpy(),
+                               frame["output_tokens"].to_numpy())
+    return RunResult(scenario, dep, arrays, frame, steps, rec.resume_gaps_s,
                      time.perf_counter() - t0, schedulers, rec.itl_adjust, transfers)

@@ -70,10 +70,29 @@ class Disaggregation(_Strict):
     kv_transfer: KVTransfer = KVTransfer()
 
 
+class TraceColumns(_Strict):
+    """Column names of a ``format: generic`` trace."""
+
+    arrival: str = "arrival_s"
+    input: str = "input_tokens"
+    output: str = "output_tokens"
+
+
 class TraceSpec(_Strict):
     path: str
-    format: Literal["auto", "normalized", "azure", "vidur"] = "auto"
+    format: Literal["auto", "normalized", "azure", "burstgpt", "vidur", "mooncake", "bailian", "aiperf",
+                    "vllm_bench", "generic"] = "auto"
     time_scale: float = Field(1.0, gt=0)
+    target_rate: Optional[float] = Field(None, gt=0)     # req/s; scales the gaps (exclusive with time_scale)
+    start_s: Optional[float] = Field(None, ge=0)         # window of the trace to replay (trace seconds)
+    duration_s: Optional[float] = Field(None, gt=0)
+    sample: Optional[int] = Field(None, ge=1)            # seeded subset of this many requests
+    hash_block_size: Optional[int] = Field(None, ge=1)   # tokens per hash id (default: the format's)
+    spread_grid_s: Optional[float] = Field(None, gt=0)   # spread requests inside each grid bucket (Mooncake: 3)
+    model_filter: Optional[str] = None                   # BurstGPT: keep this Model only
+    keep_failed: bool = False                            # replay failed rows (0 output tokens) with 1 token
+    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = "s"  # generic format
+    columns: TraceColumns = TraceColumns()               # generic format
 
 
 class LengthDist(_Strict):
@@ -98,6 +117,44 @@ class LengthDist(_Strict):
         return self
 
 
+class RateProfile(_Strict):
+    """Arrival rate over time: ``piecewise`` segments [[duration_s, rate], ...] (the last rate
+    holds after them), or ``diurnal``: a sine from ``min_rate`` to ``max_rate`` over ``period_s``,
+    peaking at ``peak_s``."""
+
+    shape: Literal["piecewise", "diurnal"]
+    segments: Optional[list[tuple[float, float]]] = None
+    period_s: float = Field(86400.0, gt=0)
+    min_rate: Optional[float] = Field(None, ge=0)
+    max_rate: Optional[float] = Field(None, gt=0)
+    peak_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _needs(self) -> "RateProfile":
+        if self.shape == "piecewise":
+            if not self.segments or any(d <= 0 or r < 0 for d, r in self.segments) or self.segments[-1][1] <= 0:
+                raise ValueError("piecewise needs segments [[duration_s > 0, rate >= 0], ...], the last rate > 0")
+        elif self.min_rate is None or self.max_rate is None or self.min_rate > self.max_rate:
+            raise ValueError("diurnal needs min_rate <= max_rate")
+        return self
+
+
+class PrefixGroups(_Strict):
+    """SGLang's generated-shared-prefix workload: groups sharing a system prompt."""
+
+    num_groups: int = Field(64, ge=1)
+    prompts_per_group: int = Field(16, ge=1)
+    system_prompt_tokens: int = Field(2048, ge=1)
+    question_tokens: int = Field(128, ge=1)
+
+
+class MultiTurn(_Strict):
+    """Sessions whose turn k+1 prompt is turn k's prompt and answer plus a new message."""
+
+    turns: "LengthDist" = LengthDist(dist="uniform", min=2, max=6)
+    think_time_s: float = Field(10.0, ge=0)   # mean gap between a turn and the next (exponential)
+
+
 class Synthetic(_Strict):
     num_requests: int = Field(1000, ge=1)
     request_rate: float = Field(4.0, gt=0)  # inf = all at t=0, as vLLM bench
@@ -108,6 +165,14 @@ class Synthetic(_Strict):
     # the question after it); requests pick one of num_prefixes distinct prompts uniformly.
     shared_prefix_tokens: int = Field(0, ge=0)
     num_prefixes: int = Field(1, ge=1)
+    # closed loop as vLLM bench --max-concurrency: at most this many requests in flight; a
+    # client waits think_time_s after its request ends before sending its next
+    max_concurrency: Optional[int] = Field(None, ge=1)
+    think_time_s: float = Field(0.0, ge=0)
+    rate_profile: Optional[RateProfile] = None
+    prefix_groups: Optional[PrefixGroups] = None
+    multi_turn: Optional[MultiTurn] = None
+    hash_block_size: int = Field(16, ge=1)    # tokens per hash id of generated prompts
 
 
 class Workload(_Strict):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -13,7 +13,9 @@ class RequestArrays:
 
     Optional: ``hash_ids`` — per request, the ids of its prompt's prefix blocks of
     ``hash_block_size`` tokens each (two requests sharing a leading run of ids share that
-    prefix's KV cache, as in Mooncake traces); ``session_id`` and ``priority`` per request.
+    prefix's KV cache, as in Mooncake traces); ``session_id`` and ``priority`` per request;
+    ``measured`` — columns measured by a real benchmark run of the same requests (for example
+    ``measured_ttft_s``, ``measured_e2el_s``, ``measured_itl_s``), kept for comparison.
     """
 
     arrival_s: np.ndarray
@@ -23,6 +25,7 @@ class RequestArrays:
     hash_block_size: int = 16
     session_id: np.ndarray | None = None
     priority: np.ndarray | None = None
+    measured: dict | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -31,3 +34,45 @@ class RequestArrays:
     def mean_rate_per_s(self) -> float:
         span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) > 1 else 0.0
         return (len(self) - 1) / span if span > 0 else float("inf")
+
+    def take(self, idx: np.ndarray) -> "RequestArrays":
+        """The requests at positions ``idx`` (an index array or boolean mask), in that order."""
+        idx = np.flatnonzero(idx) if idx.dtype == bool else np.asarray(idx)
+        return replace(
+            self,
+            arrival_s=self.arrival_s[idx], input_tokens=self.input_tokens[idx],
+            output_tokens=self.output_tokens[idx],
+            hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in idx.tolist()],
+            session_id=None if self.session_id is None else self.session_id[idx],
+            priority=None if self.priority is None else self.priority[idx],
+            measured=None if self.measured is None else {k: _take(v, idx) for k, v in self.measured.items()},
+        )
+
+    def with_arrivals(self, arrival_s: np.ndarray) -> "RequestArrays":
+        return replace(self, arrival_s=arrival_s)
+
+
+def _take(v, idx: np.ndarray):
+    return [v[i] for i in idx.tolist()] if isinstance(v, list) else v[idx]
+
+
+def concat(chunks: list[RequestArrays]) -> RequestArrays:
+    """One ``RequestArrays`` from consecutive chunks (optional fields must agree)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    first = chunks[0]
+
+    def cat(get):
+        parts = [get(c) for c in chunks]
+        if any(p is None for p in parts):
+            return None
+        return [x for p in parts for x in p] if isinstance(parts[0], list) else np.concatenate(parts)
+
+    measured = None
+    if first.measured is not None:
+        measured = {k: cat(lambda c, k=k: (c.measured or {}).get(k)) for k in first.measured}
+    return RequestArrays(
+        cat(lambda c: c.arrival_s), cat(lambda c: c.input_tokens), cat(lambda c: c.output_tokens),
+        hash_ids=cat(lambda c: c.hash_ids), hash_block_size=first.hash_block_size,
+        session_id=cat(lambda c: c.session_id), priority=cat(lambda c: c.priority), measured=measured,
+    )

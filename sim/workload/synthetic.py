@@ -45,12 +45,30 @@ def sample_lengths(rng: np.random.Generator, n: int, spec, resolve_path, where: 
     return np.maximum(out, 1)
 
 
+def _arrivals(rng: np.random.Generator, n: int, spec) -> np.ndarray:
+    if spec.rate_profile is not None:
+        from sim.workload.rate_profile import profile_arrival_times_s
+
+        return profile_arrival_times_s(rng, n, spec.rate_profile, spec.burstiness)
+    return arrival_times_s(rng, n, spec.request_rate, spec.burstiness)
+
+
 def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArrays:
-    """Draw arrivals, then input lengths, then output lengths, from one seeded generator."""
+    """Draw arrivals, then input lengths, then output lengths, from one seeded generator.
+
+    With ``prefix_groups`` or ``multi_turn`` the prompts carry ``hash_ids`` (sessions.py);
+    ``max_concurrency`` is applied when the requests are sent (cluster.simulate).
+    """
     if spec.num_requests < 1:
         raise UserError("workload.synthetic.num_requests: must be >= 1")
+    if spec.prefix_groups is not None and spec.multi_turn is not None:
+        raise UserError("workload.synthetic: give prefix_groups or multi_turn, not both")
     rng = np.random.default_rng(seed)
-    arrival = arrival_times_s(rng, spec.num_requests, spec.request_rate, spec.burstiness)
+    if spec.prefix_groups is not None:
+        return _prefix_groups(spec, rng, resolve_path)
+    if spec.multi_turn is not None:
+        return _multi_turn(spec, rng, resolve_path)
+    arrival = _arrivals(rng, spec.num_requests, spec)
     inp = sample_lengths(rng, spec.num_requests, spec.input_tokens, resolve_path, "workload.synthetic.input_tokens")
     out = sample_lengths(rng, spec.num_requests, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
     if spec.shared_prefix_tokens:
@@ -63,7 +81,9 @@ SHARED_PREFIX_HASH_BLOCK_TOKENS = 16
 
 def with_shared_prefix(rng: np.random.Generator, w: RequestArrays, prefix_tokens: int,
                        num_prefixes: int) -> RequestArrays:
-    """Prepend one of ``num_prefixes`` system prompts of ``prefix_tokens`` tokens to every prompt.
+    """Prepend one of ``num_prefixes`` system prompts of ``prefix_tokens`` tokens to every prompt
+    (``workload.synthetic.shared_prefix_tokens`` / ``num_prefixes``; owned by the prefix-caching
+    claims, see scenarios/prefix_cache.yaml).
 
     Each system prompt is a chain of hash ids, one per 16 tokens; the question after it gets
     ids of its own, so only the system prompt is shared between requests.
@@ -80,3 +100,42 @@ def with_shared_prefix(rng: np.random.Generator, w: RequestArrays, prefix_tokens
         next_id += n_own
         hash_ids.append(ids)
     return RequestArrays(w.arrival_s, inp, w.output_tokens, hash_ids=hash_ids, hash_block_size=h)
+
+
+def _prefix_groups(spec, rng: np.random.Generator, resolve_path) -> RequestArrays:
+    from sim.workload.sessions import prefix_group_prompts
+
+    g = spec.prefix_groups
+    n = g.num_groups * g.prompts_per_group
+    if "num_requests" in spec.model_fields_set and spec.num_requests != n:
+        raise UserError(f"workload.synthetic.num_requests is {spec.num_requests} but prefix_groups makes "
+                        f"num_groups x prompts_per_group = {n} requests; drop num_requests or make them agree")
+    arrival = _arrivals(rng, n, spec)
+    inp, hashes, group = prefix_group_prompts(rng, g, spec.hash_block_size)
+    out = sample_lengths(rng, n, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
+    return RequestArrays(arrival, inp, out, hash_ids=hashes, hash_block_size=spec.hash_block_size, session_id=group)
+
+
+def _multi_turn(spec, rng: np.random.Generator, resolve_path) -> RequestArrays:
+    """Sessions start as the arrival process says; their turns follow ``think_time_s`` apart
+    (exponential gaps); sessions are drawn until ``num_requests`` turns exist, and the first
+    ``num_requests`` turns in time order are kept."""
+    from sim.workload.sessions import session_requests
+
+    n = spec.num_requests
+    mt = spec.multi_turn
+    starts = _arrivals(rng, n, spec)  # at most n sessions are needed (each has >= 1 turn)
+    turns = sample_lengths(rng, n, mt.turns, resolve_path, "workload.synthetic.multi_turn.turns")
+    num_sessions = int(np.searchsorted(np.cumsum(turns), n) + 1)
+    turns = turns[:num_sessions]
+    m = int(turns.sum())
+    new = sample_lengths(rng, m, spec.input_tokens, resolve_path, "workload.synthetic.input_tokens")
+    out = sample_lengths(rng, m, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
+    gaps = rng.exponential(mt.think_time_s, size=m) if mt.think_time_s > 0 else np.zeros(m)
+    arrival, inp, out, hashes, sess = session_requests(starts[:num_sessions], turns, new, out, gaps,
+                                                       spec.hash_block_size)
+    order = np.argsort(arrival, kind="stable")[:n]
+    order.sort(kind="stable")  # keep the chosen turns, then order them by time
+    arr = RequestArrays(arrival, inp, out, hash_ids=hashes, hash_block_size=spec.hash_block_size, session_id=sess)
+    chosen = arr.take(order)
+    return chosen.take(np.argsort(chosen.arrival_s, kind="stable"))

@@ -1,121 +1,246 @@
-"""Trace readers into the normalised schema (DESIGN.md section 6).
+"""Reading traces (DESIGN.md section 6): detect the format, read in batches, order, stream.
 
-Why: users replay real traffic; every bad row is reported with its file and line, and nothing
-is silently dropped. Formats: ``normalized`` (Parquet or CSV with ``arrival_s``,
-``input_tokens``, ``output_tokens``), ``azure`` (Azure LLM inference 2023 CSV: ``TIMESTAMP``,
-``ContextTokens``, ``GeneratedTokens``), ``vidur`` (``arrived_at``, ``num_prefill_tokens``,
-``num_decode_tokens``).
+Why: users replay the traces they have; each is read as it is (``readers.py`` maps its
+columns), every bad row is reported with its file and line, rows out of time order are sorted
+with a warning saying how many moved, and nothing is dropped without a warning.
+Formats: see ``readers.FORMATS`` and traces/README.md.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from sim.errors import UserError
-from sim.workload.arrays import RequestArrays
+from sim.workload.arrays import RequestArrays, concat
+from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
+from sim.workload.sources import (CHUNK_ROWS, check_exists, csv_batches, csv_header, first_line, jsonl_batches,
+                                  parquet_batches, parquet_columns)
 
-# format -> (arrival column, input column, output column)
-COLUMNS = {
-    "normalized": ("arrival_s", "input_tokens", "output_tokens"),
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "vidur": ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
-}
+FORMAT_NAMES = [f for f in FORMATS]
 
 
-def _read_frame(path: Path) -> pl.DataFrame:
-    if not path.exists():
-        raise UserError(f"{path}: trace file not found")
-    try:
-        if path.suffix == ".parquet":
-            return pl.read_parquet(path)
-        return pl.read_csv(path, infer_schema=False)
-    except pl.exceptions.NoDataError:
-        raise UserError(f"{path}: the trace file is empty") from None
-    except Exception as e:  # polars/pyarrow parse errors carry their own detail
-        raise UserError(f"{path}: cannot read as {'Parquet' if path.suffix == '.parquet' else 'CSV'} ({str(e).splitlines()[0]})") from None
+class TraceWarning(UserWarning):
+    """Something the user should know about their trace (rows sorted, rows left out)."""
 
 
-def detect_format(cols: list[str], path: Path) -> str:
-    for fmt, (a, i, o) in COLUMNS.items():
-        if {a, i, o} <= set(cols):
-            return fmt
-    raise UserError(
-        f"{path}: unknown trace format: columns {cols}; expected one of "
-        + "; ".join(f"{f}: {', '.join(c)}" for f, c in COLUMNS.items())
-    )
+def _columns(path: Path) -> tuple[str, list[str]]:
+    """(file kind, column or key names) from the file's header or first record."""
+    check_exists(path)
+    if path.suffix == ".parquet":
+        return "table", parquet_columns(path)
+    line = first_line(path)
+    if line.startswith("{"):
+        if path.suffix == ".json":
+            return "json", []
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}: line 1: not valid JSON") from None
+        return "jsonl", list(obj) if isinstance(obj, dict) else []
+    return "table", csv_header(path)
 
 
-def _line_of(path: Path, row: int) -> str:
-    return f"row {row + 1}" if path.suffix == ".parquet" else f"line {row + 2}"
-
-
-def _numeric(df: pl.DataFrame, col: str, path: Path, integer: bool) -> np.ndarray:
-    s = df[col]
-    casted = s.cast(pl.Float64, strict=False)
-    bad = casted.is_null() | ~casted.is_finite()
-    if integer:
-        bad = bad | (casted < 1) | (casted != casted.floor())
-    else:
-        bad = bad | (casted < 0)
-    if bad.any():
-        row = int(bad.arg_max())
-        what = "a whole number >= 1" if integer else "a finite number >= 0"
-        raise UserError(f"{path}: {_line_of(path, row)}: column {col} is {s[row]!r}, expected {what}")
-    return casted.to_numpy()
-
-
-def _timestamps_s(df: pl.DataFrame, col: str, path: Path) -> np.ndarray:
-    """Azure wall-clock text (7 fractional digits) to seconds since the first request."""
-    s = df[col].cast(pl.String)
-    parsed = s.str.strptime(pl.Datetime("us"), "%Y-%m-%d %H:%M:%S%.f", strict=False)
-    bad = parsed.is_null()
-    if bad.any():
-        row = int(bad.arg_max())
-        raise UserError(f"{path}: {_line_of(path, row)}: {col} {s[row]!r} is not a date-time like 2023-11-16 18:15:46.68")
-    us = parsed.dt.epoch("us").to_numpy().astype(np.float64)
-    return (us - us.min()) / 1e6
-
-
-def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0) -> RequestArrays:
-    """Read a trace; arrivals are shifted to start at 0, sorted, and multiplied by ``time_scale``."""
+def detect_format(path: str | Path) -> str:
+    """The format whose columns the file has; an error lists what each format needs."""
     path = Path(path)
-    df = _read_frame(path)
-    if df.height == 0:
+    kind, cols = _columns(path)
+    if kind == "json":
+        return "vllm_bench"
+    have = set(cols)
+    for fmt, (k, need, _schema, _fn) in FORMATS.items():
+        if k == kind and need and set(need) <= have:
+            return fmt
+    if kind == "jsonl" and {"input_length", "output_length"} <= have:
+        return "mooncake"
+    known = "; ".join(f"{f}: {', '.join(n)}" for f, (_k, n, _s, _c) in FORMATS.items() if n)
+    raise UserError(f"{path}: unknown trace format: columns {cols}; expected one of {known}; or give "
+                    "format generic with the column names and time unit")
+
+
+def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
+    kind, need, schema, _fn = FORMATS[fmt]
+    if fmt == "generic":
+        need = [opts.arrival_column, opts.input_column, opts.output_column]
+        if path.suffix in (".jsonl", ".ndjson"):
+            import polars as pl
+            t = pl.String if opts.time_unit == "datetime" else pl.Float64
+            return jsonl_batches(path, {need[0]: t, need[1]: pl.Float64, need[2]: pl.Float64}, chunk_rows)
+    if kind in ("jsonl",):
+        if path.suffix == ".parquet" or not first_line(path).startswith("{"):
+            raise UserError(f"{path}: line 1: format {fmt} expects JSON Lines (one JSON object per line)")
+        return jsonl_batches(path, schema, chunk_rows, aiperf_flatten if fmt == "aiperf" else None)
+    if path.suffix == ".parquet":
+        extra = [c for c in OPTIONAL_NORMALIZED if fmt == "normalized" and c in parquet_columns(path)]
+        extra += [c for c in parquet_columns(path) if fmt == "normalized" and c.startswith("measured_")]
+        return parquet_batches(path, need + extra, chunk_rows)
+    if first_line(path).startswith("{"):
+        raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
+    header = csv_header(path)
+    extra = [c for c in header if fmt == "normalized" and (c in ("session_id", "priority") or c.startswith("measured_"))]
+    return csv_batches(path, need + extra, chunk_rows)
+
+
+def _parquet_block_size(path: Path) -> int | None:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).schema_arrow.metadata or {}
+    v = meta.get(b"hash_block_size")
+    return int(v) if v else None
+
+
+def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadState | None = None,
+               chunk_rows: int = CHUNK_ROWS) -> Iterator[RequestArrays]:
+    """Validated chunks in file order, arrival in absolute seconds (not sorted, not shifted)."""
+    path = Path(path)
+    opts = opts or ReadOptions()
+    state = state if state is not None else ReadState()
+    fmt = detect_format(path) if opts.format == "auto" else opts.format
+    if fmt not in FORMATS:
+        raise UserError(f"{path}: unknown format {fmt!r}; one of {', '.join(FORMAT_NAMES)}")
+    check_exists(path)
+    if fmt == "vllm_bench":
+        from sim.workload.bench_json import read_vllm_bench
+
+        if first_line(path)[:1] != "{":
+            raise UserError(f"{path}: line 1: format vllm_bench expects a JSON object")
+        arr, failed = read_vllm_bench(path)
+        state.note("failed requests (errors / 0 output tokens): left out", failed)
+        yield arr
+        return
+    if fmt == "normalized" and path.suffix == ".parquet" and opts.hash_block_size is None:
+        opts = ReadOptions(**{**opts.__dict__, "hash_block_size": _parquet_block_size(path)})
+    convert = FORMATS[fmt][3]
+    any_rows = False
+    for batch in _batches(path, fmt, opts, chunk_rows):
+        if batch.frame.height == 0:
+            continue
+        any_rows = True
+        chunk = convert(batch, path, opts, state)
+        if len(chunk):
+            yield chunk
+    if not any_rows:
         raise UserError(f"{path}: the trace has no rows")
-    fmt = detect_format(df.columns, path) if fmt == "auto" else fmt
-    a, i, o = COLUMNS[fmt]
-    missing = [c for c in (a, i, o) if c not in df.columns]
-    if missing:
-        raise UserError(f"{path}: format {fmt} needs column(s) {', '.join(missing)}; found {df.columns}")
-    arrival = _timestamps_s(df, a, path) if fmt == "azure" else _numeric(df, a, path, integer=False)
-    inp = _numeric(df, i, path, integer=True).astype(np.int64)
-    out = _numeric(df, o, path, integer=True).astype(np.int64)
-    order = np.argsort(arrival, kind="stable")
-    arrival = (arrival[order] - arrival[order][0]) * time_scale
-    return RequestArrays(arrival, inp[order], out[order])
+
+
+def emit_notes(path: Path, state: ReadState) -> None:
+    for what, n in state.notes.items():
+        warnings.warn(TraceWarning(f"{path}: {n:,} {what}"), stacklevel=3)
+
+
+def _sorted(arr: RequestArrays, state: ReadState) -> RequestArrays:
+    order = np.argsort(arr.arrival_s, kind="stable")
+    moved = int((order != np.arange(len(order))).sum())
+    if moved:
+        state.note("rows were out of time order and moved when sorting by arrival time", moved)
+        arr = arr.take(order)
+    return arr
+
+
+def spread_in_grid(arr: RequestArrays, grid_s: float, rng: np.random.Generator) -> RequestArrays:
+    """Spread requests uniformly inside their grid bucket ``[k*g, (k+1)*g)``, then re-sort.
+
+    NOTE: Mooncake's production traces round timestamps to a ~3 s grid; replayed as they are,
+    every bucket's requests arrive at the same instant.
+    """
+    t = np.floor(arr.arrival_s / grid_s) * grid_s + rng.random(len(arr)) * grid_s
+    order = np.argsort(t, kind="stable")
+    return arr.with_arrivals(t).take(order)
+
+
+def _check_total(path: Path, arr: RequestArrays) -> None:
+    if len(arr) == 0:
+        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+
+
+def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
+               opts: ReadOptions | None = None, chunk_rows: int = CHUNK_ROWS) -> RequestArrays:
+    """The whole trace, sorted, first arrival at 0, arrivals multiplied by ``time_scale``."""
+    path = Path(path)
+    opts = opts or ReadOptions(format=fmt)
+    state = ReadState()
+    chunks = list(raw_chunks(path, opts, state, chunk_rows))
+    arr = concat(chunks) if chunks else None
+    if arr is None:
+        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+    arr = _sorted(arr, state)
+    if opts.spread_grid_s:
+        arr = spread_in_grid(arr, opts.spread_grid_s, np.random.default_rng(opts.seed))
+    emit_notes(path, state)
+    _check_total(path, arr)
+    return arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
+
+
+def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: float = 1.0,
+                 chunk_rows: int = CHUNK_ROWS) -> Iterator[RequestArrays]:
+    """The trace as consecutive sorted chunks (first arrival at 0), read ``chunk_rows`` at a time.
+
+    Rows out of order inside a chunk are sorted (with a warning); a row earlier than a previous
+    chunk's rows cannot be streamed: the error says to sort the trace with ``simsrv trace convert``.
+    """
+    path = Path(path)
+    opts = opts or ReadOptions()
+    state = ReadState()
+    rng = np.random.default_rng(opts.seed)
+    grid = opts.spread_grid_s
+    carry: RequestArrays | None = None
+    t0: float | None = None
+    last = -math.inf
+    n_out = 0
+    for chunk in raw_chunks(path, opts, state, chunk_rows):
+        chunk = _sorted(chunk, state)
+        if chunk.arrival_s[0] < last:
+            raise UserError(f"{path}: rows are out of time order across more than {chunk_rows:,} rows (request "
+                            f"{n_out + 1:,} on); sort the trace first: simsrv trace convert {path} -o sorted.parquet")
+        raw_max = float(chunk.arrival_s[-1])
+        last = raw_max
+        if grid:
+            chunk = spread_in_grid(chunk, grid, rng)
+            if carry is not None:
+                chunk = concat([carry, chunk]).take(np.argsort(np.concatenate([carry.arrival_s, chunk.arrival_s]),
+                                                               kind="stable"))
+            # rows of the last (possibly unfinished) bucket wait for the next chunk
+            cut = int(np.searchsorted(chunk.arrival_s, math.floor(raw_max / grid) * grid, side="left"))
+            carry, chunk = chunk.take(np.arange(cut, len(chunk))), chunk.take(np.arange(cut))
+            if len(chunk) == 0:
+                continue
+        if t0 is None:
+            t0 = float(chunk.arrival_s[0])
+        n_out += len(chunk)
+        yield chunk.with_arrivals((chunk.arrival_s - t0) * time_scale)
+    if carry is not None and len(carry):
+        t0 = float(carry.arrival_s[0]) if t0 is None else t0
+        n_out += len(carry)
+        yield carry.with_arrivals((carry.arrival_s - t0) * time_scale)
+    emit_notes(path, state)
+    if n_out == 0:
+        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
 
 
 def read_column(path: Path, column: str, where: str) -> np.ndarray:
-    """One token-count column of a trace file (for ``dist: empirical``)."""
-    df = _read_frame(Path(path))
-    if column not in df.columns:
-        raise UserError(f"{where}: {path} has no column {column!r}; columns: {df.columns}")
-    return _numeric(df, column, Path(path), integer=True)
+    """One token-count column of a CSV or Parquet file (for ``dist: empirical``)."""
+    from sim.workload.validate import tokens
+
+    path = Path(path)
+    check_exists(path)
+    batches = parquet_batches(path, [column]) if path.suffix == ".parquet" else None
+    if batches is None:
+        if column not in csv_header(path):
+            raise UserError(f"{where}: {path} has no column {column!r}; columns: {csv_header(path)}")
+        batches = csv_batches(path, [column])
+    parts = [tokens(b, column, path) for b in batches]
+    if not parts or sum(len(p) for p in parts) == 0:
+        raise UserError(f"{where}: {path} has no rows")
+    return np.concatenate(parts)
 
 
-def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """Write the normalised Parquet schema, with provenance in the file's key-value metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict | None = None) -> None:
+    """Kept here for callers of the first version; see ``normalized.write_normalized``."""
+    from sim.workload.normalized import write_normalized as write
 
-    table = pa.table({
-        "request_id": np.arange(len(arrays), dtype=np.int64),
-        "arrival_s": arrays.arrival_s.astype(np.float64),
-        "input_tokens": arrays.input_tokens.astype(np.int64),
-        "output_tokens": arrays.output_tokens.astype(np.int64),
-    })
-    table = table.replace_schema_metadata({k: str(v) for k, v in (metadata or {}).items()})
-    pq.write_table(table, path, compression="zstd")
+    write(arrays, path, metadata)

@@ -1,0 +1,100 @@
+"""What is in a trace: size, span, rates over time, burstiness, lengths, prefix reuse.
+
+Why: before replaying a trace users need to know its load and shape; the figures are computed
+from bounded batches (compact columns, never Python objects per request) so a 10-million-row
+trace inspects in bounded memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.workload.readers import ReadOptions, ReadState
+from sim.workload.sources import CHUNK_ROWS
+from sim.workload.trace import emit_notes, raw_chunks
+
+PERCENTILES = (50, 90, 99)
+
+
+class _BlockCounter:
+    """Distinct hash ids seen so far, as one sorted array (bounded by the number of distinct ids)."""
+
+    def __init__(self) -> None:
+        self.seen = np.zeros(0, np.int64)
+        self.total = 0
+
+    def add(self, hash_ids: list[np.ndarray]) -> None:
+        if not hash_ids:
+            return
+        flat = np.concatenate(hash_ids)
+        self.total += len(flat)
+        self.seen = np.union1d(self.seen, flat)
+
+
+def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: int = CHUNK_ROWS) -> dict:
+    """Figures of the trace (times in trace seconds, before any rescaling)."""
+    path = Path(path)
+    opts = opts or ReadOptions()
+    state = ReadState()
+    t, inp, out = [], [], []
+    blocks = _BlockCounter()
+    block_size = None
+    for chunk in raw_chunks(path, opts, state, chunk_rows):
+        t.append(chunk.arrival_s)
+        inp.append(chunk.input_tokens.astype(np.int32))
+        out.append(chunk.output_tokens.astype(np.int32))
+        if chunk.hash_ids is not None:
+            blocks.add(chunk.hash_ids)
+            block_size = chunk.hash_block_size
+    emit_notes(path, state)
+    arrival = np.concatenate(t)
+    del t
+    order = np.argsort(arrival, kind="stable")
+    moved = int((order != np.arange(len(order))).sum())
+    arrival = arrival[order] - arrival[order[0]]
+    del order
+    inp_all, out_all = np.concatenate(inp), np.concatenate(out)
+    n = len(arrival)
+    span = float(arrival[-1])
+    gaps = np.diff(arrival)
+    per_min = np.bincount((arrival // 60).astype(np.int64)) / 60.0
+    stats = {
+        "file": str(path),
+        "num_requests": n,
+        "span_s": span,
+        "mean_rate_per_s": (n - 1) / span if span > 0 else float("inf"),
+        "interarrival_cv": float(gaps.std() / gaps.mean()) if len(gaps) and gaps.mean() > 0 else None,
+        "rows_moved_by_sorting": moved,
+        "rate_per_minute": per_min.tolist(),
+        "peak_minute_rate_per_s": float(per_min.max()),
+        "total_input_tokens": int(inp_all.sum(dtype=np.int64)),
+        "total_output_tokens": int(out_all.sum(dtype=np.int64)),
+        "notes": [f"{k}: {v:,}" for k, v in state.notes.items()],
+    }
+    for name, col in (("input_tokens", inp_all), ("output_tokens", out_all)):
+        stats[f"mean_{name}"] = float(col.mean())
+        for p in PERCENTILES:
+            stats[f"p{p}_{name}"] = float(np.percentile(col, p))
+        stats[f"max_{name}"] = int(col.max())
+    if blocks.total:
+        stats["hash_block_size"] = block_size
+        stats["num_prefix_blocks"] = blocks.total
+        stats["num_distinct_blocks"] = len(blocks.seen)
+        # share of prompt blocks already seen earlier in the trace: the hit ratio of an infinite cache
+        stats["prefix_block_reuse_ratio"] = 1.0 - len(blocks.seen) / blocks.total
+    return stats
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """A one-line bar chart (Unicode eighth blocks), values averaged into ``width`` columns."""
+    if not values:
+        return ""
+    v = np.asarray(values, dtype=float)
+    if len(v) > width:
+        edges = np.linspace(0, len(v), width + 1).astype(int)
+        v = np.array([v[a:b].mean() for a, b in zip(edges[:-1], edges[1:])])
+    top = v.max() or 1.0
+    bars = " ▁▂▃▄▅▆▇█"
+    return "".join(bars[int(round(x / top * 8))] for x in v)

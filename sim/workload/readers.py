@@ -1,0 +1,255 @@
+"""One converter per trace format: a raw ``Batch`` in, a ``RequestArrays`` chunk out.
+
+Why: each public trace names its columns and time unit differently; converters map them onto
+DESIGN.md section 6's schema. Arrival times here are absolute seconds in file order; sorting,
+shifting to 0 and rescaling happen once, in ``trace.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from sim.errors import UserError
+from sim.workload.arrays import RequestArrays
+from sim.workload.sources import Batch
+from sim.workload.validate import datetimes_s, present, seconds, tokens
+
+F, S, IDS = pl.Float64, pl.String, pl.List(pl.Int64)
+
+
+@dataclass
+class ReadOptions:
+    """How to read a trace; every field has a scenario key and a ``trace convert`` option."""
+
+    format: str = "auto"
+    hash_block_size: int | None = None      # tokens per hash id (default: the format's)
+    model_filter: str | None = None          # BurstGPT: keep rows of this Model only
+    keep_failed: bool = False                # failed rows (0 output tokens) replayed with 1 token
+    time_unit: str = "s"                     # generic: s | ms | us | ns | datetime
+    arrival_column: str = "arrival_s"        # generic column names
+    input_column: str = "input_tokens"
+    output_column: str = "output_tokens"
+    spread_grid_s: float | None = None       # spread requests inside each grid bucket
+    seed: int = 0
+
+
+@dataclass
+class ReadState:
+    """Carried across batches: notes for the user, counters, session maps."""
+
+    notes: dict[str, int] = field(default_factory=dict)
+    sessions: dict = field(default_factory=dict)
+    last_arrival: dict = field(default_factory=dict)
+
+    def note(self, key: str, n: int) -> None:
+        if n:
+            self.notes[key] = self.notes.get(key, 0) + n
+
+
+def hash_lists(batch: Batch, col: str, path: Path, inp: np.ndarray, block: int) -> list[np.ndarray]:
+    """Per-row int64 arrays of hash ids; more ids than prompt blocks is an error."""
+    s = batch.frame[col]
+    lens = s.list.len().fill_null(0).to_numpy()
+    too_many = lens > -(-inp // block)
+    if too_many.any():
+        i = int(np.argmax(too_many))
+        raise UserError(f"{batch.where(path, i)}: {col} has {lens[i]} ids but input {inp[i]} tokens fill only "
+                        f"{-(-inp[i] // block)} blocks of {block} tokens; set the block size with --hash-block-size "
+                        "(workload.trace.hash_block_size)")
+    flat = s.explode().drop_nulls().to_numpy().astype(np.int64) if lens.sum() else np.zeros(0, np.int64)
+    return np.split(flat, np.cumsum(lens)[:-1])
+
+
+def _session_codes(values: list, state: ReadState) -> np.ndarray:
+    codes = state.sessions
+    return np.array([-1 if v is None else codes.setdefault(v, len(codes)) for v in values], dtype=np.int64)
+
+
+def _drop_failed(arr: RequestArrays, out: np.ndarray, opts: ReadOptions, state: ReadState, what: str) -> RequestArrays:
+    failed = out == 0
+    if not failed.any():
+        return arr
+    if opts.keep_failed:
+        state.note(f"{what}: replayed with 1 output token (keep_failed)", int(failed.sum()))
+        return RequestArrays(arr.arrival_s, arr.input_tokens, np.maximum(out, 1), arr.hash_ids, arr.hash_block_size,
+                             arr.session_id, arr.priority, arr.measured)
+    state.note(f"{what}: left out (set keep_failed to replay them with 1 output token)", int(failed.sum()))
+    return arr.take(~failed)
+
+
+# ---- CSV / Parquet formats --------------------------------------------------------------
+
+def azure(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    return RequestArrays(datetimes_s(b, "TIMESTAMP", path), tokens(b, "ContextTokens", path),
+                         tokens(b, "GeneratedTokens", path))
+
+
+def vidur(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    return RequestArrays(seconds(b, "arrived_at", path), tokens(b, "num_prefill_tokens", path),
+                         tokens(b, "num_decode_tokens", path))
+
+
+def burstgpt(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    if o.model_filter is not None:
+        keep = (b.frame["Model"].str.strip_chars() == o.model_filter).to_numpy()
+        st.note(f"rows of a Model other than {o.model_filter!r}: left out (model_filter)", int((~keep).sum()))
+        b = Batch(b.frame.filter(pl.Series(keep)), b.lines[keep], b.label)
+    t = seconds(b, "Timestamp", path)
+    inp = tokens(b, "Request tokens", path)
+    out = tokens(b, "Response tokens", path, minimum=0)
+    arr = RequestArrays(t, inp, out)
+    # NOTE: BurstGPT logs failed requests with 0 response tokens (HPMLL/BurstGPT README).
+    return _drop_failed(arr, out, o, st, "failed requests (0 response tokens)")
+
+
+def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    cols = b.frame.columns
+    inp = tokens(b, "input_tokens", path)
+    block = o.hash_block_size or 16
+    measured = {c: _measured(b.frame[c]) for c in cols if c.startswith("measured_")}
+    return RequestArrays(
+        seconds(b, "arrival_s", path), inp, tokens(b, "output_tokens", path),
+        hash_ids=hash_lists(b, "hash_ids", path, inp, block) if "hash_ids" in cols else None,
+        hash_block_size=block,
+        session_id=b.frame["session_id"].cast(pl.Int64, strict=False).fill_null(-1).to_numpy() if "session_id" in cols else None,
+        priority=b.frame["priority"].cast(pl.Int64, strict=False).fill_null(0).to_numpy() if "priority" in cols else None,
+        measured=measured or None,
+    )
+
+
+def _measured(s: pl.Series):
+    if isinstance(s.dtype, pl.List):
+        return [np.asarray(x if x is not None else [], dtype=np.float64) for x in s.to_list()]
+    return s.cast(pl.Float64, strict=False).to_numpy()
+
+
+def generic(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    t = (datetimes_s(b, o.arrival_column, path) if o.time_unit == "datetime"
+         else seconds(b, o.arrival_column, path, o.time_unit))
+    return RequestArrays(t, tokens(b, o.input_column, path), tokens(b, o.output_column, path))
+
+
+# ---- JSON Lines formats -----------------------------------------------------------------
+
+def mooncake(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    f = b.frame
+    inp = tokens(b, "input_length", path)
+    out = tokens(b, "output_length", path)
+    block = o.hash_block_size or 512
+    sess = _session_codes(f["session_id"].to_list(), st) if f["session_id"].null_count() < f.height else None
+    if f["timestamp"].null_count():
+        t = _delays_to_times(b, path, sess, st)
+    else:
+        t = seconds(b, "timestamp", path, "ms")
+    if sess is not None:
+        for s, ti in zip(sess.tolist(), t.tolist()):
+            st.last_arrival[s] = ti
+    has_ids = f["hash_ids"].null_count() < f.height
+    prio = f["priority"]
+    return RequestArrays(
+        t, inp, out, hash_ids=hash_lists(b, "hash_ids", path, inp, block) if has_ids else None,
+        hash_block_size=block, session_id=sess,
+        priority=prio.fill_null(0).cast(pl.Int64).to_numpy() if prio.null_count() < f.height else None,
+    )
+
+
+def _delays_to_times(b: Batch, path: Path, sess: np.ndarray | None, st: ReadState) -> np.ndarray:
+    """AIPerf multi-turn rows give ``delay`` (ms after the session's previous turn), not ``timestamp``.
+
+    NOTE: replayed open-loop: the turn arrives ``delay`` after the previous turn's arrival.
+    """
+    f = b.frame
+    ts, delay = f["timestamp"].to_list(), f["delay"].to_list()
+    out = np.empty(f.height)
+    for i, (t, d) in enumerate(zip(ts, delay)):
+        if t is not None:
+            if not (np.isfinite(t) and t >= 0):
+                raise UserError(f"{b.where(path, i)}: column timestamp is {t!r}, expected a finite time >= 0 (in ms)")
+            out[i] = t / 1e3
+        elif d is None or sess is None or sess[i] < 0 or sess[i] not in st.last_arrival:
+            raise UserError(f"{b.where(path, i)}: field timestamp is missing (a row without one needs a delay and "
+                            "the session_id of an earlier turn)")
+        elif not (np.isfinite(d) and d >= 0):
+            raise UserError(f"{b.where(path, i)}: column delay is {d!r}, expected a finite time >= 0 (in ms)")
+        else:
+            out[i] = st.last_arrival[sess[i]] + d / 1e3
+        if sess is not None and sess[i] >= 0:
+            st.last_arrival[sess[i]] = out[i]
+    st.note("turns timed by delay after the previous turn's arrival (open loop)", int(f["timestamp"].null_count()))
+    return out
+
+
+def bailian(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    """Qwen Bailian traces: ``chat_id``, ``parent_chat_id`` (-1 for a first turn), ``turn``."""
+    f = b.frame
+    inp = tokens(b, "input_length", path)
+    present(b, "chat_id", path)
+    roots = st.sessions
+    sess = np.empty(f.height, dtype=np.int64)
+    for i, (c, p) in enumerate(zip(f["chat_id"].to_list(), f["parent_chat_id"].to_list())):
+        # NOTE: a turn whose parent is not in the trace starts its own session
+        root = roots.get(p, c) if p is not None and p >= 0 else c
+        roots[c] = root
+        sess[i] = int(root)
+    block = o.hash_block_size or 16
+    return RequestArrays(seconds(b, "timestamp", path), inp, tokens(b, "output_length", path),
+                         hash_ids=hash_lists(b, "hash_ids", path, inp, block), hash_block_size=block, session_id=sess)
+
+
+def aiperf_flatten(obj: dict, where: str) -> dict:
+    md, m = obj.get("metadata") or {}, obj.get("metrics") or {}
+    if not isinstance(md, dict) or not isinstance(m, dict):
+        raise UserError(f"{where}: metadata and metrics must be JSON objects")
+
+    def val(k):
+        v = m.get(k)
+        return v.get("value") if isinstance(v, dict) else None
+
+    failed = obj.get("error") is not None
+    return {
+        "request_start_ns": md.get("request_start_ns"),
+        "input_sequence_length": val("input_sequence_length") if not failed else val("error_isl"),
+        "output_sequence_length": 0 if failed else val("output_sequence_length"),
+        "time_to_first_token_ms": val("time_to_first_token"),
+        "request_latency_ms": val("request_latency"),
+        "session": md.get("x_correlation_id"),
+    }
+
+
+def aiperf(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    """AIPerf ``profile_export.jsonl``: one measured request per line, times in ns and ms."""
+    f = b.frame
+    out = tokens(b, "output_sequence_length", path, minimum=0)
+    arr = RequestArrays(
+        seconds(b, "request_start_ns", path, "ns"), tokens(b, "input_sequence_length", path), out,
+        session_id=_session_codes(f["session"].to_list(), st),
+        measured={"measured_ttft_s": (f["time_to_first_token_ms"] / 1e3).to_numpy(),
+                  "measured_e2el_s": (f["request_latency_ms"] / 1e3).to_numpy()},
+    )
+    # NOTE: a record with an error has no output; like vLLM bench we do not replay it by default.
+    return _drop_failed(arr, out, o, st, "failed requests (error records)")
+
+
+# name -> (file kind, required raw columns, schema for JSON Lines, converter)
+FORMATS = {
+    "normalized": ("table", ["arrival_s", "input_tokens", "output_tokens"], None, normalized),
+    "azure": ("table", ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], None, azure),
+    "burstgpt": ("table", ["Timestamp", "Model", "Request tokens", "Response tokens"], None, burstgpt),
+    "vidur": ("table", ["arrived_at", "num_prefill_tokens", "num_decode_tokens"], None, vidur),
+    "bailian": ("jsonl", ["timestamp", "chat_id", "parent_chat_id", "input_length", "output_length", "hash_ids"],
+                {"timestamp": F, "chat_id": pl.Int64, "parent_chat_id": pl.Int64, "turn": pl.Int64,
+                 "input_length": F, "output_length": F, "hash_ids": IDS}, bailian),
+    "mooncake": ("jsonl", ["timestamp", "input_length", "output_length"],
+                 {"timestamp": F, "input_length": F, "output_length": F, "hash_ids": IDS, "session_id": S,
+                  "delay": F, "priority": F}, mooncake),
+    "aiperf": ("jsonl", ["metadata", "metrics"],
+               {"request_start_ns": F, "input_sequence_length": F, "output_sequence_length": F,
+                "time_to_first_token_ms": F, "request_latency_ms": F, "session": S}, aiperf),
+    "vllm_bench": ("json", ["start_times", "input_lens", "output_lens"], None, None),
+    "generic": ("any", [], None, generic),
+}
+OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority"]

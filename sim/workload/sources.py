@@ -1,0 +1,184 @@
+"""Files read in bounded batches, each row tagged with its line (or Parquet row) number.
+
+Why: a 10-million-request trace must not be held as Python objects or strings all at once;
+every later error names the file and the line it came from, so each batch carries the line
+number of each of its rows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from sim.errors import UserError
+
+CHUNK_ROWS = 1_000_000
+
+
+@dataclass
+class Batch:
+    """Raw columns of consecutive rows; ``lines[i]`` is the 1-based line (or row) of row i."""
+
+    frame: pl.DataFrame
+    lines: np.ndarray
+    label: str  # "line" (text files) or "row" (Parquet)
+
+    def where(self, path: Path, i: int) -> str:
+        return f"{path}: {self.label} {int(self.lines[i])}"
+
+
+def check_exists(path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"{path}: trace file not found")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a trace file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}: the trace file is empty")
+
+
+def first_line(path: Path) -> str:
+    """The first non-blank line (decoded leniently), for format detection."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                return raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+    raise UserError(f"{path}: the trace file is empty")
+
+
+def csv_header(path: Path) -> list[str]:
+    return [c.strip().strip('"') for c in first_line(path).split(",")]
+
+
+def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) -> Iterator[Batch]:
+    """The named columns of a CSV file, as strings, ``chunk_rows`` rows at a time."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    header = csv_header(path)
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise UserError(f"{path}: line 1: missing column(s) {', '.join(missing)}; the header has {header}")
+    # NOTE: every column is read as text and converted by us, so a bad value is reported with
+    # its line; blank lines are kept (and rejected) so line numbers stay exact.
+    try:
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8"),
+            parse_options=pacsv.ParseOptions(ignore_empty_lines=False, newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=columns, column_types={c: pa.string() for c in columns},
+                strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read as CSV ({str(e).splitlines()[0]})") from None
+    start = 2  # line of the first data row
+    pending: list[pl.DataFrame] = []
+    n_pending = 0
+    while True:
+        try:
+            rb = reader.read_next_batch()
+        except StopIteration:
+            break
+        except pa.ArrowInvalid as e:
+            raise UserError(f"{path}: near line {start + n_pending}: malformed CSV ({str(e).splitlines()[0]})") from None
+        pending.append(pl.from_arrow(rb))
+        n_pending += rb.num_rows
+        if n_pending >= chunk_rows:
+            frame = pl.concat(pending)
+            yield Batch(frame, np.arange(start, start + frame.height), "line")
+            start += frame.height
+            pending, n_pending = [], 0
+    if pending:
+        frame = pl.concat(pending)
+        yield Batch(frame, np.arange(start, start + frame.height), "line")
+
+
+def parquet_columns(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).schema_arrow.names
+    except Exception as e:
+        raise UserError(f"{path}: cannot read as Parquet ({str(e).splitlines()[0]})") from None
+
+
+def parquet_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) -> Iterator[Batch]:
+    import pyarrow.parquet as pq
+
+    names = parquet_columns(path)
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; the file has {names}")
+    start = 1
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns):
+        frame = pl.from_arrow(rb)
+        yield Batch(frame, np.arange(start, start + frame.height), "row")
+        start += frame.height
+
+
+def jsonl_batches(path: Path, schema: dict[str, pl.DataType], chunk_rows: int = CHUNK_ROWS,
+                  flatten=None) -> Iterator[Batch]:
+    """JSON Lines, one object per line; only the ``schema`` fields are kept.
+
+    A batch is parsed by polars; if that fails, line by line with ``json`` to name the bad line.
+    ``flatten(obj) -> dict`` maps a nested record to flat fields (slow path only).
+    """
+    with open(path, "rb") as f:
+        buf: list[bytes] = []
+        lines: list[int] = []
+        for no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue  # NOTE: blank lines in JSON Lines carry no record
+            buf.append(raw if raw.endswith(b"\n") else raw + b"\n")
+            lines.append(no)
+            if len(buf) >= chunk_rows:
+                yield _parse_jsonl(path, buf, np.array(lines), schema, flatten)
+                buf, lines = [], []
+        if buf:
+            yield _parse_jsonl(path, buf, np.array(lines), schema, flatten)
+
+
+def _parse_jsonl(path: Path, buf: list[bytes], lines: np.ndarray, schema, flatten) -> Batch:
+    if flatten is None:
+        try:
+            frame = pl.read_ndjson(io.BytesIO(b"".join(buf)), schema=schema)
+            if frame.height == len(buf):
+                return Batch(frame, lines, "line")
+        except Exception:
+            pass
+    cols: dict[str, list] = {k: [] for k in schema}
+    for raw, no in zip(buf, lines.tolist()):
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: line {no}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}: line {no}: expected a JSON object, got {type(obj).__name__}")
+        if flatten is not None:
+            obj = flatten(obj, f"{path}: line {no}")
+        for k, dtype in schema.items():
+            cols[k].append(_coerce(obj.get(k), dtype, f"{path}: line {no}", k))
+    return Batch(pl.DataFrame(cols, schema=schema), lines, "line")
+
+
+def _coerce(v, dtype, where: str, key: str):
+    """A JSON value as ``dtype``; None stays None (checked later); a wrong type is an error."""
+    if v is None:
+        return None
+    if dtype == pl.String:
+        return str(v)
+    if dtype == pl.Float64:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UserError(f"{where}: {key} is {v!r}, expected a number")
+        return float(v)
+    if isinstance(dtype, pl.List):
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise UserError(f"{where}: {key} is {str(v)[:60]!r}, expected a list of integers")
+        return v
+    return v
