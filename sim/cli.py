@@ -63,7 +63,7 @@ def _run_progress(total: int):
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="continuous | chunked"),
+    policy: Optional[str] = typer.Option(None, "--policy", help="static | continuous | chunked | disaggregated"),
     chunk: Optional[int] = typer.Option(None, "--chunk", help="Policy chunked with this max_num_batched_tokens."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default reports/runs/NAME-POLICY)."),
@@ -119,7 +119,8 @@ def explain(
     if context < 1 or batch < 1:
         raise UserError("--context and --batch must be >= 1")
     s = load_scenario(scenario, set_)
-    figures = explain_fn(build_deployment(s), context, batch)
+    dep = build_deployment(s)
+    figures = explain_fn(dep, context, batch)
     if as_json:
         print(json.dumps(figures, indent=2))
         return
@@ -129,6 +130,15 @@ def explain(
     for k, v in figures.items():
         t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
     out_console.print(t)
+    from sim.cost.calibration import describe
+
+    out_console.print(f"cost model: {describe(dep.cost.calibration)}")
+
+
+from sim.cli_kernels import calibrate, profile  # noqa: E402
+
+app.command("calibrate")(calibrate)
+app.command("profile")(profile)
 
 
 def main() -> None:

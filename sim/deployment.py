@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sim.cost.calibration import default_efficiencies, load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.hardware import GPUSpec, get_gpu
 from sim.memory import MemoryPlan, plan_memory
@@ -51,7 +52,8 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
-    eff = Efficiencies()
+    cal = load_calibration(gpu.key)  # None: roofline with default efficiencies
+    eff = default_efficiencies(cal, Efficiencies())
     if e.step_overhead_ms is not None:
         eff = replace(eff, step_overhead_s=e.step_overhead_ms / 1e3)
     if e.per_seq_overhead_ms is not None:
@@ -64,5 +66,6 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         max_num_partial_prefills=e.max_num_partial_prefills,
         preemption_mode=e.preemption_mode,
     )
-    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, eff), kv_bytes,
+    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, eff, calibration=cal),
+                      kv_bytes,
                       e.enable_prefix_caching)

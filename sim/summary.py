@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 
+from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
 
 
@@ -101,7 +102,8 @@ def summarize(result) -> dict:
         "simsrv_mean_kv_transfer_ms": _mean_ms(rq["kv_transfer_s"].to_numpy()),
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
-        "simsrv_cost_model": "roofline (default efficiencies, uncalibrated)",
+        "simsrv_cost_model": describe_cost_model(dep.cost.calibration),
+        "simsrv_extrapolated_steps": dep.cost.num_extrapolated_steps,
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
     })

@@ -3,8 +3,10 @@
 Why: an operator cannot run faster than its FLOPs at peak nor its bytes at peak bandwidth
 (Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)). Prefill GEMMs are compute
 bound, decode GEMMs and attention are bandwidth bound; the max() gives both regimes from one
-formula. Achieved fractions of peak are named constants here (``Efficiencies``); calibration
-against measured kernels replaces them.
+formula. Achieved fractions of peak are named constants here (``Efficiencies``); with a
+``calibration`` (``sim/cost/calibration.py``, fitted from measured kernels by ``simsrv
+calibrate``) each calibrated operator takes ``raw roofline bound / measured efficiency(shape)``
+instead (``sim/cost/calibrated.py``).
 
 All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Shoeybi et al.
 2019: attention heads and MLP columns split across ``tp`` GPUs, two all-reduces per layer).
@@ -15,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.batch import Batch
+from sim.cost.calibrated import CalibratedOps
+from sim.cost.calibration import Calibration
+from sim.cost.fit import equivalent_prefill_tokens, prefill_pairs
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
 
@@ -57,7 +62,8 @@ class RooflineCostModel:
     """Per-step time of a batch on one replica of ``tp`` GPUs."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
-                 eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None):
+                 eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
+                 calibration: Calibration | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.eff = eff or Efficiencies()
         m, e = model, self.eff
@@ -85,14 +91,36 @@ class RooflineCostModel:
             4 * h + 6 * h + 2 * (self.q_dim + self.kv_dim) + 3 * self.mlp_dim + 2 * self.kv_dim
         )
         self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
+        self._tok_cache: dict[int, tuple[float, float, bool]] = {}
+        self.calibration = calibration
+        # Engine steps whose shapes fell outside the measured range of a calibrated operator
+        # (they took the nearest measured efficiency); read into ``simsrv_extrapolated_steps``.
+        self.num_extrapolated_steps = 0
+        self.cops = None if calibration is None else CalibratedOps(
+            calibration, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+                                        "lm": self._lm},
+            heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
+            kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
+            peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
+            link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
+        self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
+        self._flag = False  # set by the operators of the step being computed
+        self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
-                  flop_mult: float = 1.0) -> float:
+                  flop_mult: float = 1.0, name: str | None = None) -> float:
         """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
         bytes_ = (fin * fout * weight_reads + tokens * (fin + fout) * flop_mult) * self.dtype_bytes
+        if name is not None and self._gemm_cal:
+            # Calibrated: the raw bound (vendor peaks) over the efficiency measured at this
+            # weight shape and token count. NOTE: an MoE expert GEMM uses the efficiency of
+            # the whole batch's token count.
+            t, out = self.cops.linear_s(name, tokens, max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s))
+            self._flag |= out
+            return t
         return max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
@@ -107,12 +135,13 @@ class RooflineCostModel:
             # (Jiang et al. 2024, "Mixtral of Experts").
             k, E = m.num_experts_per_tok, m.num_experts
             touched = E * (1.0 - (1.0 - k / E) ** tokens)
-            up = self._linear_s(tokens, self._up, touched, k)
-            down = self._linear_s(tokens, self._down, touched, k)
+            up = self._linear_s(tokens, self._up, touched, k, name="up")
+            down = self._linear_s(tokens, self._down, touched, k, name="down")
         else:
-            up = self._linear_s(tokens, self._up)
-            down = self._linear_s(tokens, self._down)
-        out = (L * self._linear_s(tokens, self._qkv), L * self._linear_s(tokens, self._o), L * up, L * down)
+            up = self._linear_s(tokens, self._up, name="up")
+            down = self._linear_s(tokens, self._down, name="down")
+        out = (L * self._linear_s(tokens, self._qkv, name="qkv"), L * self._linear_s(tokens, self._o, name="o"),
+               L * up, L * down)
         self._gemm_cache[tokens] = out
         return out
 
@@ -125,21 +154,37 @@ class RooflineCostModel:
         """
         if not chunks:
             return 0.0
+        L = self.model.num_layers
+        if self.cops is not None and self.cops.prefill_grid is not None:
+            # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
+            # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
+            total, n = 0.0, len(chunks)
+            for c, x in chunks:
+                pairs = prefill_pairs(c, x)
+                flops = 4.0 * self.heads * self.model.head_dim * pairs
+                bytes_ = (c + x) * self.kv_layer_bytes + 2 * c * self.q_dim * self.dtype_bytes
+                e, out = self.cops.prefill_eff(n, float(equivalent_prefill_tokens(pairs)))
+                self._flag |= out
+                total += max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e
+            return L * total
         pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
         kv_tokens = sum(c + x for c, x in chunks)
         new_tokens = sum(c for c, _ in chunks)
         flops = 4.0 * self.heads * self.model.head_dim * pairs
         bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
-        L = self.model.num_layers
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
 
-    def _attn_decode_s(self, num_seqs: int, context_tokens: float) -> float:
-        """Decode attention reads every cached K and V of the batch: bandwidth bound."""
+    def _attn_decode_s(self, num_seqs: int, context_tokens: float, cal_eff: float | None = None) -> float:
+        """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
+        calibration, the raw bound over ``cal_eff``, the efficiency measured at this batch size
+        and mean context (held for a fast-forwarded run, so its steps stay affine)."""
         if not num_seqs:
             return 0.0
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
         L = self.model.num_layers
+        if cal_eff is not None:
+            return L * max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / cal_eff
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -152,39 +197,87 @@ class RooflineCostModel:
         one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
         return 2 * self.model.num_layers * one
 
-    def _components(self, b: Batch, decode_context: float) -> tuple[float, ...]:
+    def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
+        """(elementwise s, all-reduce s, extrapolated) of a step of ``tokens``; cached."""
+        hit = self._tok_cache.get(tokens)
+        if hit is not None:
+            return hit
+        flag = False
+        if self.cops is not None and self.cops.elem_ops:
+            elem, flag = self.cops.elementwise_s(tokens)
+        else:
+            # Embedding lookup (read+write h per token) joins the per-layer elementwise traffic.
+            elem = tokens * (self.model.num_layers * self.elem_layer_bytes
+                             + 2 * self.model.hidden_size * self.dtype_bytes) / self.mem_bw
+        if self.cops is not None and self.cops.allreduce_curve is not None:
+            ar, out = self.cops.allreduce_s(tokens)
+            flag |= out
+        else:
+            ar = self._allreduce_s(tokens)
+        self._tok_cache[tokens] = hit = (elem, ar, flag)
+        return hit
+
+    def _decode_eff(self, b: Batch) -> float | None:
+        if self.cops is None or self.cops.decode_grid is None or not b.num_decode_seqs:
+            return None
+        e, out = self.cops.decode_eff(b.num_decode_seqs, b.decode_context_tokens / b.num_decode_seqs)
+        self._flag |= out
+        return e
+
+    def _components(self, b: Batch, decode_context: float, decode_eff: float | None = None) -> tuple[float, ...]:
         tokens = b.num_tokens
-        qkv, o, up, down = self._gemms(tokens) if tokens else (0.0, 0.0, 0.0, 0.0)
-        # Embedding lookup (read+write h per token) joins the per-layer elementwise traffic.
-        elem = tokens * (self.model.num_layers * self.elem_layer_bytes
-                         + 2 * self.model.hidden_size * self.dtype_bytes) / self.mem_bw
-        lm = self._linear_s(b.num_logits, self._lm) if b.num_logits else 0.0
+        if tokens:
+            if self._gemm_cal and tokens not in self._gemm_cache:
+                saved, self._flag = self._flag, False
+                qkv, o, up, down = self._gemms(tokens)
+                if self._flag:
+                    self._gemm_extrap.add(tokens)
+                self._flag = saved
+            else:
+                qkv, o, up, down = self._gemms(tokens)
+            if tokens in self._gemm_extrap:
+                self._flag = True
+            elem, ar, out = self._per_tokens(tokens)
+            self._flag |= out
+        else:
+            qkv = o = up = down = elem = ar = 0.0
+        lm = self._linear_s(b.num_logits, self._lm, name="lm") if b.num_logits else 0.0
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
         num_seqs = b.num_decode_seqs + len(b.prefill_chunks)
         overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs if tokens else 0.0
         return (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
-                self._attn_decode_s(b.num_decode_seqs, decode_context), elem,
-                self._allreduce_s(tokens), lm, sampling, overhead)
+                self._attn_decode_s(b.num_decode_seqs, decode_context, decode_eff), elem,
+                ar, lm, sampling, overhead)
 
     # -- public ---------------------------------------------------------------------------------
     def step_time(self, batch: Batch) -> StepCost:
         """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total."""
-        first = self._components(batch, batch.decode_context_tokens)
+        self._flag = False
+        de = self._decode_eff(batch)
+        first = self._components(batch, batch.decode_context_tokens, de)
+        self._count(batch)
         if batch.num_steps == 1:
             return StepCost(dict(zip(OPS, first)))
-        last = self._components(batch, self._last_context(batch))
+        last = self._components(batch, self._last_context(batch), de)
         k = batch.num_steps
         return StepCost({op: k * (a + z) / 2.0 for op, a, z in zip(OPS, first, last)})
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
         """(first step, last step) seconds. Step time is affine in the decode context, which
         grows by ``num_decode_seqs`` per step, so a run's steps are evenly spaced between them."""
-        first = sum(self._components(batch, batch.decode_context_tokens))
+        self._flag = False
+        de = self._decode_eff(batch)
+        first = sum(self._components(batch, batch.decode_context_tokens, de))
+        self._count(batch)
         if batch.num_steps == 1:
             return first, first
-        return first, sum(self._components(batch, self._last_context(batch)))
+        return first, sum(self._components(batch, self._last_context(batch), de))
+
+    def _count(self, batch: Batch) -> None:
+        if self._flag:
+            self.num_extrapolated_steps += batch.num_steps
 
     @staticmethod
     def _last_context(b: Batch) -> float:

@@ -1,0 +1,82 @@
+"""Calibrated operator times of one model on one GPU: ``roofline_bound / efficiency(shape)``.
+
+Why: ``RooflineCostModel`` stays the first-principles model; when a calibration exists for
+the GPU, this object replaces each calibrated operator's constant efficiency by the measured
+efficiency at the step's shape (tables in ``sim/cost/calibration.py``). Everything a model
+fixes (its layer widths, its per-GPU heads, the table to use) is chosen once here, so the
+per-step path is a few bisections. Shapes outside the measured range take the nearest
+measured efficiency and are flagged; the cost model counts such steps.
+"""
+
+from __future__ import annotations
+
+from sim.cost.calibration import Calibration
+from sim.cost.fit import ELEM_BYTES_PER_WIDTH
+
+
+class CalibratedOps:
+    def __init__(self, cal: Calibration, *, linear_shapes: dict, heads: float, kv_heads: float, head_dim: int,
+                 hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
+                 dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float):
+        self.cal = cal
+        self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
+        self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
+        self.gemm_curves = None
+        if cal.gemm is not None:
+            # (out, in) of the cost model's (in, out): the table is x[m,k] @ W[k,n].
+            self.gemm_curves = {name: cal.gemm.curve(fout, fin) for name, (fin, fout) in linear_shapes.items()}
+        self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
+        self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
+        self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
+        # Elementwise ops per layer as (table kind, row width): 2 norms, 2 residual adds, rotary
+        # on q and k, the gated activation (widths per GPU); the KV-cache write and the
+        # embedding lookup move like a norm (read a row, write a row).
+        self.elem_ops = ()
+        if cal.elementwise:
+            kinds = cal.elementwise
+            act = "act_gated" if "act_gated" in kinds else "act"
+            ops = [("norm", hidden), ("norm", hidden), ("add", hidden), ("add", hidden), ("rope", q_dim + kv_dim),
+                   (act, mlp_dim), ("norm", kv_dim)]
+            self.elem_ops = tuple((kinds[k], ELEM_BYTES_PER_WIDTH[k] * w) for k, w in ops if k in kinds)
+            self.embed = (kinds["norm"], ELEM_BYTES_PER_WIDTH["norm"] * hidden) if "norm" in kinds else None
+
+    # -- per token count (the caller caches these) ----------------------------------------------
+    def linear_s(self, name: str, tokens: int, bound_s: float) -> tuple[float, bool]:
+        curve, out = self.gemm_curves[name]
+        e, out_m = curve.eff(tokens)
+        return bound_s / e, out or out_m
+
+    def elementwise_s(self, tokens: int) -> tuple[float, bool]:
+        """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes)."""
+        total, flag = 0.0, False
+        for curve, per_token_bytes in self.elem_ops:
+            nb = per_token_bytes * tokens
+            e, out = curve.eff(nb)
+            total += nb / self.bw / e
+            flag |= out
+        total *= self.L
+        if self.embed is not None:
+            nb = self.embed[1] * tokens
+            e, out = self.embed[0].eff(nb)
+            total += nb / self.bw / e
+            flag |= out
+        return total, flag
+
+    def allreduce_s(self, tokens: int) -> tuple[float, bool]:
+        """Two ring all-reduces of T x hidden per layer (Patarasuk & Yuan 2009), measured eff."""
+        size = tokens * self.hidden * self.dtype_bytes
+        e, out = self.allreduce_curve.eff(size)
+        return 2 * self.L * (2.0 * (self.tp - 1) / self.tp * size / self.link) / e, out
+
+    # -- attention ----------------------------------------------------------------------------
+    def prefill_eff(self, num_chunks: int, equivalent_tokens: float) -> tuple[float, bool]:
+        return self.prefill_grid[0].eff(num_chunks, max(1.0, equivalent_tokens))
+
+    def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
+        return self.decode_grid[0].eff(num_seqs, max(1.0, context_per_seq))
+
+    def describe(self) -> dict:
+        return {
+            "attn_prefill_heads_table": list(self.prefill_grid[1]) if self.prefill_grid else None,
+            "attn_decode_heads_table": list(self.decode_grid[1]) if self.decode_grid else None,
+        }

@@ -1,0 +1,132 @@
+"""Calibrated efficiencies of one GPU, loaded from ``sim/catalog/calibration/<gpu>.json``.
+
+Why: the roofline bound is a first principle, but real kernels reach different fractions of
+it at different shapes (small GEMMs, short attention, decode at small batch). The calibration
+file, written by ``simsrv calibrate`` from measured kernels (``kernels_profile/``), holds
+per-operator tables of log(efficiency) over log(shape); the cost model divides its roofline
+bound by the efficiency at the step's shape: ``time = bound / efficiency(shape)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from sim.cost.tables import Curve, Grid2, bracket
+
+CALIBRATED_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise", "overhead")
+
+
+class GemmTable:
+    """Efficiency of x[m,k] @ W[k,n] over measured (m, n, k); ``curve(n, k)`` gives the
+    efficiency against m for one weight shape, bilinear in (log n, log k) between the four
+    measured weight shapes around it."""
+
+    def __init__(self, d: dict):
+        self.m, self.n, self.k = d["m"], d["n"], d["k"]
+        self.ln = [math.log(x) for x in self.n]
+        self.lk = [math.log(x) for x in self.k]
+        self.curves = [[Curve(self.m, d["log_eff"][i][j]) for j in range(len(self.k))] for i in range(len(self.n))]
+
+    def curve(self, n: float, k: float) -> tuple[Curve, bool]:
+        i, wn, on = bracket(self.ln, math.log(n))
+        j, wk, ok = bracket(self.lk, math.log(k))
+        corners = []
+        for di, wi in ((0, 1 - wn), (1, wn)):
+            for dj, wj in ((0, 1 - wk), (1, wk)):
+                ii, jj = min(i + di, len(self.n) - 1), min(j + dj, len(self.k) - 1)
+                c = self.curves[ii][jj]
+                if c and wi * wj > 0:
+                    corners.append((wi * wj, c))
+        if not corners:  # every surrounding shape unmeasured: the nearest measured one
+            ii, jj = min(((a, b) for a in range(len(self.n)) for b in range(len(self.k)) if self.curves[a][b]),
+                         key=lambda ab: abs(self.ln[ab[0]] - math.log(n)) + abs(self.lk[ab[1]] - math.log(k)))
+            corners = [(1.0, self.curves[ii][jj])]
+        tot = sum(w for w, _ in corners)
+        ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
+        out = Curve(self.m, ys)
+        return out, on or ok
+
+    def eff(self, m: float, n: float, k: float) -> tuple[float, bool]:
+        c, out = self.curve(n, k)
+        e, out_m = c.eff(m)
+        return e, out or out_m
+
+
+class HeadTables:
+    """Attention efficiency grids per (query heads, KV heads) on one GPU; ``pick`` returns the
+    grid of the measured head configuration nearest to a model's (log distance)."""
+
+    def __init__(self, d: dict, axes: tuple[str, str]):
+        self.tables = {(t["num_heads"], t["num_kv_heads"]): Grid2(t[axes[0]], t[axes[1]], t["log_eff"])
+                       for t in d["tables"]}
+
+    def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int]]:
+        key = min(self.tables, key=lambda hk: (abs(math.log(hk[1] / kv_heads)) + abs(math.log(hk[0] / heads)),
+                                               abs(math.log(hk[0] / heads))))
+        return self.tables[key], key
+
+
+class Calibration:
+    """Every calibrated table of one GPU; an operator absent from the file stays roofline-only."""
+
+    def __init__(self, d: dict):
+        self.raw = d
+        self.gpu = d["gpu"]
+        self.gemm = GemmTable(d["gemm"]) if "gemm" in d else None
+        self.attn_prefill = HeadTables(d["attn_prefill"], ("batch", "seq_tokens")) if "attn_prefill" in d else None
+        self.attn_decode = HeadTables(d["attn_decode"], ("batch", "context_tokens")) if "attn_decode" in d else None
+        self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"]) for t in d["allreduce"]["tables"]}
+                          if "allreduce" in d else None)
+        self.elementwise = ({kind: Curve(t["bytes"], t["log_eff"]) for kind, t in d["elementwise"]["tables"].items()}
+                            if "elementwise" in d else None)
+        self.overhead = d.get("overhead")
+
+    @property
+    def calibrated_ops(self) -> tuple[str, ...]:
+        return tuple(op for op in CALIBRATED_OPS if op in self.raw)
+
+    def allreduce_curve(self, tp: int) -> Curve | None:
+        if not self.allreduce:
+            return None
+        key = min(self.allreduce, key=lambda t: abs(math.log(t / tp)))
+        return self.allreduce[key]
+
+
+def default_efficiencies(cal: Calibration | None, base):
+    """``base`` (an ``Efficiencies``) with the calibrated engine overheads, when fitted: a
+    fixed cost per step and a cost per scheduled sequence (vidur CPU overhead profile)."""
+    if cal is None or not cal.overhead:
+        return base
+    from dataclasses import replace
+
+    return replace(base, step_overhead_s=cal.overhead["step_s"], per_seq_overhead_s=cal.overhead["per_seq_s"])
+
+
+def calibration_dir() -> Path:
+    return Path(str(resources.files("sim.catalog").joinpath("calibration")))
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> Calibration:
+    return Calibration(json.loads(Path(path).read_text()))
+
+
+def load_calibration(gpu_key: str, path: Path | None = None) -> Calibration | None:
+    """The default calibration of ``gpu_key`` (or the file ``path``); None when none exists."""
+    p = Path(path) if path is not None else calibration_dir() / f"{gpu_key}.json"
+    if not p.is_file():
+        return None
+    return _load(str(p.resolve()))
+
+
+def describe(cal: Calibration | None) -> str:
+    """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated."""
+    if cal is None:
+        return "roofline (default efficiencies, uncalibrated)"
+    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops]
+    s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
+    return s + (f"; roofline only: {', '.join(rest)}" if rest else "")

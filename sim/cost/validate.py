@@ -1,0 +1,111 @@
+"""Error tables of a calibration: held-out shapes per operator, and cross-source checks.
+
+Why: a calibration is only trusted on data its fit never saw (issue "Calibrate the cost
+model"): every figure here predicts rows absent from the fit that produced the prediction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from sim.cost.calibration import Calibration
+from sim.cost.fit import ape, fit, holdout_mask, predict_eff, primary_source, with_efficiency
+from sim.hardware import GPUSpec
+
+HELDOUT_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise", "overhead")
+# Cross-source GEMM check: vidur per-layer linear ops (model, TP) predicted from a GEMM table.
+CROSS_MODELS = (("meta-llama/Llama-2-7b-hf", 1), ("meta-llama/Llama-2-70b-hf", 4),
+                ("codellama/CodeLlama-34b-Instruct-hf", 1))
+
+
+def _stats(err: np.ndarray) -> dict:
+    err = err[np.isfinite(err)]
+    if not len(err):
+        return {"median_pct": None, "p90_pct": None}
+    return {"median_pct": float(np.median(err) * 100), "p90_pct": float(np.percentile(err, 90) * 100)}
+
+
+def _op_rows(df: pl.DataFrame, op: str) -> pl.DataFrame:
+    rows = df.filter(pl.col("op") == op)
+    if rows.is_empty():
+        return rows
+    if op in ("gemm", "attn_prefill", "attn_decode", "allreduce", "overhead"):
+        rows = rows.filter(pl.col("source") == primary_source(df, op))
+    if op == "attn_prefill":
+        rows = rows.filter(pl.col("context_tokens") == 0)
+    return rows
+
+
+def heldout_table(df: pl.DataFrame, gpu: GPUSpec, ops=HELDOUT_OPS) -> list[dict]:
+    """Per operator: rows fitted, rows held out, median and p90 absolute % error on held-out."""
+    out = []
+    for op in ops:
+        rows = _op_rows(df, op)
+        if op == "overhead":
+            rows = rows.group_by("model", "tp", "batch").agg(pl.col("time_ms").sum(), pl.col("source").first()).sort("model", "tp", "batch")
+            rows = rows.with_columns(op=pl.lit("overhead"), detail=pl.lit("total"))
+        if rows.is_empty():
+            continue
+        held = holdout_mask(rows, op)
+        train, test = rows.filter(pl.Series(~held)), rows.filter(pl.Series(held))
+        if op == "overhead":
+            b, t = train["batch"].to_numpy().astype(float), train["time_ms"].to_numpy()
+            (a, c), *_ = np.linalg.lstsq(np.c_[np.ones_like(b), b], t, rcond=None)
+            pred = a + c * test["batch"].to_numpy()
+            err = ape(pred, test["time_ms"].to_numpy())
+        else:
+            table = fit(train, gpu, ops=(op,))
+            if op not in table:  # too few rows left to fit once the held-out shapes are out
+                out.append({"op": op, "rows_fitted": len(train), "rows_held_out": len(test), **_stats(np.array([]))})
+                continue
+            cal = Calibration(table)
+            test = with_efficiency(test, gpu)
+            pred_s = test["bound_s"].to_numpy() / predict_eff(cal, test, op)
+            err = ape(pred_s, test["time_ms"].to_numpy() / 1e3)
+        out.append({"op": op, "rows_fitted": len(train), "rows_held_out": len(test), **_stats(err)})
+    return out
+
+
+def cross_source_gemm(df: pl.DataFrame, gpu: GPUSpec, models=CROSS_MODELS) -> list[dict]:
+    """GEMM efficiencies fitted on the GEMM tables (aiconfigurator) predict another source's
+    per-layer linear ops (vidur ``mlp.csv``); one row per model and one for all together."""
+    lin = df.filter(pl.col("op") == "linear")
+    if lin.is_empty() or df.filter(pl.col("op") == "gemm").is_empty():
+        return []
+    cal = Calibration(fit(df.filter(pl.col("op") == "gemm"), gpu, ops=("gemm",)))
+    out, errs = [], []
+    for model, tp in models:
+        rows = with_efficiency(lin.filter((pl.col("model") == model) & (pl.col("tp") == tp)), gpu)
+        if rows.is_empty():
+            continue
+        pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, "linear")
+        meas = rows["time_ms"].to_numpy() / 1e3
+        e = ape(pred_s, meas)
+        errs.append(e)
+        out.append({"target": f"{model} TP{tp}", "rows": len(rows), **_stats(e),
+                    "median_ratio": float(np.median(pred_s / meas))})
+    if errs:
+        e = np.concatenate(errs)
+        out.append({"target": "all", "rows": len(e), **_stats(e), "median_ratio": None})
+    return out
+
+
+def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
+    """Attention tables fitted on the primary source predict every other attention source
+    (e.g. Frontier's FlashInfer Llama-2-7B on A800), including prefill chunks after cached
+    context, which the cost model looks up at their equivalent prompt length."""
+    out = []
+    for op in ("attn_prefill", "attn_decode"):
+        prim = primary_source(df, op)
+        if prim is None:
+            continue
+        cal = Calibration(fit(df, gpu, ops=(op,)))
+        other = df.filter((pl.col("op") == op) & (pl.col("source") != prim))
+        for (src,), rows in other.group_by("source"):
+            rows = with_efficiency(rows, gpu)
+            pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op)
+            meas = rows["time_ms"].to_numpy() / 1e3
+            out.append({"op": op, "target": src, "rows": len(rows), **_stats(ape(pred_s, meas)),
+                        "median_ratio": float(np.median(pred_s / meas))})
+    return out

@@ -1,0 +1,1 @@
+"""Measured kernel profiles: the normalised schema, ingestion of public sources, and profiling."""
