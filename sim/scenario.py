@@ -96,7 +96,7 @@ class TraceSpec(_Strict):
 
 
 class LengthDist(_Strict):
-    dist: Literal["fixed", "uniform", "lognormal", "empirical"]
+    dist: Literal["fixed", "uniform", "lognormal", "empirical", "mixture"]
     value: Optional[int] = Field(None, ge=1)
     min: Optional[int] = Field(None, ge=1)
     max: Optional[int] = Field(None, ge=1)
@@ -104,11 +104,13 @@ class LengthDist(_Strict):
     sigma: Optional[float] = Field(None, ge=0)
     path: Optional[str] = None
     column: Optional[str] = None
+    weight: Optional[float] = Field(None, gt=0)  # of a mixture component
+    components: Optional[list["LengthDist"]] = None  # dist: mixture
 
     @model_validator(mode="after")
     def _needs(self) -> "LengthDist":
         need = {"fixed": ["value"], "uniform": ["min", "max"], "lognormal": ["mean", "sigma"],
-                "empirical": ["path", "column"]}[self.dist]
+                "empirical": ["path", "column"], "mixture": ["components"]}[self.dist]
         missing = [k for k in need if getattr(self, k) is None]
         if missing:
             raise ValueError(f"dist {self.dist} needs {', '.join(missing)}")

@@ -99,3 +99,15 @@ def test_missing_scenario_and_bad_set_exit_2(tmp_path):
 def test_verbose_shows_traceback():
     p = simsrv("--verbose", "run", "scenarios/chat.yaml", "--set", "model=nope")
     assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous", "chunked", "disaggregated"])
+def test_every_policy_runs_from_the_cli(tmp_path, policy):
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(small_scenario()))
+    p = simsrv("run", s, "--policy", policy, "--out", tmp_path / "run")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["simsrv_policy"] == policy and result["completed"] == 200
+    if policy == "disaggregated":
+        assert result["simsrv_kv_transfers"] > 0 and result["simsrv_mean_kv_transfer_ms"] > 0

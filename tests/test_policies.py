@@ -1,4 +1,5 @@
 """Schedulers driven by hand through schedule() / on_step_done(), without SimPy."""
+import pytest
 
 from sim.kv import KVBlockManager
 from sim.policies import EngineLimits
@@ -133,3 +134,92 @@ def test_recompute_resumes_and_records_the_gap():
     assert len(done) == 3 and s.num_preemptions > 0
     assert s.tokens_emitted == 36
     assert len(s.resume_gaps_s) == sum(1 for _ in s.resume_gaps_s) and all(g > 0 for g in s.resume_gaps_s)
+
+
+# -- static, swap, prefix caching, disaggregation ---------------------------------------------
+
+from sim.policies.disagg import DecodeScheduler, PrefillScheduler  # noqa: E402
+from sim.policies.static import StaticScheduler  # noqa: E402
+
+
+def test_static_admits_nothing_until_the_batch_drains():
+    s = _sched(StaticScheduler, max_num_seqs=2)
+    for i, out in enumerate((3, 10, 5)):
+        s.add_request(Request(i, 0.0, 50, out), 0.0)
+    plan = s.schedule(0.0)
+    assert [r.request_id for r, _ in plan.chunks] == [0, 1]
+    now, seen = 0.0, []
+    while 2 not in s.running:
+        now += 0.01
+        s.on_step_done(plan, now)
+        plan = s.schedule(now)
+        seen.append({r.request_id for r, _ in plan.chunks})
+        if 2 in {r.request_id for r, _ in plan.chunks}:
+            break
+    # request 2 entered only after request 1 (10 tokens) finished, not when request 0 did
+    assert s.decode.num_seqs == 0 and 1 not in s.running
+
+
+def test_swap_preemption_keeps_kv_and_skips_recompute():
+    s = _sched(ContinuousScheduler, blocks=8, bs=4, preemption_mode="swap")
+    a, b = Request(0, 0.0, 6, 20), Request(1, 0.0, 6, 20)
+    s.add_request(a, 0.0)
+    s.add_request(b, 0.0)
+    plans, done = _drive(s)
+    assert len(done) == 2 and b.num_preemptions >= 1
+    assert s.num_swaps == b.num_preemptions
+    assert sum(p.swap_blocks for p in plans) > 0          # copied out and back over PCIe
+    assert sum(p.prefill_tokens for p in plans) == 12     # the prompts only: nothing recomputed
+    assert s.tokens_emitted == 40
+
+
+def test_prefix_cache_hit_skips_cached_blocks():
+    from sim.kv import KVBlockManager
+    import numpy as np
+
+    s = ChunkedScheduler(EngineLimits(max_num_batched_tokens=4096), KVBlockManager(1000, 16, True))
+    first, second = Request(0, 0.0, 100, 2), Request(1, 0.0, 100, 2)
+    for r in (first, second):
+        r.hash_ids, r.hash_block_size = np.arange(7), 16
+    s.add_request(first, 0.0)
+    s.on_step_done(s.schedule(0.0), 0.1)          # first's 6 full blocks are now cached
+    s.add_request(second, 0.1)
+    plan = s.schedule(0.1)
+    chunk = dict((r.request_id, n) for r, n in plan.chunks)
+    assert chunk[1] == 100 - 96                     # 6 blocks x 16 tokens hit
+    assert s.kv.hit_tokens == 96 and s.kv.query_tokens == 200
+    assert s.kv.num_used == 7 + 7 - 6               # the 6 shared blocks are counted once
+
+
+def test_prefix_cache_evicts_lru_only_when_needed():
+    from sim.kv import KVBlockManager
+    import numpy as np
+
+    kv = KVBlockManager(10, 16, True)
+    s = ChunkedScheduler(EngineLimits(max_num_batched_tokens=4096), kv)
+    r = Request(0, 0.0, 64, 1)
+    r.hash_ids, r.hash_block_size = np.arange(4), 16
+    s.add_request(r, 0.0)
+    s.on_step_done(s.schedule(0.0), 0.1)  # finishes (1 output token); 4 blocks stay cached
+    assert kv.num_used == 0 and kv.num_cached_free == 4 and kv.num_free == 10
+    big = Request(1, 0.1, 150, 1)         # needs 10 blocks: evicts all 4 cached ones
+    s.add_request(big, 0.1)
+    s.schedule(0.1)
+    assert kv.num_evicted == 4 and kv.num_cached_free == 0
+
+
+def test_prefill_replica_holds_kv_until_decode_admits():
+    limits = EngineLimits()
+    p = PrefillScheduler(limits, KVBlockManager(100, 16))
+    d = DecodeScheduler(limits, KVBlockManager(100, 16))
+    d.on_admitted = p.release_handoff
+    r = Request(0, 0.0, 40, 5)
+    p.add_request(r, 0.0)
+    p.on_step_done(p.schedule(0.0), 0.05)
+    assert p.handoffs == [r] and r.first_token_s == 0.05 and p.kv.num_used == 3 and not p.running
+    r.transfer_end_s = 0.06
+    d.incoming += 1
+    d.add_transferred(r)
+    plan = d.schedule(0.06)                      # admitted straight to decode, no prefill
+    assert plan.num_decode_seqs == 1 and not plan.chunks and plan.ready_gaps_s == [pytest.approx(0.01)]
+    assert p.kv.num_used == 0 and d.kv.num_used == 3

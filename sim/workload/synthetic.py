@@ -25,7 +25,15 @@ def arrival_times_s(rng: np.random.Generator, n: int, rate_per_s: float, burstin
 
 def sample_lengths(rng: np.random.Generator, n: int, spec, resolve_path, where: str) -> np.ndarray:
     """Token counts (>= 1) from a ``LengthDist``."""
-    if spec.dist == "fixed":
+    if spec.dist == "mixture":
+        # each request draws its component by weight, then its length from that component
+        weights = np.array([c.weight or 1.0 for c in spec.components], dtype=np.float64)
+        which = rng.choice(len(weights), size=n, p=weights / weights.sum())
+        out = np.empty(n, dtype=np.int64)
+        for i, comp in enumerate(spec.components):
+            mask = which == i
+            out[mask] = sample_lengths(rng, int(mask.sum()), comp, resolve_path, f"{where}.components[{i}]")
+    elif spec.dist == "fixed":
         out = np.full(n, spec.value, dtype=np.int64)
     elif spec.dist == "uniform":
         out = rng.integers(spec.min, spec.max + 1, size=n)
