@@ -1,0 +1,1 @@
+"""HTML reports (the only package that imports altair)."""

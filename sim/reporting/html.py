@@ -1,0 +1,100 @@
+"""Self-contained HTML pages holding altair charts, readable offline from a file.
+
+Why: reports are opened from disk, often on machines without internet access; the Vega,
+Vega-Lite and Vega-Embed libraries are inlined once per page (vl-convert's bundle), and each
+chart is embedded as its Vega-Lite JSON spec.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import altair as alt
+
+
+@lru_cache(maxsize=1)
+def vega_bundle_js() -> str:
+    """Vega + Vega-Lite + Vega-Embed as one ES module that exposes ``window.vegaEmbed``."""
+    import vl_convert as vlc
+
+    return vlc.javascript_bundle("window.vegaEmbed = vegaEmbed;")
+
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+td.best { background: #e3f4e1; font-weight: 600; }
+.chart { margin: 1em 0; } .note { color: #555; font-size: 0.9em; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+.grid { display: flex; flex-wrap: wrap; gap: 1em; }
+"""
+
+
+@dataclass
+class Page:
+    """A report page: HTML fragments and charts, in order."""
+
+    title: str
+    parts: list[str] = field(default_factory=list)
+    specs: dict[str, dict] = field(default_factory=dict)
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
+
+    def paragraph(self, text: str, cls: str = "") -> None:
+        c = f' class="{cls}"' if cls else ""
+        self.parts.append(f"<p{c}>{html.escape(text)}</p>")
+
+    def raw(self, fragment: str) -> None:
+        self.parts.append(fragment)
+
+    def preformatted(self, text: str) -> None:
+        self.parts.append(f"<pre>{html.escape(text)}</pre>")
+
+    def table(self, header: list[str], rows: list[list], best: set[tuple[int, int]] = frozenset()) -> None:
+        """``best`` holds (row, column) cells to highlight."""
+        out = ["<table><tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>"]
+        for i, row in enumerate(rows):
+            cells = []
+            for j, v in enumerate(row):
+                cls = ' class="best"' if (i, j) in best else ""
+                cells.append(f"<td{cls}>{html.escape(str(v))}</td>")
+            out.append("<tr>" + "".join(cells) + "</tr>")
+        self.parts.append("".join(out) + "</table>")
+
+    def chart(self, chart: alt.TopLevelMixin) -> None:
+        cid = f"chart{len(self.specs)}"
+        self.specs[cid] = chart.to_dict()
+        self.parts.append(f'<div class="chart" id="{cid}"></div>')
+
+    @property
+    def num_charts(self) -> int:
+        return len(self.specs)
+
+    def render(self) -> str:
+        specs = json.dumps(self.specs, separators=(",", ":")).replace("</", "<\\/")
+        body = "\n".join(self.parts)
+        return (
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(self.title)}</title><style>{CSS}</style></head><body>\n"
+            f"<h1>{html.escape(self.title)}</h1>\n{body}\n"
+            f"<script type=\"module\">{vega_bundle_js()}</script>\n"
+            "<script type=\"module\">\n"
+            f"const specs = {specs};\n"
+            "for (const [id, spec] of Object.entries(specs)) {\n"
+            "  window.vegaEmbed('#' + id, spec, {renderer: 'svg', actions: false})"
+            ".catch(e => console.error(id, e));\n}\n"
+            "</script></body></html>\n"
+        )
+
+    def write(self, path) -> None:
+        from pathlib import Path
+
+        Path(path).write_text(self.render(), encoding="utf-8")
