@@ -18,6 +18,7 @@ from sim.policies.base import Scheduler
 from sim.recorder import Recorder
 from sim.request import Request
 from sim.router import RouterFn
+from sim.ttft import account_step
 from sim.workload.arrays import RequestArrays
 
 
@@ -81,6 +82,7 @@ class Replica:
                 self._wake = None
                 continue
             k = plan.num_steps
+            prefilling = list(sched.prefilling.values()) if sched.prefilling else ()
             first, last = self.cost.run_durations_s(plan.batch)
             if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
                 first += plan.swap_blocks * self.swap_s_per_block
@@ -101,6 +103,8 @@ class Replica:
                 self._interruptible = False
             else:
                 yield env.timeout(first)
+            if plan.chunks or prefilling:
+                account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost)
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
                       plan.prefill_tokens, plan.num_decode_seqs * done, sched.kv.num_used,

@@ -23,6 +23,9 @@ class Request:
         "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
         "hash_ids", "hash_block_size", "prefix_keys", "cached_keys", "num_shared_blocks",
         "prefix_hit_tokens",
+        "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
+        "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
+        "ttft_overhead_s", "ttft_preempt_s",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
@@ -62,3 +65,13 @@ class Request:
         self.cached_keys: list = []
         self.num_shared_blocks = 0
         self.prefix_hit_tokens = 0
+        # TTFT decomposition (sim/ttft.py): parts that add up to first_token_s - arrival_s
+        self.wait_mark_batch_s = 0.0
+        self.wait_mark_kv_s = 0.0
+        self.preempt_start_s = NAN
+        self.ttft_wait_batch_s = 0.0
+        self.ttft_wait_kv_s = 0.0
+        self.ttft_prefill_s = 0.0
+        self.ttft_interference_s = 0.0
+        self.ttft_overhead_s = 0.0
+        self.ttft_preempt_s = 0.0

@@ -17,6 +17,7 @@ from sim.request import Request
 from sim.router import make_router
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
 from sim.topology import Disaggregated
+from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays
 
 COST = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), 1)
@@ -44,6 +45,10 @@ def _check(w, reqs, rec, scheds, capacity):
             assert r.fail_reason
         else:
             assert r.arrival_s <= r.first_scheduled_s <= r.first_token_s <= r.finish_s
+            # the TTFT decomposition adds up exactly, with no negative part
+            parts = [getattr(r, p) for p in TTFT_PARTS]
+            assert sum(parts) == pytest.approx(r.first_token_s - r.arrival_s, rel=1e-9, abs=1e-9)
+            assert min(parts) >= -1e-12
     # KV blocks in use never exceed capacity, and all are returned
     steps = rec.step_columns()
     for s, cap in zip(scheds, capacity):

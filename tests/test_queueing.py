@@ -21,6 +21,9 @@ class ConstantCost:
     def run_durations_s(self, batch: Batch):
         return self.d_s, self.d_s
 
+    def overhead_s(self, num_seqs: int) -> float:
+        return 0.0
+
 
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_md1_mean_wait(rho):
@@ -33,3 +36,6 @@ def test_md1_mean_wait(rho):
     wait = np.array([r.first_scheduled_s - r.arrival_s for r in reqs])
     theory = rho * d_s / (2 * (1 - rho))
     assert wait.mean() == pytest.approx(theory, rel=0.05)
+    # the TTFT decomposition puts all of it in waiting for the batch slot, the rest in prefill
+    assert np.array([r.ttft_wait_batch_s for r in reqs]) == pytest.approx(wait, abs=1e-9)
+    assert np.array([r.ttft_prefill_s for r in reqs]) == pytest.approx(d_s, rel=1e-9)

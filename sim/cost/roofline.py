@@ -245,13 +245,16 @@ class RooflineCostModel:
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
-        num_seqs = b.num_decode_seqs + len(b.prefill_chunks)
-        overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs if tokens else 0.0
+        overhead = self.overhead_s(b.num_decode_seqs + len(b.prefill_chunks)) if tokens else 0.0
         return (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
                 self._attn_decode_s(b.num_decode_seqs, decode_context, decode_eff), elem,
                 ar, lm, sampling, overhead)
 
     # -- public ---------------------------------------------------------------------------------
+    def overhead_s(self, num_seqs: int) -> float:
+        """Engine overhead of a step scheduling ``num_seqs`` sequences (fixed + per sequence)."""
+        return self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs
+
     def step_time(self, batch: Batch) -> StepCost:
         """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total."""
         self._flag = False

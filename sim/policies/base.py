@@ -15,6 +15,7 @@ from sim.batch import Batch
 from sim.kv import KVBlockManager, blocks_for
 from sim.policies.decode_set import DecodeSet
 from sim.request import Request
+from sim.ttft import WaitClocks
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class Scheduler:
         self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
         self._swap_blocks = 0
+        self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/ttft.py)
+        self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -97,6 +100,7 @@ class Scheduler:
         if reason:
             return self._fail(req, now, reason)
         self.waiting.append(req)
+        self.wait_clocks.mark(req, now)
         return True
 
     @staticmethod
@@ -117,6 +121,9 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan | None:
         """Plan the next step; None when there is nothing to run."""
         kv, ds = self.kv, self.decode
+        self.wait_clocks.advance(now)
+        self.wait_clocks.kv_blocked = False
+        self.kv_blocked_ids.clear()
         while ds.num_seqs and ds.blocks_needed(1) > kv.num_free:
             self._preempt_tail(now)
         gaps = self._admit_kv_ready(now)
@@ -155,6 +162,7 @@ class Scheduler:
             # its blocks, including the one its first decode step may open, and the running
             # decodes' next step must all fit
             if blocks_for(n + 1, bs) + ds.blocks_needed(1) > kv.num_free:
+                self.wait_clocks.kv_blocked = True
                 break
             kv.allocate(req, n)
             self.waiting.popleft()
@@ -184,6 +192,7 @@ class Scheduler:
             return 0
         need = blocks_for(start + n, kv.block_size) - hit + (kv.evictable_among(req, hit) if hit else 0)
         if need > kv.num_free:
+            self.wait_clocks.kv_blocked = True
             return 0  # first come first served: the head waits for blocks
         if kv.prefix_caching and req.num_computed == 0:
             kv.query_tokens += req.prompt_tokens
@@ -202,6 +211,7 @@ class Scheduler:
         req.status = "running"
         if req.first_scheduled_s != req.first_scheduled_s:  # nan: first time
             req.first_scheduled_s = now
+            self.wait_clocks.settle(req, now)
         self.running[req.request_id] = req
         self.prefilling[req.request_id] = req
         plan.chunks.append((req, num_tokens))
@@ -234,6 +244,8 @@ class Scheduler:
                 self.resume_gaps_s.append(now - req.last_token_s)
             else:
                 req.first_token_s = now
+                if req.preempt_start_s == req.preempt_start_s:
+                    req.ttft_preempt_s = now - req.preempt_start_s
             req.last_token_s = now
             req.num_generated += 1
             self.tokens_emitted += 1
@@ -267,6 +279,8 @@ class Scheduler:
             swap = self.limits.preemption_mode == "swap"
         else:
             del self.prefilling[req.request_id]
+            if not req.num_generated and req.preempt_start_s != req.preempt_start_s:
+                req.preempt_start_s = now  # TTFT from here on counts as preemption
         if swap:
             req.swapped_blocks = req.num_blocks
             self._swap_blocks += req.num_blocks

@@ -36,6 +36,7 @@ class ChunkedScheduler(Scheduler):
             fit = (req.num_blocks + kv.num_free) * bs - req.num_computed
             n = min(n, fit)
             if n <= 0:
+                self.kv_blocked_ids.add(req.request_id)
                 continue
             kv.allocate(req, req.num_computed + n)
             plan.chunks.append((req, n))
