@@ -140,6 +140,10 @@ from sim.cli_kernels import calibrate, profile  # noqa: E402
 app.command("calibrate")(calibrate)
 app.command("profile")(profile)
 
+from sim.cli_trace import trace_app  # noqa: E402
+
+app.add_typer(trace_app, name="trace")
+
 
 def main() -> None:
     try:
