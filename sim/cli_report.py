@@ -1,0 +1,90 @@
+"""``simsrv compare``, ``simsrv report`` and ``simsrv diagnose`` (typer commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from sim.errors import UserError
+
+console = Console()
+
+
+def compare(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    policies: str = typer.Option("static,continuous,chunked,disaggregated", "--policies",
+                                 help="Comma-separated policies to compare."),
+    chunk: Optional[int] = typer.Option(None, "--chunk", help="max_num_batched_tokens of the chunked run."),
+    set_: List[str] = typer.Option([], "--set", help="Override a scenario key for every run: dotted.key=value."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/compare/NAME)."),
+):
+    """Same workload and seed through each policy; one self-contained HTML report."""
+    from sim.compare import parse_policies, run_compare
+    from sim.scenario import load_scenario
+
+    pols = parse_policies(policies)
+    name = load_scenario(scenario, set_).name
+    out_dir = out or Path("reports/compare") / name
+
+    def on_run(label: str, s: dict) -> None:
+        console.print(f"{label:>16}: TTFT p50 {s['p50_ttft_ms']:,.1f} / p99 {s['p99_ttft_ms']:,.1f} ms, "
+                      f"TPOT p99 {s['p99_tpot_ms'] or 0:,.1f} ms, {s['request_throughput']:.2f} req/s, "
+                      f"{s['failed']} failed")
+
+    report = run_compare(scenario, pols, chunk, set_, out_dir, on_run)
+    console.print(f"wrote {report}")
+
+
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="Run directories written by simsrv run or compare."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
+):
+    """Build the comparison report from finished runs."""
+    from sim.reporting.compare_page import build_compare_page
+    from sim.reporting.rundata import load_run
+
+    runs = [load_run(d) for d in run_dirs]
+    if len({r.label for r in runs}) < len(runs):
+        runs = [load_run(d, f"{d.parent.name}/{d.name}") for d in run_dirs]
+    page = build_compare_page(runs, "simsrv report")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    page.write(output)
+    console.print(f"wrote {output}")
+
+
+def diagnose(
+    trace: Path = typer.Argument(..., help="Request trace (any format simsrv trace readers accept)."),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="Deployment to replay it on "
+                                            "(default scenarios/chat.yaml: Llama-3-8B, one H100)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/diagnose/TRACE)."),
+):
+    """Replay a production trace and explain its p99 TTFT: cause, evidence, ranked fixes."""
+    from sim.diagnose import diagnose as run_diagnose
+    from sim.output import write_run
+    from sim.reporting.diagnose_page import build_diagnose_page
+
+    if not trace.exists():
+        raise UserError(f"{trace}: trace file not found")
+    d = run_diagnose(trace, scenario, set_)
+    out_dir = out or Path("reports/diagnose") / trace.stem
+    run_dir = write_run(d.result, d.summary, out_dir / "run")
+    page = build_diagnose_page(d, run_dir)
+    page.write(out_dir / "report.html")
+    for s in d.sentences:
+        console.print(f"- {s}", markup=False, highlight=False)
+    console.print("candidates, best first:")
+    for c in d.candidates:
+        console.print(f"  {c.name:<18} p99 TTFT {c.p99_ttft_ms or 0:>10,.1f} ms (gain {c.ttft_gain_ms or 0:+,.1f}), "
+                      f"p99 TPOT {c.p99_tpot_ms or 0:,.1f} ms ({c.tpot_cost_ms or 0:+.1f})  [{c.change}]",
+                      markup=False, highlight=False)
+    console.print(f"wrote {out_dir / 'report.html'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)
+    app.command("report")(report)
+    app.command("diagnose")(diagnose)

@@ -1,0 +1,236 @@
+"""``simsrv diagnose``: replay a production trace and explain its tail time to first token.
+
+Why: users come with "p99 TTFT is 13x the median" and need the cause and the fix. The cause
+is read from the exact TTFT decomposition of the slowest 1% (sim/ttft.py) and from the
+signature the serving literature uses: a p99/p50 TTFT ratio far above what prompt-length
+variance explains (each prompt's prefill alone) means queueing. Fixes are not guessed: the
+trace is re-run with each candidate change and the candidates are ranked by p99 TTFT gained
+and p99 TPOT paid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from sim.batch import Batch
+from sim.errors import UserError
+from sim.run import RunResult, run_scenario
+from sim.scenario import Scenario, load_scenario, scenario_from_dict
+from sim.summary import summarize
+from sim.ttft import TTFT_PARTS
+from sim.workload import RequestArrays, build_workload
+
+CAUSES = {
+    "queueing": ("ttft_wait_batch_s",),
+    "memory pressure": ("ttft_wait_kv_s", "ttft_preempt_s"),
+    "long prompts": ("ttft_prefill_s",),
+    "interference": ("ttft_interference_s", "ttft_overhead_s"),
+}
+QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
+
+
+@dataclass
+class Candidate:
+    name: str
+    change: str
+    p99_ttft_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    p50_ttft_ms: float | None = None
+    ttft_gain_ms: float | None = None
+    tpot_cost_ms: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Diagnosis:
+    scenario: Scenario
+    result: RunResult
+    summary: dict
+    cause: str
+    tail_parts_ms: dict[str, float]
+    median_parts_ms: dict[str, float]
+    ttft_ratio: float
+    prompt_ratio: float
+    sentences: list[str]
+    candidates: list[Candidate]
+    tail_arrivals_s: np.ndarray
+    floor: dict[str, float]
+    measured: dict[str, float] = field(default_factory=dict)
+
+
+def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> Scenario:
+    if scenario_path is not None:
+        base = load_scenario(scenario_path, sets)
+    else:
+        base = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "chat.yaml", sets)
+    raw = base.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+    raw["workload"] = {"trace": {"path": str(trace.resolve())}}
+    raw["name"] = f"diagnose-{trace.stem}"
+    return scenario_from_dict(raw, str(trace), base_dir=base.base_dir)
+
+
+def _parts_ms(frame: pl.DataFrame) -> dict[str, float]:
+    return {p: float(frame[p].mean()) * 1e3 if frame.height else 0.0 for p in TTFT_PARTS}
+
+
+def _solo_prefill_ratio(result: RunResult) -> float:
+    """p99/p50 of each completed request's prefill alone (no queue, no sharing)."""
+    cost = result.deployment.cost
+    done = result.requests.filter(pl.col("status") == "completed")
+    lengths = np.unique(done["input_tokens"].to_numpy())
+    solo = {int(n): cost.run_durations_s(Batch(prefill_chunks=((int(n), 0),), num_logits=1))[0] for n in lengths}
+    t = np.array([solo[int(n)] for n in done["input_tokens"].to_numpy()])
+    return float(np.percentile(t, 99) / np.percentile(t, 50)) if len(t) else float("nan")
+
+
+def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
+    """Bytes one decode step must read at the typical batch and context, over HBM bandwidth."""
+    dep = result.deployment
+    st = result.steps.filter(pl.col("decode_tokens") > 0)
+    if st.height == 0 or summary.get("median_tpot_ms") is None:
+        return {}
+    batch = float(np.average((st["decode_tokens"] / st["num_steps"]).to_numpy(), weights=st["duration_s"].to_numpy()))
+    done = result.requests.filter(pl.col("status") == "completed")
+    ctx = float((done["input_tokens"] + done["output_tokens"] / 2).mean())
+    m = dep.model
+    kv_gpu = m.kv_bytes_per_token(dep.kv_dtype_bytes) * max(1, m.num_kv_heads // dep.tp) / m.num_kv_heads
+    weights = m.num_params * m.dtype_bytes / dep.tp
+    bytes_per_step = weights + batch * ctx * kv_gpu
+    floor_ms = bytes_per_step / dep.gpu.hbm_bw_bytes_per_s * 1e3
+    tpot = summary["median_tpot_ms"]
+    return {"batch": batch, "context_tokens": ctx, "bytes_per_step": bytes_per_step, "floor_ms": floor_ms,
+            "tpot_ms": tpot, "bandwidth_fraction": floor_ms / tpot}
+
+
+def _candidates(s: Scenario, arrays: RequestArrays) -> list[tuple[Candidate, list[str], RequestArrays | None]]:
+    e = s.engine
+    out: list[tuple[Candidate, list[str], RequestArrays | None]] = []
+    if e.policy in ("static", "continuous"):
+        budget = min(e.max_num_batched_tokens, 2048)
+        out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
+                    ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"], None))
+    if e.policy == "disaggregated":
+        n = (s.disaggregation.prefill.replicas if s.disaggregation else 1) + 1
+        out.append((Candidate("add capacity", f"one more prefill replica ({n})"),
+                    [f"disaggregation.prefill.replicas={n}"], None))
+    else:
+        n = s.cluster.replicas + 1
+        out.append((Candidate("add capacity", f"one more replica ({n})"), [f"cluster.replicas={n}"], None))
+    cap = int(np.percentile(arrays.input_tokens, 95))
+    keep = np.flatnonzero(arrays.input_tokens <= cap)
+    if 0 < len(keep) < len(arrays):
+        out.append((Candidate("cap prompt length", f"prompts > {cap:,} tokens (the longest 5%) routed to a "
+                              "separate pool", note="p99 over the requests this pool still serves"),
+                    [], arrays.take(keep)))
+    if arrays.hash_ids is not None and not e.enable_prefix_caching:
+        out.append((Candidate("prefix caching", "engine.enable_prefix_caching=true"),
+                    ["engine.enable_prefix_caching=true"], None))
+    if e.kv_cache_dtype == "auto":
+        out.append((Candidate("fp8 KV cache", "engine.kv_cache_dtype=fp8"), ["engine.kv_cache_dtype=fp8"], None))
+    return out
+
+
+def _rerun(s: Scenario, sets: list[str], arrays: RequestArrays) -> dict:
+    raw = s.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+    from sim.scenario import parse_override, set_dotted
+
+    for text in sets:
+        set_dotted(raw, *parse_override(text))
+    return summarize(run_scenario(scenario_from_dict(raw, "candidate", s.base_dir), workload=arrays))
+
+
+def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = ()) -> Diagnosis:
+    s = _trace_scenario(trace, scenario_path, list(sets))
+    arrays = build_workload(s)
+    result = run_scenario(s, workload=arrays)
+    summary = summarize(result)
+    done = result.requests.filter(pl.col("status") == "completed")
+    if done.height < 2:
+        raise UserError(f"{trace}: fewer than 2 requests completed; nothing to diagnose")
+    t = done["ttft_s"].to_numpy()
+    p50, p99 = np.percentile(t, 50), np.percentile(t, 99)
+    tail = done.filter(pl.col("ttft_s") >= p99)
+    near = done.filter((pl.col("ttft_s") >= np.percentile(t, 45)) & (pl.col("ttft_s") <= np.percentile(t, 55)))
+    tail_ms, med_ms = _parts_ms(tail), _parts_ms(near)
+    shares = {c: sum(tail_ms[p] for p in parts) for c, parts in CAUSES.items()}
+    cause = max(shares, key=shares.get)
+    ttft_ratio = float(p99 / p50) if p50 > 0 else float("inf")
+    prompt_ratio = _solo_prefill_ratio(result)
+    total_tail = sum(tail_ms.values()) or 1.0
+
+    sentences = [
+        f"p99 TTFT is {p99 * 1e3:,.0f} ms, {ttft_ratio:.1f}x the median ({p50 * 1e3:,.0f} ms). Prompt lengths alone "
+        f"(each prompt's prefill with nothing else running) explain a p99/p50 of {prompt_ratio:.1f}x.",
+        f"In the slowest 1% ({tail.height} requests), {shares[cause] / total_tail:.0%} of TTFT is {cause}: "
+        + ", ".join(f"{c} {v / total_tail:.0%}" for c, v in sorted(shares.items(), key=lambda kv: -kv[1])) + ".",
+    ]
+    if cause == "queueing" and ttft_ratio > QUEUEING_RATIO * prompt_ratio:
+        sentences.append("That is the queueing signature: the tail ratio is far above what prompt lengths explain, "
+                         "and tail requests spend their time waiting for a batch slot or token budget. Add capacity "
+                         "or admission control; chunked prefill helps only if long prefills hold the queue.")
+    elif cause == "queueing":
+        sentences.append("Tail requests mostly wait for admission, but the tail ratio is close to what prompt lengths "
+                         "explain: long prompts ahead of them hold the queue.")
+    elif cause == "memory pressure":
+        sentences.append("Tail requests wait for KV blocks or are preempted: KV capacity is the bottleneck "
+                         "(fp8 KV, more memory per replica, or lower max_num_seqs).")
+    elif cause == "long prompts":
+        sentences.append("Tail requests are slow because their own prompts are long: their prefill alone dominates.")
+    else:
+        sentences.append("Tail requests share steps with other work: prefill-decode interference.")
+    sentences.append(f"Chunked prefill is {'on' if s.engine.policy == 'chunked' else 'off'} "
+                     f"(policy {s.engine.policy}, token budget {s.engine.max_num_batched_tokens}).")
+    if summary.get("simsrv_peak_kv_usage", 0) > 0.95:
+        sentences.append(f"KV cache use peaked at {summary['simsrv_peak_kv_usage']:.0%} with "
+                         f"{summary['simsrv_num_preemptions']} preemptions.")
+
+    cands = []
+    for cand, sets_, arr in _candidates(s, arrays):
+        r = _rerun(s, sets_, arr if arr is not None else arrays)
+        cand.p99_ttft_ms, cand.p99_tpot_ms, cand.p50_ttft_ms = r["p99_ttft_ms"], r["p99_tpot_ms"], r["p50_ttft_ms"]
+        cand.ttft_gain_ms = summary["p99_ttft_ms"] - r["p99_ttft_ms"]
+        if r["p99_tpot_ms"] is not None and summary["p99_tpot_ms"] is not None:
+            cand.tpot_cost_ms = r["p99_tpot_ms"] - summary["p99_tpot_ms"]
+        cands.append(cand)
+    cands.sort(key=lambda c: (-(c.ttft_gain_ms or 0.0), c.tpot_cost_ms or 0.0))
+    if cands:
+        best = cands[0]
+        sentences.append(f"Best fix found: {best.name} ({best.change}) takes p99 TTFT from "
+                         f"{summary['p99_ttft_ms']:,.0f} to {best.p99_ttft_ms:,.0f} ms"
+                         + (f", p99 TPOT {best.tpot_cost_ms:+.1f} ms." if best.tpot_cost_ms is not None else "."))
+
+    floor = _decode_floor(result, summary)
+    if floor:
+        sentences.append(
+            f"Check by hand: a decode step at batch {floor['batch']:.1f} and {floor['context_tokens']:,.0f} tokens of "
+            f"context reads {floor['bytes_per_step'] / 1e9:.2f} GB per GPU; at {result.deployment.gpu.hbm_bw_bytes_per_s / 1e12:.2f} "
+            f"TB/s that is {floor['floor_ms']:.1f} ms, against a simulated median TPOT of {floor['tpot_ms']:.1f} ms "
+            f"({floor['bandwidth_fraction']:.0%} of peak bandwidth).")
+    measured = _measured(result, arrays)
+    if measured:
+        sentences.append(f"Against the measured run: median TTFT {measured['measured_p50_ttft_ms']:,.0f} ms measured vs "
+                         f"{summary['median_ttft_ms']:,.0f} simulated; per-request median absolute error "
+                         f"{measured['ttft_median_abs_pct_error']:.0f}%.")
+    return Diagnosis(s, result, summary, cause, tail_ms, med_ms, ttft_ratio, prompt_ratio, sentences, cands,
+                     tail["arrival_s"].to_numpy(), floor, measured)
+
+
+def _measured(result: RunResult, arrays: RequestArrays) -> dict[str, float]:
+    """Per-request comparison with measured TTFTs (vLLM bench detailed JSON and the like)."""
+    m = arrays.measured or {}
+    if "measured_ttft_s" not in m:
+        return {}
+    sim = result.requests["ttft_s"].to_numpy()
+    meas = np.asarray(m["measured_ttft_s"], dtype=np.float64)
+    ok = ~np.isnan(sim) & ~np.isnan(meas) & (meas > 0)
+    if not ok.any():
+        return {}
+    err = np.abs(sim[ok] - meas[ok]) / meas[ok] * 100
+    return {"measured_p50_ttft_ms": float(np.median(meas[ok]) * 1e3),
+            "measured_p99_ttft_ms": float(np.percentile(meas[ok], 99) * 1e3),
+            "ttft_median_abs_pct_error": float(np.median(err)), "ttft_p90_abs_pct_error": float(np.percentile(err, 90)),
+            "compared_requests": int(ok.sum())}

@@ -1,0 +1,111 @@
+"""The policy comparison report: runs side by side (``simsrv compare`` / ``simsrv report``)."""
+
+from __future__ import annotations
+
+import html
+
+import altair as alt
+import polars as pl
+import yaml
+
+from sim.notes import notes_for
+from sim.reporting import charts
+from sim.reporting.html import Page
+from sim.reporting.rundata import RunData, scenario_differences
+
+# (row label, result.json key, better: "min" or "max")
+ROWS = [
+    *[(f"TTFT {p} (ms)", f"{p}_ttft_ms", "min") for p in ("p50", "p90", "p99")],
+    *[(f"TPOT {p} (ms)", f"{p}_tpot_ms", "min") for p in ("p50", "p90", "p99")],
+    *[(f"ITL {p} (ms)", f"{p}_itl_ms", "min") for p in ("p50", "p90", "p99")],
+    *[(f"E2E latency {p} (ms)", f"{p}_e2el_ms", "min") for p in ("p50", "p90", "p99")],
+    *[(f"queue time {p} (ms)", f"simsrv_{p}_queue_time_ms", "min") for p in ("p50", "p90", "p99")],
+    ("requests / s", "request_throughput", "max"),
+    ("output tokens / s", "output_throughput", "max"),
+    ("total tokens / s", "total_token_throughput", "max"),
+    ("goodput (req / s meeting the SLO)", "request_goodput", "max"),
+    ("completed", "completed", "max"),
+    ("failed", "failed", "min"),
+    ("preemptions", "simsrv_num_preemptions", "min"),
+    ("peak KV use", "simsrv_peak_kv_usage", "min"),
+]
+
+
+def _fmt(key: str, v) -> str:
+    if v is None:
+        return "-"
+    if key == "simsrv_peak_kv_usage":
+        return f"{v:.0%}"
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+    return f"{v:,}"
+
+
+def metrics_table(page: Page, runs: list[RunData]) -> None:
+    rows, best = [], set()
+    for i, (label, key, better) in enumerate(ROWS):
+        values = [r.summary.get(key) for r in runs]
+        rows.append([label, *(_fmt(key, v) for v in values)])
+        present = [v for v in values if v is not None]
+        if len(present) > 1 and len(set(present)) > 1:
+            target = min(present) if better == "min" else max(present)
+            best |= {(i, j + 1) for j, v in enumerate(values) if v == target}
+    page.table(["metric", *(r.label for r in runs)], rows, best)
+    page.paragraph("Best value per row highlighted. Latencies follow vLLM bench definitions; goodput counts "
+                   "completed requests meeting every SLO of the scenario.", cls="note")
+
+
+def build_compare_page(runs: list[RunData], title: str) -> Page:
+    page = Page(title)
+    first = runs[0]
+    model, gpu = first.summary.get("model_id"), first.summary.get("simsrv_gpu")
+    page.paragraph(f"{len(runs)} runs of the same workload ({first.summary.get('num_prompts'):,} requests, "
+                   f"seed {first.summary.get('simsrv_seed')}) on {model}, {gpu}.")
+    page.heading("Summary")
+    metrics_table(page, runs)
+
+    page.heading("Latency distributions")
+    for col, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
+        frame = charts.cdf_frame({r.label: r.requests[col].to_numpy() for r in runs})
+        page.chart(charts.cdf_chart(frame, f"CDF of {name}", f"{name} (ms, log scale)"))
+
+    page.heading("Over time")
+    span = max(float(r.steps["start_s"].max() or 0) + 1e-9 for r in runs if r.steps.height) if any(
+        r.steps.height for r in runs) else 0.0
+    frames = [charts.time_frame(r.steps, r.label, span) for r in runs]
+    frames = [f for f in frames if f.height]
+    if frames:
+        tf = pl.concat(frames)
+        page.chart(charts.time_chart(tf, "waiting", "Queue depth (waiting requests)", "requests"))
+        page.chart(charts.time_chart(tf, "running", "Running batch size", "sequences per step"))
+        page.chart(charts.time_chart(tf, "kv_blocks", "KV blocks in use", "blocks"))
+        tok = tf.unpivot(on=["prefill_tok_s", "decode_tok_s"], index=["time_s", "run"],
+                         variable_name="kind", value_name="tok_s")
+        page.chart(alt.Chart(tok, title="Prefill vs decode tokens per second").mark_line(
+            interpolate="step-after").encode(
+            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("tok_s:Q", title="tokens / s"),
+            color=alt.Color("run:N"), strokeDash=alt.StrokeDash("kind:N")).properties(width=520, height=200))
+
+    page.heading("Where TTFT goes")
+    dec = [charts.decomposition_frame(r.requests, r.label) for r in runs]
+    dec = [d for d in dec if d.height]
+    if dec:
+        page.chart(charts.decomposition_chart(pl.concat(dec), "TTFT decomposition: requests near the median vs "
+                                                              "the slowest 1%"))
+        page.paragraph("Parts add up exactly to each request's TTFT (requests.parquet columns ttft_*_s). With "
+                       "disaggregation the KV transfer follows the first token and shows in the second token's "
+                       "gap (column kv_transfer_s).", cls="note")
+
+    page.heading("Scenario")
+    diffs = scenario_differences(runs)
+    if diffs:
+        page.table(["key", *(r.label for r in runs)], [[k, *map(str, v)] for k, v in diffs.items()])
+    else:
+        page.paragraph("The runs' resolved scenarios are identical.")
+    page.preformatted(yaml.safe_dump(first.scenario, sort_keys=False))
+    page.heading("Cost model")
+    page.table(["run", "cost model"], [[r.label, str(r.summary.get("simsrv_cost_model", "-"))] for r in runs])
+    page.heading("Modelling notes that apply")
+    page.raw("<ul>" + "".join(f"<li><code>{html.escape(m)}</code>: {html.escape(n)}</li>" for m, n in
+                              notes_for([r.policy for r in runs])) + "</ul>")
+    return page

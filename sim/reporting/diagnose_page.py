@@ -1,0 +1,80 @@
+"""The ``simsrv diagnose`` report: cause of the tail TTFT, evidence, and ranked fixes."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import polars as pl
+import yaml
+
+from sim.reporting import charts
+from sim.reporting.compare_page import metrics_table
+from sim.reporting.html import Page
+from sim.reporting.rundata import RunData
+
+MAX_TAIL_MARKS = 200
+
+
+def build_diagnose_page(d, run_dir) -> Page:
+    """``d``: a ``sim.diagnose.Diagnosis``; ``run_dir``: where the baseline run was written."""
+    page = Page(f"simsrv diagnose: {d.scenario.name}")
+    page.heading("Diagnosis")
+    page.raw("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in d.sentences) + "</ul>")
+    page.paragraph(f"Verdict: {d.cause}.", cls="note")
+
+    page.heading("What would fix it")
+    base = d.summary
+    rows = [["as is", "-", _f(base["p50_ttft_ms"]), _f(base["p99_ttft_ms"]), "-", _f(base["p99_tpot_ms"]), "-", ""]]
+    for c in d.candidates:
+        rows.append([c.name, c.change, _f(c.p50_ttft_ms), _f(c.p99_ttft_ms), _f(c.ttft_gain_ms), _f(c.p99_tpot_ms),
+                     _f(c.tpot_cost_ms, signed=True), c.note])
+    best = {(1, 4)} if d.candidates else set()
+    page.table(["candidate", "change", "p50 TTFT ms", "p99 TTFT ms", "p99 TTFT gained ms", "p99 TPOT ms",
+                "p99 TPOT cost ms", "note"], rows, best)
+    page.paragraph("Each candidate is a full re-run of the same trace with that one change; ranked by p99 TTFT "
+                   "gained, then by p99 TPOT paid.", cls="note")
+
+    page.heading("Evidence")
+    steps = d.result.steps
+    span = float(steps["start_s"].max() or 0) + 1e-9 if steps.height else 0.0
+    tf = charts.time_frame(steps, "queue", span)
+    if tf.height:
+        tail = np.sort(d.tail_arrivals_s)
+        if len(tail) > MAX_TAIL_MARKS:
+            tail = tail[np.linspace(0, len(tail) - 1, MAX_TAIL_MARKS).astype(int)]
+        q = alt.Chart(tf).mark_line(interpolate="step-after").encode(
+            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("waiting:Q", title="waiting requests"))
+        rules = alt.Chart(pl.DataFrame({"arrival_s": tail})).mark_rule(color="#d62728", opacity=0.35).encode(
+            x="arrival_s:Q")
+        page.chart((q + rules).properties(width=900, height=220,
+                                          title="Queue depth over time; red: arrivals of the slowest 1% (TTFT)"))
+    done = d.result.requests.filter(pl.col("status") == "completed")
+    p99 = np.percentile(done["ttft_s"].to_numpy(), 99)
+    lengths = charts.cdf_frame({"all requests": done["input_tokens"].to_numpy().astype(float),
+                                "slowest 1%": done.filter(pl.col("ttft_s") >= p99)["input_tokens"].to_numpy().astype(float)},
+                               scale=1.0)
+    page.chart(charts.cdf_chart(lengths, "Prompt lengths: slowest 1% vs all", "prompt tokens (log scale)"))
+    dec = charts.decomposition_frame(d.result.requests, "as is")
+    if dec.height:
+        page.chart(charts.decomposition_chart(dec, "TTFT decomposition: near the median vs the slowest 1%"))
+    if d.measured:
+        page.heading("Simulated vs measured")
+        page.table(["figure", "value"], [[k, _f(v)] for k, v in d.measured.items()])
+
+    page.heading("Deployment and run")
+    metrics_table(page, [RunData("as is", run_dir, base, d.result.requests, d.result.steps, {})])
+    page.preformatted(yaml.safe_dump(d.scenario.model_dump(mode="json", exclude_none=True, exclude={"base_dir"}),
+                                     sort_keys=False))
+    return page
+
+
+def _f(v, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+,.1f}" if signed else f"{v:,.1f}"
+
+
+def _esc(s: str) -> str:
+    import html
+
+    return html.escape(s)

@@ -1,0 +1,60 @@
+"""A finished run, as read back from its run directory (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+from sim.errors import UserError
+
+
+@dataclass
+class RunData:
+    label: str
+    path: Path
+    summary: dict
+    requests: pl.DataFrame
+    steps: pl.DataFrame
+    scenario: dict
+
+    @property
+    def policy(self) -> str:
+        return self.summary.get("simsrv_policy", "?")
+
+
+def load_run(path: str | Path, label: str | None = None) -> RunData:
+    p = Path(path)
+    need = ("result.json", "requests.parquet", "steps.parquet", "scenario.resolved.yaml")
+    missing = [n for n in need if not (p / n).is_file()]
+    if missing:
+        raise UserError(f"{p}: not a simsrv run directory (missing {', '.join(missing)})")
+    try:
+        summary = json.loads((p / "result.json").read_text())
+        scenario = yaml.safe_load((p / "scenario.resolved.yaml").read_text()) or {}
+        requests = pl.read_parquet(p / "requests.parquet")
+        steps = pl.read_parquet(p / "steps.parquet")
+    except (json.JSONDecodeError, yaml.YAMLError, pl.exceptions.PolarsError, OSError) as e:
+        raise UserError(f"{p}: cannot read the run ({str(e).splitlines()[0]})") from None
+    return RunData(label or p.name, p, summary, requests, steps, scenario)
+
+
+def scenario_differences(runs: list[RunData]) -> dict[str, list]:
+    """Dotted scenario keys whose values differ between runs: key -> value per run."""
+    flat = [_flatten(r.scenario) for r in runs]
+    keys = sorted(set().union(*flat))
+    return {k: [f.get(k) for f in flat] for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
