@@ -35,6 +35,16 @@ def _mean_ms(values: np.ndarray) -> float | None:
     return float(values.mean() * 1e3) if len(values) else None
 
 
+def num_gpus(s) -> int:
+    """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
+    if s.engine.policy == "disaggregated":
+        from sim.scenario import Disaggregation
+
+        d = s.disaggregation or Disaggregation()
+        return d.prefill.replicas * d.prefill.tensor_parallel_size + d.decode.replicas * d.decode.tensor_parallel_size
+    return s.cluster.replicas * s.cluster.tensor_parallel_size
+
+
 def summarize(result) -> dict:
     s = result.scenario
     rq = result.requests
@@ -88,6 +98,7 @@ def summarize(result) -> dict:
         "simsrv_gpu": s.hardware.gpu,
         "simsrv_replicas": s.cluster.replicas,
         "simsrv_tensor_parallel_size": s.cluster.tensor_parallel_size,
+        "simsrv_num_gpus": num_gpus(s),
         "simsrv_router": s.cluster.router,
         "simsrv_seed": s.seed,
         "simsrv_num_preemptions": int(cols["num_preemptions"].sum()),

@@ -13,8 +13,9 @@ from sim.reporting import charts
 from sim.reporting.html import Page
 from sim.reporting.rundata import RunData, scenario_differences
 
-# (row label, result.json key, better: "min" or "max")
+# (row label, result.json key, better: "min", "max" or None)
 ROWS = [
+    ("GPUs", "simsrv_num_gpus", None),
     *[(f"TTFT {p} (ms)", f"{p}_ttft_ms", "min") for p in ("p50", "p90", "p99")],
     *[(f"TPOT {p} (ms)", f"{p}_tpot_ms", "min") for p in ("p50", "p90", "p99")],
     *[(f"ITL {p} (ms)", f"{p}_itl_ms", "min") for p in ("p50", "p90", "p99")],
@@ -47,7 +48,7 @@ def metrics_table(page: Page, runs: list[RunData]) -> None:
         values = [r.summary.get(key) for r in runs]
         rows.append([label, *(_fmt(key, v) for v in values)])
         present = [v for v in values if v is not None]
-        if len(present) > 1 and len(set(present)) > 1:
+        if better and len(present) > 1 and len(set(present)) > 1:
             target = min(present) if better == "min" else max(present)
             best |= {(i, j + 1) for j, v in enumerate(values) if v == target}
     page.table(["metric", *(r.label for r in runs)], rows, best)
