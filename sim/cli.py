@@ -75,12 +75,17 @@ def run(
     from sim.scenario import load_scenario
     from sim.summary import summarize
     from sim.workload import build_workload
+    from sim.workload.build import should_stream
 
     s = load_scenario(scenario, _overrides(policy, chunk, set_))
-    arrays = build_workload(s)
-    progress, cb = _run_progress(len(arrays))
-    with progress:
-        result = run_scenario(s, progress=cb, workload=arrays)
+    if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
+        with err_console.status("simulating (streaming the trace)"):
+            result = run_scenario(s)
+    else:
+        arrays = build_workload(s)
+        progress, cb = _run_progress(len(arrays))
+        with progress:
+            result = run_scenario(s, progress=cb, workload=arrays)
     summary = summarize(result)
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
     out_dir = write_run(result, summary, out or Path("reports/runs") / f"{s.name}-{tag}")

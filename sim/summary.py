@@ -76,7 +76,7 @@ def summarize(result) -> dict:
         "num_prompts": len(rq),
         "request_rate": "inf" if math.isinf(rate) else rate,
         "burstiness": burst,
-        "max_concurrency": None,
+        "max_concurrency": s.workload.synthetic.max_concurrency if s.workload.synthetic is not None else None,
         "duration": duration,
         "completed": completed,
         "failed": len(rq) - completed,
