@@ -64,12 +64,17 @@ def calibrate(
         if not rows:
             continue
         t = Table(title=title)
-        for c in ("target", "rows", "median abs err", "p90 abs err", "median predicted/measured"):
+        corr = any("median_pct_corrected" in r for r in rows)
+        cols = ["target", "rows", "median abs err", "p90 abs err", "median predicted/measured"]
+        if corr:
+            cols += [f"median / p90 x{rows[0]['compute_factor']:.2f} compute-bound"]
+        for c in cols:
             t.add_column(c, justify="left" if c == "target" else "right")
         for r in rows:
             label = r["target"] if "op" not in r else f"{r['op']}: {r['target']}"
             ratio = "-" if r.get("median_ratio") is None else f"{r['median_ratio']:.2f}"
-            t.add_row(label, f"{r['rows']:,}", _pct(r["median_pct"]), _pct(r["p90_pct"]), ratio)
+            extra = [f"{_pct(r['median_pct_corrected'])} / {_pct(r['p90_pct_corrected'])}"] if corr else []
+            t.add_row(label, f"{r['rows']:,}", _pct(r["median_pct"]), _pct(r["p90_pct"]), ratio, *extra)
         out_console.print(t)
     out_console.print(f"wrote {path}")
 

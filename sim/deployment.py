@@ -53,7 +53,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
     cal = load_calibration(gpu.key)  # None: roofline with default efficiencies
-    eff = default_efficiencies(cal, Efficiencies())
+    eff = default_efficiencies(cal, Efficiencies(), tp)
     if e.step_overhead_ms is not None:
         eff = replace(eff, step_overhead_s=e.step_overhead_ms / 1e3)
     if e.per_seq_overhead_ms is not None:

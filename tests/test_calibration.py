@@ -17,13 +17,14 @@ from tests.conftest import ROOT, small_scenario
 from tests.test_cli import simsrv
 
 # Issue target: held-out median <= 5%, p90 <= 15% for GEMM and both attention kinds on A100
-# and H100. Three figures miss it narrowly and are held at what is true (kernels_profile/README.md):
-# A100 GEMM p90 15.5% (the A100 m grid jumps 768 -> 2048, and m = 1024 is held out), A100
-# decode 5.5% / 16.7%, H100 prefill p90 15.8%.
+# and H100. Met everywhere but two A100 p90s, held at what is true (kernels_profile/README.md):
+# A100 GEMM p90 15.1% (wave quantization: the A100 m grid jumps 768 -> 2048 and m = 1024, held
+# out, doubles the time of 768 at some weight shapes), A100 decode p90 16.1% (a latency step
+# between contexts 127 and 255, and 255 is held out).
 BOUNDS = {
-    ("a100-80g", "gemm"): (5.0, 16.0), ("a100-80g", "attn_prefill"): (5.0, 15.0),
-    ("a100-80g", "attn_decode"): (6.0, 17.0),
-    ("h100-sxm", "gemm"): (5.0, 15.0), ("h100-sxm", "attn_prefill"): (5.0, 16.0),
+    ("a100-80g", "gemm"): (5.0, 15.5), ("a100-80g", "attn_prefill"): (5.0, 15.0),
+    ("a100-80g", "attn_decode"): (5.0, 16.5),
+    ("h100-sxm", "gemm"): (5.0, 15.0), ("h100-sxm", "attn_prefill"): (5.0, 15.0),
     ("h100-sxm", "attn_decode"): (5.0, 15.0),
 }
 
@@ -48,13 +49,17 @@ def test_heldout_errors_within_bounds(profiles, gpu):
 def test_cross_source_gemm_sources_disagree_by_a_steady_factor(profiles, gpu):
     """aiconfigurator's GEMMs (vLLM 0.14/0.24, recent cuBLAS) run 15-20% faster than vidur's
     per-layer linear ops (sarathi-serve) at the same shapes: the median error is 15-18%, not
-    the issue's 10%, and it is a bias (predicted/measured ~0.8-0.85), not scatter."""
+    the issue's 10%, and it is a bias (predicted/measured ~0.8-0.85), not scatter. The bias
+    is a compute-throughput factor (the sources agree at small token counts): one factor on
+    compute-bound rows, fitted on vidur's other models, brings the median within 10%."""
     rows = cross_source_gemm(profiles.filter(pl.col("gpu") == gpu), get_gpu(gpu))
     by = {r["target"]: r for r in rows}
     assert len(by) == 4
     assert 10.0 < by["all"]["median_pct"] <= 20.0
     for r in rows[:-1]:
         assert 0.75 <= r["median_ratio"] <= 0.9, r
+    assert 1.1 < by["all"]["compute_factor"] < 1.3
+    assert by["all"]["median_pct_corrected"] <= 10.0
 
 
 def _cm(model, gpu, tp=1):
@@ -78,7 +83,7 @@ def test_batch1_decode_above_weight_read_floor_with_overheads():
     cm = _cm("llama-2-7b", "a100-80g")
     c = cm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=1000, num_logits=1))
     floor_s = (m.num_params - m.embedding_params) * m.dtype_bytes / g.hbm_bw_bytes_per_s
-    assert c.ops_s["overhead"] > 1e-3  # fitted from vidur's CPU overheads: ~1.7 ms per step
+    assert c.ops_s["overhead"] > 1e-3  # fitted from vidur's CPU overheads: ~1.2 ms per step at TP 1
     assert c.total_s > floor_s + 1e-3
     gemm = sum(c.ops_s[k] for k in ("gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "lm_head"))
     assert gemm > floor_s * 0.95  # batch-1 GEMMs reach at most ~the bandwidth peak

@@ -1,11 +1,17 @@
-"""Efficiency tables: piecewise-linear interpolation of log(efficiency) in log(shape).
+"""Efficiency tables: log(efficiency) interpolated between measured shapes along a roofline axis.
 
 Why: an efficiency curve measured on a grid of shapes must be evaluated at shapes between
-the grid points (held-out rows, a model's layer widths). Linear interpolation in log-log
-space is monotone between nodes (it never overshoots the measured values) and reproduces a
-power law exactly; outside the grid it returns the nearest measured efficiency and says so
-(issue "Calibrate the cost model": fall back to the nearest measured efficiency, mark the
-step extrapolated). Plain Python: these run on the simulator's per-step path.
+the grid points (held-out rows, a model's layer widths). The interpolation coordinate is the
+log of the operator's roofline bound at the shape (``Axis``), not the log of the shape
+itself: log(eff) = log(bound) - log(time), so interpolating log(eff) linearly in log(bound)
+interpolates log(time) linearly in log(bound). That is exact both where a kernel is at a
+fixed latency (time flat while the bound grows) and where it tracks the roofline (time
+proportional to the bound), and a power law in between. In log(shape) the same data is
+curved wherever the bound is affine in the shape (decode attention reads the cached K/V
+plus a fixed query: bound ~ context + heads/kv_heads), which cost up to 6% at held-out
+contexts. Outside the grid the nearest measured efficiency is returned and flagged (issue
+"Calibrate the cost model": fall back to the nearest measured efficiency, mark the step
+extrapolated). Plain Python: these run on the simulator's per-step path.
 """
 
 from __future__ import annotations
@@ -27,63 +33,135 @@ def bracket(xs: list[float], x: float) -> tuple[int, float, bool]:
     return i, (x - xs[i]) / (xs[i + 1] - xs[i]), False
 
 
+class Axis:
+    """u(x) = log(max(a x, b + c x) + shift) + log(max((x + 1) r, 1)): the log roofline bound
+    of a shape x, up to a constant, with the operator's other dimensions fixed.
+
+    - plain log(x): a = 1 (the default, for tables whose bound is proportional to x);
+    - GEMM x[m,k] @ W[k,n] along m: a = 2nk/peak, b = 2kn/bw, c = 2(k+n)/bw
+      (max(FLOPs / peak, bytes / bandwidth), Williams et al. 2009);
+    - decode attention along the context: a = 1, shift = heads / kv_heads (K and V of every
+      cached token per KV head plus one query per head; always bandwidth bound);
+    - prefill attention along the prompt length s: a = 1 and r = heads * bw / (2 (heads +
+      kv_heads) peak), the FLOP/byte balance of causal attention (FLOPs 2 h d s (s + 1),
+      bytes 4 d s (h + kv_heads)).
+    """
+
+    __slots__ = ("a", "b", "c", "shift", "r")
+
+    def __init__(self, a: float = 1.0, b: float = 0.0, c: float = 0.0, shift: float = 0.0, r: float = 0.0):
+        self.a, self.b, self.c, self.shift, self.r = a, b, c, shift, r
+
+    def u(self, x: float) -> float:
+        v = self.a * x
+        if self.c:
+            w = self.b + self.c * x
+            v = w if w > v else v
+        out = math.log(v + self.shift)
+        if self.r:
+            q = (x + 1.0) * self.r
+            if q > 1.0:
+                out += math.log(q)
+        return out
+
+
+LOG = Axis()
+
+
+def pchip_slopes(xs: list[float], ys: list[float]) -> list[float]:
+    """Node slopes of the monotone piecewise-cubic Hermite interpolant (Fritsch & Carlson 1980,
+    the PCHIP of Moler, "Numerical Computing with MATLAB", 3.4): it never overshoots the
+    measured values between two nodes, and is flat at a local extremum."""
+    n = len(xs)
+    if n < 3:
+        s = (ys[1] - ys[0]) / (xs[1] - xs[0]) if n == 2 else 0.0
+        return [s] * n
+    h = [xs[i + 1] - xs[i] for i in range(n - 1)]
+    d = [(ys[i + 1] - ys[i]) / h[i] for i in range(n - 1)]
+    m = [0.0] * n
+    for i in range(1, n - 1):
+        if d[i - 1] * d[i] > 0:
+            w1, w2 = 2 * h[i] + h[i - 1], h[i] + 2 * h[i - 1]
+            m[i] = (w1 + w2) / (w1 / d[i - 1] + w2 / d[i])
+    for i, j in ((0, 0), (n - 1, n - 2)):
+        hh0, hh1 = (h[0], h[1]) if i == 0 else (h[-1], h[-2])
+        d0, d1 = (d[0], d[1]) if i == 0 else (d[-1], d[-2])
+        s = ((2 * hh0 + hh1) * d0 - hh0 * d1) / (hh0 + hh1)
+        if s * d0 <= 0:
+            s = 0.0
+        elif d0 * d1 <= 0 and abs(s) > abs(3 * d0):
+            s = 3 * d0
+        m[i] = s
+    return m
+
+
 class Curve:
-    """log(eff) against log(x), piecewise linear (a power law between measured shapes),
-    clamped outside [x0, xn]. NOTE: monotone cubic (PCHIP) was tried and did worse on the
-    held-out GEMM rows (A100 p90 17.1% against 15.5%), so the simpler form stays."""
+    """log(eff) against u = axis.u(x): piecewise linear (``cubic=False``: a power law of time
+    in the bound between measured shapes) or monotone cubic (``cubic=True``, PCHIP), clamped
+    outside [x0, xn]. NOTE: PCHIP is used where it wins on held-out shapes (prefill
+    attention); for GEMMs it did worse (A100 p90 16.7% against 15.1%)."""
 
-    __slots__ = ("lx", "ly")
+    __slots__ = ("lx", "ly", "axis", "m")
 
-    def __init__(self, xs, log_eff):
-        pts = sorted((math.log(x), y) for x, y in zip(xs, log_eff) if y is not None and not math.isnan(y))
+    def __init__(self, xs, log_eff, axis: Axis = LOG, cubic: bool = False):
+        self.axis = axis
+        pts = sorted((axis.u(x), y) for x, y in zip(xs, log_eff) if y is not None and not math.isnan(y))
         self.lx = [p[0] for p in pts]
         self.ly = [p[1] for p in pts]
+        self.m = pchip_slopes(self.lx, self.ly) if cubic and len(pts) > 1 else None
 
     def __bool__(self) -> bool:
         return bool(self.lx)
 
+    def at(self, u: float) -> tuple[float, bool]:
+        """log(eff) at coordinate u, and whether u lies outside the measured range."""
+        i, w, out = bracket(self.lx, u)
+        ly = self.ly
+        if len(ly) == 1:
+            return ly[0], out
+        if self.m is None or out or w == 0.0 or w == 1.0:
+            return ly[i] + w * (ly[i + 1] - ly[i]), out
+        h = self.lx[i + 1] - self.lx[i]
+        w2, w3 = w * w, w * w * w
+        return ((2 * w3 - 3 * w2 + 1) * ly[i] + (w3 - 2 * w2 + w) * h * self.m[i]
+                + (3 * w2 - 2 * w3) * ly[i + 1] + (w3 - w2) * h * self.m[i + 1]), out
+
     def log_eff(self, x: float) -> tuple[float, bool]:
-        i, w, out = bracket(self.lx, math.log(x))
-        if len(self.ly) == 1:
-            return self.ly[0], out
-        return self.ly[i] + w * (self.ly[i + 1] - self.ly[i]), out
+        return self.at(self.axis.u(x))
 
     def eff(self, x: float) -> tuple[float, bool]:
-        y, out = self.log_eff(x)
+        y, out = self.at(self.axis.u(x))
         return math.exp(y), out
 
 
 class Grid2:
-    """log(eff) on a rectangular grid (a x b), bilinear in (log a, log b); missing nodes (None)
-    are filled along b from their neighbours first, so every row is a usable curve."""
+    """log(eff) on a rectangular grid (a x b): linear in log a between rows, and along b a
+    ``Curve`` on ``axis_b`` (linear or PCHIP); missing nodes (None) are filled along b from
+    their neighbours first, so every row is a usable curve."""
 
-    __slots__ = ("la", "lb", "rows")
+    __slots__ = ("la", "rows")
 
-    def __init__(self, a_vals, b_vals, log_eff):
+    def __init__(self, a_vals, b_vals, log_eff, axis_b: Axis = LOG, cubic: bool = False):
         self.la = [math.log(a) for a in a_vals]
-        self.lb = [math.log(b) for b in b_vals]
         rows = []
         for row in log_eff:
-            c = Curve(b_vals, row)
-            rows.append([c.log_eff(b)[0] for b in b_vals] if c else None)
-        good = [r for r in rows if r is not None]
+            c = Curve(b_vals, row, axis_b)
+            rows.append(Curve(b_vals, [c.log_eff(b)[0] for b in b_vals], axis_b, cubic) if c else None)
+        if not any(r is not None for r in rows):
+            raise ValueError("empty efficiency grid")
         # A whole missing row takes the nearest measured row (nearest measured efficiency).
         for i, r in enumerate(rows):
             if r is None:
                 j = min((j for j, rr in enumerate(rows) if rr is not None), key=lambda j: abs(j - i))
                 rows[i] = rows[j]
-        if not good:
-            raise ValueError("empty efficiency grid")
         self.rows = rows
 
     def eff(self, a: float, b: float) -> tuple[float, bool]:
         i, wa, oa = bracket(self.la, math.log(a))
-        j, wb, ob = bracket(self.lb, math.log(b))
         r0 = self.rows[i]
-        r1 = self.rows[i + 1] if len(self.rows) > 1 else r0
-        if len(self.lb) == 1:
-            y0, y1 = r0[0], r1[0]
-        else:
-            y0 = r0[j] + wb * (r0[j + 1] - r0[j])
-            y1 = r1[j] + wb * (r1[j + 1] - r1[j])
+        u = r0.axis.u(b)
+        y0, ob = r0.at(u)
+        if wa == 0.0 or len(self.rows) == 1:
+            return math.exp(y0), oa or ob
+        y1, _ = self.rows[i + 1].at(u)
         return math.exp(y0 + wa * (y1 - y0)), oa or ob
