@@ -58,6 +58,7 @@ def _request_frame(reqs) -> pl.DataFrame:
         "replica": np.fromiter((r.replica for r in reqs), np.int64, len(reqs)),
         "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in reqs), np.int64, len(reqs)),
         "kv_transfer_s": np.fromiter((r.transfer_end_s - r.transfer_start_s for r in reqs), np.float64, len(reqs)),
+        "decode_wait_s": np.fromiter((r.decode_wait_s for r in reqs), np.float64, len(reqs)),
         **{part: np.fromiter((getattr(r, part) for r in reqs), np.float64, len(reqs)) for part in TTFT_PARTS},
         "status": [r.status for r in reqs],
         "fail_reason": [r.fail_reason for r in reqs],

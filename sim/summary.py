@@ -111,6 +111,11 @@ def summarize(result) -> dict:
         "simsrv_kv_transfers": result.transfers.get("count", 0),
         "simsrv_kv_transfer_bytes": result.transfers.get("bytes", 0.0),
         "simsrv_mean_kv_transfer_ms": _mean_ms(rq["kv_transfer_s"].to_numpy()),
+        # backpressure: requests whose KV had arrived but waited for decode blocks, held meanwhile
+        # by the prefill side
+        "simsrv_kv_backpressure_requests": int((rq["decode_wait_s"].fill_nan(0.0) > 0).sum()),
+        "simsrv_mean_decode_wait_ms": _mean_ms(rq["decode_wait_s"].to_numpy()),
+        "simsrv_peak_prefill_held_blocks": max((getattr(x, "peak_held_blocks", 0) for x in result.schedulers), default=0),
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
         "simsrv_cost_model": describe_cost_model(dep.cost.calibration),

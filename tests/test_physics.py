@@ -116,3 +116,15 @@ def test_isolated_kv_transfer_is_bytes_over_bandwidth_plus_latency():
     assert r["kv_transfer_s"] == pytest.approx(expected_s, rel=1e-9)
     assert s["simsrv_kv_transfer_bytes"] == 500 * 131_072
     assert s["simsrv_kv_transfers"] == 1
+
+
+def test_heterogeneous_pools_and_backpressure():
+    """H100 prefill with an A100 decode pool whose KV is made small (gpu_memory_utilization
+    0.3 applies to both pools): requests whose KV has arrived wait for decode blocks while the
+    prefill side keeps its copy, and that is counted."""
+    result, s = _run("disaggregated.yaml", "disaggregation.decode.gpu=a100-80g", "engine.gpu_memory_utilization=0.3",
+                     "workload.synthetic.request_rate=20", "workload.synthetic.num_requests=400")
+    assert s["completed"] == 400
+    assert s["simsrv_kv_backpressure_requests"] > 0 and s["simsrv_peak_prefill_held_blocks"] > 0
+    waits = result.requests["decode_wait_s"].drop_nans()
+    assert (waits >= 0).all() and waits.max() > 0

@@ -223,3 +223,16 @@ def test_prefill_replica_holds_kv_until_decode_admits():
     plan = d.schedule(0.06)                      # admitted straight to decode, no prefill
     assert plan.num_decode_seqs == 1 and not plan.chunks and plan.ready_gaps_s == [pytest.approx(0.01)]
     assert p.kv.num_used == 0 and d.kv.num_used == 3
+
+
+def test_shared_link_splits_bandwidth_between_concurrent_transfers():
+    from sim.transfer import SharedLink
+
+    link = SharedLink(100.0, 0.5)  # 100 bytes/s
+    link.start("a", 100.0, 0.0)
+    assert link.next_done_s() == pytest.approx(1.0)  # alone: 100 B at 100 B/s
+    link.start("b", 100.0, 0.5)                      # from now on each gets 50 B/s
+    assert link.next_done_s() == pytest.approx(1.5)  # a: 50 B left at 50 B/s
+    assert link.pop_done(1.5) == ["a"]
+    assert link.next_done_s() == pytest.approx(2.0)  # b: 50 B sent by 1.5, then alone
+    assert link.pop_done(2.0) == ["b"]

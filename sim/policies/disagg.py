@@ -26,6 +26,7 @@ class PrefillScheduler(ContinuousScheduler):
         super().__init__(limits, kv)
         self.handoffs: list[Request] = []  # drained by the cluster after each step
         self.held_blocks = 0               # KV blocks kept for requests awaiting decode admission
+        self.peak_held_blocks = 0
 
     def admission_error(self, req: Request) -> str:
         if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
@@ -39,6 +40,7 @@ class PrefillScheduler(ContinuousScheduler):
         del self.running[req.request_id]
         req.handoff_blocks = req.num_blocks  # stays counted in kv.num_used until released
         self.held_blocks += req.num_blocks
+        self.peak_held_blocks = max(self.peak_held_blocks, self.held_blocks)
         req.num_blocks = 0
         self.handoffs.append(req)
 
@@ -70,4 +72,5 @@ class DecodeScheduler(ChunkedScheduler):
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
         if req.handoff_blocks:
+            req.decode_wait_s = now - req.transfer_end_s  # backpressure: KV arrived, no blocks yet
             self.on_admitted(req)
