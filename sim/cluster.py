@@ -18,7 +18,7 @@ from sim.policies.base import Scheduler
 from sim.recorder import Recorder
 from sim.request import Request
 from sim.router import RouterFn
-from sim.ttft import account_step
+from sim.ttft import SoloPrefill, account_step
 from sim.workload.arrays import RequestArrays
 
 
@@ -52,6 +52,7 @@ class Replica:
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
+        self._solo = SoloPrefill(cost)
         self._wake: simpy.Event | None = None
         self._interruptible = False
         self.process = env.process(self._loop())
@@ -104,7 +105,7 @@ class Replica:
             else:
                 yield env.timeout(first)
             if plan.chunks or prefilling:
-                account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost)
+                account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost, self._solo)
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
                       plan.prefill_tokens, plan.num_decode_seqs * done, sched.kv.num_used,
