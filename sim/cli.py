@@ -149,6 +149,11 @@ from sim.cli_trace import trace_app  # noqa: E402
 
 app.add_typer(trace_app, name="trace")
 
+from sim.cli_sweep import capacity, sweep  # noqa: E402
+
+app.command("sweep")(sweep)
+app.command("capacity")(capacity)
+
 from sim.cli_report import register as register_reports  # noqa: E402
 
 register_reports(app)

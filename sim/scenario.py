@@ -27,6 +27,7 @@ class HFConfigRef(_Strict):
 
 class Hardware(_Strict):
     gpu: str = "h100-sxm"
+    price_per_gpu_hour: Optional[float] = Field(None, gt=0)  # $ per GPU-hour; capacity reports req per $
 
 
 class Cluster(_Strict):

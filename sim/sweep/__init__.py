@@ -1,0 +1,2 @@
+"""Sweeps and capacity planning: many simulations of one scenario, in parallel, with
+confidence intervals over seeds."""

@@ -1,0 +1,115 @@
+"""Where sweep tasks run: in this process, a local process pool, or an existing Ray cluster.
+
+Why: one machine runs thousands of small simulations in parallel processes; users who outgrow
+it point simsrv at their Ray cluster. Every executor yields (task, row) as tasks finish, in
+any order, so the caller writes each result the moment it exists (``--resume``, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterable, Iterator
+
+from sim.errors import UserError
+from sim.sweep.task import Task, run_task, warm_worker
+
+
+class SerialExecutor:
+    """In this process, one task after another (``--workers 1``)."""
+
+    workers = 1
+
+    def __init__(self, gpus: tuple[str, ...] = ()):
+        from sim.cost.calibration import load_calibration
+
+        for gpu in gpus:
+            load_calibration(gpu)
+
+    def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
+        for t in tasks:
+            yield t, run_task(t)
+
+    def close(self) -> None:
+        pass
+
+
+def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict]:
+    i, task = item
+    return i, run_task(task)
+
+
+class LocalExecutor:
+    """A pool of ``workers`` processes, started once and reused for every batch of tasks.
+
+    NOTE: processes are spawned, not forked: forking a parent that has used polars' thread
+    pool can deadlock the child.
+    """
+
+    def __init__(self, workers: int, gpus: tuple[str, ...] = ()):
+        self.workers = workers
+        self.pool = mp.get_context("spawn").Pool(workers, initializer=warm_worker, initargs=(tuple(gpus),))
+
+    def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
+        tasks = list(tasks)
+        for i, row in self.pool.imap_unordered(_run_indexed, list(enumerate(tasks)), chunksize=1):
+            yield tasks[i], row
+
+    def close(self) -> None:
+        self.pool.terminate()  # Ctrl-C or done: unfinished tasks are dropped, finished rows are on disk
+        self.pool.join()
+
+
+class RayExecutor:
+    """Tasks submitted to an existing Ray cluster (``address``: ``auto``, ``ray://host:port``;
+    None starts a local Ray instance). Ray reuses worker processes, so each loads a GPU's
+    calibration once (the ``lru_cache`` lives as long as the worker).
+
+    NOTE: workers need simsrv's dependencies installed; this simsrv's code is shipped to them
+    (Ray ``py_modules``), and a trace file must be readable at the same absolute path on every
+    node (a shared filesystem).
+    """
+
+    def __init__(self, address: str | None, gpus: tuple[str, ...] = ()):
+        try:
+            import ray
+        except ImportError:
+            raise UserError("--executor ray needs Ray: pip install 'simsrv[ray]'") from None
+        import sim
+
+        self.ray = ray
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(sim.__file__)]},
+                         log_to_driver=False)
+            except ConnectionError as e:
+                raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None
+        self.remote = ray.remote(max_retries=2)(run_task)
+        self.workers = int(ray.cluster_resources().get("CPU", 1))
+
+    def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
+        self.pending = {self.remote.remote(t): t for t in tasks}
+        while self.pending:
+            done, _ = self.ray.wait(list(self.pending), num_returns=1)
+            for ref in done:
+                yield self.pending.pop(ref), self.ray.get(ref)
+
+    def close(self) -> None:
+        """Cancel what this sweep still has queued (Ctrl-C); the cluster itself is the user's."""
+        for ref in getattr(self, "pending", {}):
+            self.ray.cancel(ref, force=True)
+        self.pending = {}
+
+
+def make_executor(kind: str, workers: int | None, address: str | None, gpus: tuple[str, ...] = ()):
+    """``local`` (a process pool of ``workers``, default every core; 1 = in this process) or ``ray``."""
+    if kind == "ray":
+        return RayExecutor(address, gpus)
+    if kind != "local":
+        raise UserError(f"--executor {kind}: expected local or ray")
+    if address is not None:
+        raise UserError("--address is for --executor ray")
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    if n < 1:
+        raise UserError(f"--workers {n}: must be >= 1")
+    return SerialExecutor(gpus) if n == 1 else LocalExecutor(n, gpus)

@@ -1,0 +1,99 @@
+"""One unit of sweep work: a point's scenario with one seed -> one flat row of figures.
+
+Why: the worker function must be top-level and picklable (process pools, Ray), take and return
+plain values, and load each GPU's calibration once per worker process (``load_calibration`` is
+an ``lru_cache``; ``warm_worker`` fills it when a worker starts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.errors import UserError
+from sim.scenario import Scenario, scenario_from_dict
+
+
+@dataclass(frozen=True)
+class Task:
+    point_id: str
+    point: int
+    seed: int
+    raw: dict                    # the scenario, seed included
+    base_dir: str
+    tags: dict = field(default_factory=dict)   # copied into the row (e.g. a capacity probe's rate)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.point_id, self.seed
+
+
+def num_replicas(s: Scenario) -> int:
+    if s.engine.policy == "disaggregated":
+        d = s.disaggregation
+        return (d.prefill.replicas + d.decode.replicas) if d is not None else 2
+    return s.cluster.replicas
+
+
+def utilization(steps_duration_s: np.ndarray, steps_start_s: np.ndarray, replicas: int) -> float:
+    """Fraction of the run's wall time the replicas spent stepping: busy seconds summed over
+    replicas / (replicas x simulated span). A steps row covering a fast-forwarded run of
+    identical steps carries their total duration, so the sum counts every step once."""
+    if len(steps_duration_s) == 0:
+        return 0.0
+    span_s = float(np.max(steps_start_s + steps_duration_s))
+    return float(steps_duration_s.sum()) / (replicas * span_s) if span_s > 0 else 0.0
+
+
+def _flat(summary: dict) -> dict[str, Any]:
+    """result.json's scalar figures; mappings as JSON text; the wall-clock date left out
+    (rows must be reproducible)."""
+    out = {}
+    for k, v in summary.items():
+        if k == "date":
+            continue
+        if isinstance(v, dict):
+            out[k] = json.dumps(v, sort_keys=True)
+        elif k == "request_rate" and v == "inf":
+            out[k] = math.inf
+        else:
+            out[k] = v
+    return out
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """Simulate one (point, seed); a ``UserError`` (a model that does not fit, a missing trace)
+    becomes the row's ``error`` so one bad configuration does not stop a sweep."""
+    from sim.run import run_scenario
+    from sim.summary import summarize
+
+    row: dict[str, Any] = {"point_id": task.point_id, "point": task.point, "seed": task.seed, **task.tags}
+    try:
+        s = scenario_from_dict(dict(task.raw), f"point {task.point} seed {task.seed}", base_dir=task.base_dir)
+        result = run_scenario(s)
+        summary = summarize(result)
+    except UserError as e:
+        row["error"] = str(e)
+        return row
+    row.update(_flat(summary))
+    steps = result.steps
+    row["simsrv_utilization"] = utilization(steps["duration_s"].to_numpy(), steps["start_s"].to_numpy(),
+                                            num_replicas(s))
+    row["error"] = None
+    return row
+
+
+def warm_worker(gpus: tuple[str, ...]) -> None:
+    """Process-pool initializer: Ctrl-C is the parent's to handle (it stops the pool; finished
+    rows are already on disk), and each GPU's calibration is loaded once, here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from sim.cost.calibration import load_calibration
+    import sim.run  # noqa: F401  (the simulator's imports, once per worker)
+
+    for gpu in gpus:
+        load_calibration(gpu)
