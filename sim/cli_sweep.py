@@ -90,7 +90,7 @@ def sweep(
                             lambda done, total: progress.update(task, completed=done))
     except SweepInterrupted as e:
         err_console.print(str(e), markup=False, highlight=False)
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None  # as an interrupted command; typer.Exit is swallowed without standalone mode
     finally:
         ex.close()
     key = rate_key(points)

@@ -26,7 +26,7 @@ def band_chart(frame: pl.DataFrame, x: str, y: str, lo: str, hi: str, color: str
     """Mean as a line with points, its 95% interval as a translucent band, one colour per ``color``."""
     xe = alt.X(f"{x}:N" if x_nominal else f"{x}:Q", title=x_title)
     base = alt.Chart(frame, title=title)
-    col = alt.Color(f"{color}:N", title="configuration")
+    col = alt.Color(f"{color}:N", title="configuration", legend=alt.Legend(labelLimit=400))
     tip = [alt.Tooltip(f"{color}:N"), alt.Tooltip(x), alt.Tooltip(y, format=",.2f"),
            alt.Tooltip(lo, format=",.2f"), alt.Tooltip(hi, format=",.2f")]
     if x_nominal:
