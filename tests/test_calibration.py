@@ -17,13 +17,11 @@ from tests.conftest import ROOT, small_scenario
 from tests.test_cli import simsrv
 
 # Issue target: held-out median <= 5%, p90 <= 15% for GEMM and both attention kinds on A100
-# and H100. Met everywhere but two A100 p90s, held at what is true (kernels_profile/README.md):
-# A100 GEMM p90 15.1% (wave quantization: the A100 m grid jumps 768 -> 2048 and m = 1024, held
-# out, doubles the time of 768 at some weight shapes), A100 decode p90 16.1% (a latency step
-# between contexts 127 and 255, and 255 is held out).
+# and H100; met everywhere (kernels_profile/README.md). A100 GEMM (13.9%) needs the wave
+# quantization term, A100 decode (12.1%) the FlashAttention-2 split-KV combine term.
 BOUNDS = {
-    ("a100-80g", "gemm"): (5.0, 15.5), ("a100-80g", "attn_prefill"): (5.0, 15.0),
-    ("a100-80g", "attn_decode"): (5.0, 16.5),
+    ("a100-80g", "gemm"): (5.0, 15.0), ("a100-80g", "attn_prefill"): (5.0, 15.0),
+    ("a100-80g", "attn_decode"): (5.0, 15.0),
     ("h100-sxm", "gemm"): (5.0, 15.0), ("h100-sxm", "attn_prefill"): (5.0, 15.0),
     ("h100-sxm", "attn_decode"): (5.0, 15.0),
 }
@@ -66,6 +64,36 @@ def _cm(model, gpu, tp=1):
     cal = load_calibration(gpu)
     return RooflineCostModel(get_model(model), get_gpu(gpu), tp, None, default_efficiencies(cal, Efficiencies()),
                              calibration=cal)
+
+
+def test_wave_quantization_and_split_kv_rules():
+    """A100 (108 SMs), 128x256 tiles: 4096 x 4096 at m = 768 is 96 tiles (one wave), at 1024
+    128 tiles (two), the measured 104 -> 204 us. FA2 decode, 8 query / 1 KV head, batch 1: 128
+    cached tokens are one KV block (no split), 256 two (split, combine kernel); MHA never splits;
+    a batch filling 80% of the 2 x 108 CTA slots never splits."""
+    from sim.cost.fit import fa2_split_kv, wave_factor
+    assert float(wave_factor(768, 4096, 108, (128, 256))) == pytest.approx(108 / 96)
+    assert float(wave_factor(1024, 4096, 108, (128, 256))) == pytest.approx(2 * 108 / 128)
+    assert not fa2_split_kv(1, 8, 1, 128, 108) and fa2_split_kv(1, 8, 1, 256, 108)
+    assert not fa2_split_kv(1, 32, 32, 4096, 108)
+    assert not fa2_split_kv(256, 8, 1, 4096, 108)
+    a100, h100 = load_calibration("a100-80g"), load_calibration("h100-sxm")
+    assert a100.terms["gemm_wave"] == {"sms": 108, "tile": [128, 256]} and "decode_split" in a100.terms
+    assert h100.terms == {}  # selected on training rows: neither term helps Hopper's kernels
+
+
+def test_split_kv_step_in_the_simulator(profiles):
+    """Llama-3-8B (32 query / 8 KV heads) decode at batch 1 on A100: 128 attended tokens are one
+    FA2 KV block, 256 split in two and add the combine kernel; the simulator follows the
+    measured step (12.8 -> 18.3 us per layer; the shipped fit includes both rows, the held-out
+    check above does not)."""
+    cm = _cm("llama-3-8b", "a100-80g")
+    rows = profiles.filter((pl.col("gpu") == "a100-80g") & (pl.col("op") == "attn_decode") & (pl.col("batch") == 1)
+                           & (pl.col("num_heads") == 32) & (pl.col("num_kv_heads") == 8))
+    for ctx in (127, 255):
+        t = cm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=ctx + 1, num_logits=1)).ops_s["attn_decode"] / 32
+        meas = rows.filter(pl.col("context_tokens") == ctx)["time_ms"].median() / 1e3
+        assert t == pytest.approx(meas, rel=0.05)
 
 
 def test_calibrated_gemm_reproduces_a_measured_row(profiles):

@@ -11,7 +11,9 @@ measured efficiency and are flagged; the cost model counts such steps.
 from __future__ import annotations
 
 from sim.cost.calibration import Calibration
-from sim.cost.fit import ELEM_BYTES_PER_WIDTH
+import math
+
+from sim.cost.fit import ELEM_BYTES_PER_WIDTH, fa2_split_kv
 
 
 class CalibratedOps:
@@ -22,9 +24,16 @@ class CalibratedOps:
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
         self.gemm_curves = None
+        self.wave = None
         if cal.gemm is not None:
             # (out, in) of the cost model's (in, out): the table is x[m,k] @ W[k,n].
-            self.gemm_curves = {name: cal.gemm.curve(fout, fin) for name, (fin, fout) in linear_shapes.items()}
+            self.gemm_curves = {name: (*cal.gemm.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
+            w = cal.gemm.wave
+            if w:
+                self.wave = (w["sms"], w["tile"][0], w["tile"][1])
+        self.heads, self.kv_heads = heads, kv_heads
+        self.decode_split = cal.decode_split
+        self._split_cache: dict[tuple[int, int], bool] = {}
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
@@ -41,10 +50,18 @@ class CalibratedOps:
             self.embed = (kinds["norm"], ELEM_BYTES_PER_WIDTH["norm"] * hidden) if "norm" in kinds else None
 
     # -- per token count (the caller caches these) ----------------------------------------------
-    def linear_s(self, name: str, tokens: int, bound_s: float) -> tuple[float, bool]:
-        curve, out = self.gemm_curves[name]
+    def linear_s(self, name: str, tokens: int, flops: float, bytes_: float) -> tuple[float, bool]:
+        """Raw bound over the measured efficiency; with the wave term the FLOPs are those of the
+        padded waves of output tiles (``sim.cost.fit.wave_factor``), as in the fit."""
+        curve, out, n = self.gemm_curves[name]
+        if self.wave is not None and tokens >= 1:
+            sms, tm, tn = self.wave
+            tiles = math.ceil(tokens / tm) * math.ceil(n / tn)
+            flops *= math.ceil(tiles / sms) * sms * tm * tn / (tokens * n)
         e, out_m = curve.eff(tokens)
-        return bound_s / e, out or out_m
+        b = flops / self.peak
+        m = bytes_ / self.bw
+        return (b if b > m else m) / e, out or out_m
 
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:
         """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes)."""
@@ -74,6 +91,20 @@ class CalibratedOps:
 
     def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
         return self.decode_grid[0].eff(num_seqs, max(1.0, context_per_seq))
+
+    def decode_combine_s(self, num_seqs: int, context_per_seq: float) -> float:
+        """Per-layer seconds of FA2's split-KV combine kernel, when this decode splits (the
+        calibration's ``split_kv``; 0 otherwise). NOTE: the mean context stands for FA2's
+        max_seqlen_k, which sets the number of KV blocks."""
+        ds = self.decode_split
+        if not ds:
+            return 0.0
+        key = (num_seqs, math.ceil(max(1.0, context_per_seq) / ds["block"]))
+        hit = self._split_cache.get(key)
+        if hit is None:
+            hit = self._split_cache[key] = fa2_split_kv(num_seqs, self.heads, self.kv_heads, key[1] * ds["block"],
+                                                        ds["sms"], ds["block"])
+        return ds["combine_s"] if hit else 0.0
 
     def describe(self) -> dict:
         return {

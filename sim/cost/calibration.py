@@ -34,6 +34,9 @@ class GemmTable:
     def __init__(self, d: dict, peaks: dict):
         self.m, self.n, self.k = d["m"], d["n"], d["k"]
         self.peaks = peaks
+        # Wave quantization term (sim/cost/fit.py ``wave_factor``): the efficiencies are relative
+        # to the bound of the padded waves; None when the fit found no tile that helps.
+        self.wave = d.get("wave")
         self.ln = [math.log(x) for x in self.n]
         self.lk = [math.log(x) for x in self.k]
         self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks))
@@ -108,6 +111,18 @@ class Calibration:
         self.elementwise = ({kind: Curve(t["bytes"], t["log_eff"]) for kind, t in d["elementwise"]["tables"].items()}
                             if "elementwise" in d else None)
         self.overhead = d.get("overhead")
+        # FA2 split-KV combine kernel of decode attention (sim/cost/fit.py ``fa2_split_kv``).
+        self.decode_split = d["attn_decode"].get("split_kv") if "attn_decode" in d else None
+
+    @property
+    def terms(self) -> dict:
+        """The step terms the tables were fitted with (``sim.cost.fit.bounds_s`` / ``extra_s``)."""
+        t = {}
+        if self.gemm is not None and self.gemm.wave:
+            t["gemm_wave"] = self.gemm.wave
+        if self.decode_split:
+            t["decode_split"] = self.decode_split
+        return t
 
     @property
     def calibrated_ops(self) -> tuple[str, ...]:

@@ -23,6 +23,21 @@ ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add
 # row; a residual add reads two rows and writes one; rotary reads and writes q and k; a gated
 # activation reads gate and up (2 I) and writes I; a plain one reads I and writes I.
 ELEM_BYTES_PER_WIDTH = {"norm": 4, "add": 6, "rope": 4, "act_gated": 6, "act": 4}
+# Streaming multiprocessors per GPU: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100: 108
+# SMs); NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5: 132 SMs; H200 is the same
+# GH100 configuration, 132); NVIDIA Blackwell datasheet / architecture brief (B200: 148); NVIDIA
+# L40S datasheet / Ada Lovelace whitepaper (L40S: 142). kernels_profile/hardware.md lists them.
+NUM_SMS = {"a100-80g": 108, "h100-sxm": 132, "h200": 132, "b200": 148, "l40s": 142}
+# Output tile shapes (rows of m x columns of n) that the GEMM wave term may take; None = no wave
+# term. 128x128, 128x256 and 256x128 are the large BF16 tensor-core tiles of cuBLAS/CUTLASS on
+# Ampere and Hopper (kernel names such as ``ampere_bf16_s16816gemm_bf16_256x128_ldg8``). The tile
+# is selected on the training rows only (``select_terms``), never on held-out ones.
+GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
+# Decode kernels that follow FlashAttention-2's split-KV dispatch (``fa2_num_splits``); FA3
+# (Hopper, ``vllm_flash_attn_fa3``) has its own heuristic and is not modelled.
+FA2_DECODE_KERNELS = ("vllm_flash_attn",)
+FA2_BLOCK_N = 128        # FA2 set_params_splitkv: block_n = 128 for head_dim 65..128
+COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
 HOLDOUT_KEY = {"gemm": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
 
@@ -40,10 +55,72 @@ def equivalent_prefill_tokens(pairs):
     return (-1.0 + np.sqrt(1.0 + 8.0 * np.asarray(pairs, dtype=float))) / 2.0
 
 
-def bounds_s(df: pl.DataFrame, gpu: GPUSpec) -> np.ndarray:
+def wave_factor(m, n, sms: int, tile) -> np.ndarray | float:
+    """Wave quantization of a GEMM's output tiles (NVIDIA, "Matrix Multiplication Background
+    User's Guide"): tiles = ceil(m/Tm) ceil(n/Tn) run in waves = ceil(tiles / SMs), so the GPU
+    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1)."""
+    tm, tn = tile
+    tiles = np.ceil(np.asarray(m, dtype=float) / tm) * np.ceil(np.asarray(n, dtype=float) / tn)
+    return np.ceil(tiles / sms) * sms * tm * tn / (np.asarray(m, dtype=float) * np.asarray(n, dtype=float))
+
+
+def fa2_num_splits(bnh: int, slots: int, nblk: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's split-KV count (flash_api.cpp ``num_splits_heuristic``, Dao 2023;
+    Flash-Decoding): no split when batch x heads x m-blocks fills 80% of the CTA slots
+    (2 per SM); otherwise the fewest splits whose wave efficiency is within 85% of the best."""
+    if bnh >= 0.8 * slots or nblk <= 1:
+        return 1
+    top = min(max_splits, slots, nblk)
+    eff, best = [0.0] * (top + 1), 0.0
+    for s in range(1, top + 1):
+        if s == 1 or -(-nblk // s) != -(-nblk // (s - 1)):
+            w = bnh * s / slots
+            eff[s] = w / math.ceil(w)
+            best = max(best, eff[s])
+    for s in range(1, top + 1):
+        if (s == 1 or -(-nblk // s) != -(-nblk // (s - 1))) and eff[s] >= 0.85 * best:
+            return s
+    return 1
+
+
+def fa2_split_kv(batch: int, heads: float, kv_heads: float, kv_len: float, sms: int, block: int = FA2_BLOCK_N) -> bool:
+    """Whether FA2 decode over ``kv_len`` cached tokens runs split-KV, i.e. launches the second
+    (combine) kernel. vLLM's ``mha_varlen_fwd`` applies split-KV only to decode with grouped
+    queries (``seqlenq_ngroups_swapped``: heads > kv_heads, the query groups folded into the
+    m dimension, so batch x kv_heads x ceil(groups / 64) CTAs before splitting)."""
+    if heads <= kv_heads:
+        return False
+    bnh = int(batch) * int(round(kv_heads)) * math.ceil(heads / kv_heads / 64.0)
+    return fa2_num_splits(bnh, 2 * sms, math.ceil(kv_len / block)) > 1
+
+
+def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:
+    """Seconds added to a row's time outside the efficiency: the FA2 split-KV combine kernel of
+    decode rows that split (``terms["decode_split"]``), else 0."""
+    out = np.zeros(len(df))
+    ds = (terms or {}).get("decode_split")
+    if not ds or not ds["combine_s"]:
+        return out
+    idx = np.nonzero(df["op"].to_numpy() == "attn_decode")[0]
+    if not len(idx):
+        return out
+    f = lambda c: df[c].fill_null(0).to_numpy()[idx].astype(int).tolist()  # noqa: E731
+    kv_len = [c + s for c, s in zip(f("context_tokens"), f("seq_tokens"))]
+    cache = {}
+    for i, key in zip(idx, zip(f("batch"), f("num_heads"), f("num_kv_heads"), kv_len)):
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = fa2_split_kv(*key, ds["sms"], ds["block"])
+        if hit:
+            out[i] = ds["combine_s"]
+    return out
+
+
+def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.ndarray:
     """Roofline bound (seconds) of every row: max(FLOPs / peak, bytes / HBM bandwidth); a
     collective's bound is a ring all-reduce, 2 (p-1)/p of the buffer over each GPU's link
-    (Patarasuk & Yuan 2009). Efficiencies are not applied: that is what is fitted."""
+    (Patarasuk & Yuan 2009). Efficiencies are not applied: that is what is fitted. With
+    ``terms["gemm_wave"]`` a GEMM's FLOPs are those of its padded waves (``wave_factor``)."""
     op = df["op"].to_numpy()
     f = lambda c: df[c].fill_null(0).to_numpy().astype(float)  # noqa: E731
     m, n, k, b = f("m"), f("n"), f("k"), f("batch")
@@ -52,7 +129,9 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec) -> np.ndarray:
     peak, bw = gpu.bf16_flops_per_s, gpu.hbm_bw_bytes_per_s
     out = np.full(len(df), np.nan)
     g = (op == "gemm") | (op == "linear")
-    out[g] = np.maximum(2 * m * n * k / peak, 2 * (m * k + k * n + m * n) / bw)[g]
+    gw = (terms or {}).get("gemm_wave")
+    wf = wave_factor(np.maximum(m, 1), np.maximum(n, 1), gw["sms"], gw["tile"]) if gw else 1.0
+    out[g] = np.maximum(2 * m * n * k * wf / peak, 2 * (m * k + k * n + m * n) / bw)[g]
     p = op == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
@@ -71,9 +150,12 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec) -> np.ndarray:
     return out
 
 
-def with_efficiency(df: pl.DataFrame, gpu: GPUSpec) -> pl.DataFrame:
-    bound = bounds_s(df, gpu)
-    return df.with_columns(bound_s=pl.Series(bound), log_eff=pl.Series(np.log(bound / (df["time_ms"].to_numpy() / 1e3))))
+def with_efficiency(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> pl.DataFrame:
+    """Rows with ``bound_s``, ``extra_s`` and ``log_eff`` = log(bound / (time - extra))."""
+    bound, extra = bounds_s(df, gpu, terms), extra_s(df, terms)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        le = np.log(bound / (df["time_ms"].to_numpy() / 1e3 - extra))
+    return df.with_columns(bound_s=pl.Series(bound), extra_s=pl.Series(extra), log_eff=pl.Series(le))
 
 
 def primary_source(df: pl.DataFrame, op: str) -> str | None:
@@ -192,16 +274,72 @@ class _UnitBW:
 _UNIT_BW = _UnitBW()
 
 
+def _inner_p90(rows: pl.DataFrame, gpu: GPUSpec, op: str, terms: dict) -> float:
+    """Mean over five folds of the p90 error at every fifth distinct shape of ``rows`` (offsets
+    0..4): how well ``terms`` predict shapes absent from the fit, judged on these rows alone."""
+    col = HOLDOUT_KEY[op]
+    vals = sorted(rows[col].drop_nulls().unique().to_list())
+    p90s = []
+    for off in range(5):
+        m = rows[col].is_in(vals[off::5])
+        tr, te = rows.filter(~m), rows.filter(m)
+        table = fit(tr, gpu, ops=(op,), terms=terms)
+        if op not in table or te.is_empty():
+            continue
+        cal = Calibration(table)
+        te = with_efficiency(te, gpu, terms)
+        err = ape(te["bound_s"].to_numpy() / predict_eff(cal, te, op) + te["extra_s"].to_numpy(),
+                  te["time_ms"].to_numpy() / 1e3)
+        err = err[np.isfinite(err)]
+        if len(err):
+            p90s.append(float(np.percentile(err, 90)))
+    return float(np.mean(p90s)) if p90s else math.inf
+
+
+def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
+    """The first-principles step terms for ``gpu``, chosen on ``df`` (the fit's own rows) by
+    ``_inner_p90``: the GEMM output tile of the wave term (``GEMM_TILES``, None included) and,
+    for FA2 decode kernels, the cost of the split-KV combine kernel (``COMBINE_S``, 0 included).
+    GPUs without an SM count in ``NUM_SMS`` get neither."""
+    sms = NUM_SMS.get(gpu.key)
+    terms: dict = {}
+    if sms is None:
+        return terms
+    if "gemm" in ops:
+        src = primary_source(df, "gemm")
+        if src is not None:
+            rows = df.filter((pl.col("op") == "gemm") & (pl.col("source") == src))
+            best = min(GEMM_TILES, key=lambda t: _inner_p90(rows, gpu, "gemm", {"gemm_wave": t and {"sms": sms, "tile": list(t)}}))
+            if best is not None:
+                terms["gemm_wave"] = {"sms": sms, "tile": list(best)}
+    if "attn_decode" in ops:
+        src = primary_source(df, "attn_decode")
+        rows = df.filter((pl.col("op") == "attn_decode") & (pl.col("source") == src)) if src else df.clear()
+        if len(rows) and rows["detail"].is_in(list(FA2_DECODE_KERNELS)).all():
+            cand = [{"sms": sms, "block": FA2_BLOCK_N, "combine_s": c} for c in COMBINE_S]
+            best = min(cand, key=lambda d: _inner_p90(rows, gpu, "attn_decode", {"decode_split": d}))
+            if best["combine_s"]:
+                terms["decode_split"] = best
+    return terms
+
+
 def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise",
-                                           "overhead")) -> dict:
-    """The calibration file's content for ``gpu`` from its profile rows."""
-    df = with_efficiency(df, gpu)
+                                           "overhead"), terms: dict | None = None) -> dict:
+    """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
+    wave term, the FA2 split-KV combine) are selected on these rows unless given."""
+    if terms is None:
+        terms = select_terms(df, gpu, ops)
+    df = with_efficiency(df, gpu, terms)
     out = {"gpu": gpu.key, "peaks": {"bf16_flops_per_s": gpu.bf16_flops_per_s,
                                      "hbm_bw_bytes_per_s": gpu.hbm_bw_bytes_per_s,
                                      "nvlink_bw_bytes_per_s": gpu.nvlink_bw_bytes_per_s}}
     for op in ops:
         t = fit_op(df, op)
         if t is not None:
+            if op == "gemm" and terms.get("gemm_wave"):
+                t["wave"] = terms["gemm_wave"]
+            if op == "attn_decode" and terms.get("decode_split"):
+                t["split_kv"] = terms["decode_split"]
             out[op] = t
     return out
 

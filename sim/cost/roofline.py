@@ -118,7 +118,7 @@ class RooflineCostModel:
             # Calibrated: the raw bound (vendor peaks) over the efficiency measured at this
             # weight shape and token count. NOTE: an MoE expert GEMM uses the efficiency of
             # the whole batch's token count.
-            t, out = self.cops.linear_s(name, tokens, max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s))
+            t, out = self.cops.linear_s(name, tokens, flops, bytes_)
             self._flag |= out
             return t
         return max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
@@ -174,17 +174,18 @@ class RooflineCostModel:
         bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
 
-    def _attn_decode_s(self, num_seqs: int, context_tokens: float, cal_eff: float | None = None) -> float:
+    def _attn_decode_s(self, num_seqs: int, context_tokens: float, cal_eff: tuple[float, float] | None = None) -> float:
         """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
-        calibration, the raw bound over ``cal_eff``, the efficiency measured at this batch size
-        and mean context (held for a fast-forwarded run, so its steps stay affine)."""
+        calibration, ``cal_eff`` = (efficiency, combine s): the raw bound over the efficiency
+        measured at this batch size and mean context, plus FA2's split-KV combine kernel when
+        the step splits (both held for a fast-forwarded run, so its steps stay affine)."""
         if not num_seqs:
             return 0.0
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
         L = self.model.num_layers
         if cal_eff is not None:
-            return L * max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / cal_eff
+            return L * (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / cal_eff[0] + cal_eff[1])
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -217,14 +218,15 @@ class RooflineCostModel:
         self._tok_cache[tokens] = hit = (elem, ar, flag)
         return hit
 
-    def _decode_eff(self, b: Batch) -> float | None:
+    def _decode_eff(self, b: Batch) -> tuple[float, float] | None:
         if self.cops is None or self.cops.decode_grid is None or not b.num_decode_seqs:
             return None
-        e, out = self.cops.decode_eff(b.num_decode_seqs, b.decode_context_tokens / b.num_decode_seqs)
+        ctx = b.decode_context_tokens / b.num_decode_seqs
+        e, out = self.cops.decode_eff(b.num_decode_seqs, ctx)
         self._flag |= out
-        return e
+        return e, self.cops.decode_combine_s(b.num_decode_seqs, ctx)
 
-    def _components(self, b: Batch, decode_context: float, decode_eff: float | None = None) -> tuple[float, ...]:
+    def _components(self, b: Batch, decode_context: float, decode_eff: tuple[float, float] | None = None) -> tuple[float, ...]:
         tokens = b.num_tokens
         if tokens:
             if self._gemm_cal and tokens not in self._gemm_cache:

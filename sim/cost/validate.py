@@ -59,8 +59,8 @@ def heldout_table(df: pl.DataFrame, gpu: GPUSpec, ops=HELDOUT_OPS) -> list[dict]
                 out.append({"op": op, "rows_fitted": len(train), "rows_held_out": len(test), **_stats(np.array([]))})
                 continue
             cal = Calibration(table)
-            test = with_efficiency(test, gpu)
-            pred_s = test["bound_s"].to_numpy() / predict_eff(cal, test, op)
+            test = with_efficiency(test, gpu, cal.terms)
+            pred_s = test["bound_s"].to_numpy() / predict_eff(cal, test, op) + test["extra_s"].to_numpy()
             err = ape(pred_s, test["time_ms"].to_numpy() / 1e3)
         out.append({"op": op, "rows_fitted": len(train), "rows_held_out": len(test), **_stats(err)})
     return out
@@ -85,7 +85,7 @@ def cross_source_gemm(df: pl.DataFrame, gpu: GPUSpec, models=CROSS_MODELS) -> li
         return []
     cal = Calibration(fit(df.filter(pl.col("op") == "gemm"), gpu, ops=("gemm",)))
     names = {m for m, _ in models}
-    other = with_efficiency(lin.filter(~pl.col("model").is_in(list(names))), gpu)
+    other = with_efficiency(lin.filter(~pl.col("model").is_in(list(names))), gpu, cal.terms)
     factor = 1.0
     if not other.is_empty():
         cb = _compute_bound(other, gpu)
@@ -94,7 +94,7 @@ def cross_source_gemm(df: pl.DataFrame, gpu: GPUSpec, models=CROSS_MODELS) -> li
             factor = float(np.median((other["time_ms"].to_numpy() / 1e3)[cb] / pred_o[cb]))
     out, errs, errs_c = [], [], []
     for model, tp in models:
-        rows = with_efficiency(lin.filter((pl.col("model") == model) & (pl.col("tp") == tp)), gpu)
+        rows = with_efficiency(lin.filter((pl.col("model") == model) & (pl.col("tp") == tp)), gpu, cal.terms)
         if rows.is_empty():
             continue
         pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, "linear")
@@ -129,8 +129,8 @@ def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
         cal = Calibration(fit(df, gpu, ops=(op,)))
         other = df.filter((pl.col("op") == op) & (pl.col("source") != prim))
         for (src,), rows in other.group_by("source"):
-            rows = with_efficiency(rows, gpu)
-            pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op)
+            rows = with_efficiency(rows, gpu, cal.terms)
+            pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op) + rows["extra_s"].to_numpy()
             meas = rows["time_ms"].to_numpy() / 1e3
             out.append({"op": op, "target": src, "rows": len(rows), **_stats(ape(pred_s, meas)),
                         "median_ratio": float(np.median(pred_s / meas))})
