@@ -16,13 +16,13 @@ import sys
 import time
 
 
-def one(policy: str, chunk: int, n: int, rate: float, replicas: int) -> dict:
+def one(policy: str, chunk: int, n: int, rate: float, replicas: int, cost_model: str) -> dict:
     from sim.run import run_scenario
     from sim.scenario import scenario_from_dict
     from sim.summary import summarize
 
     raw = {
-        "name": "bench", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+        "name": "bench", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "cost_model": cost_model},
         "cluster": {"replicas": replicas},
         "engine": {"policy": policy, "max_num_batched_tokens": chunk},
         "workload": {"synthetic": {
@@ -37,7 +37,7 @@ def one(policy: str, chunk: int, n: int, rate: float, replicas: int) -> dict:
     s = summarize(result)
     wall = time.perf_counter() - t0
     return {
-        "policy": policy if policy == "continuous" else f"chunked {chunk}",
+        "policy": policy if policy == "continuous" else f"chunked {chunk}", "cost_model": cost_model,
         "requests": n, "replicas": replicas, "rate": rate,
         "wall_s": round(wall, 2), "simulate_s": round(sim_s, 2),
         "req_per_wall_s": round(n / wall),
@@ -53,18 +53,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=80.0)
     ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--cost-model", choices=("calibrated", "roofline"), default="calibrated")
     ap.add_argument("--one", nargs=2, metavar=("POLICY", "CHUNK"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one[0], int(a.one[1]), a.requests, a.rate, a.replicas)))
+        print(json.dumps(one(a.one[0], int(a.one[1]), a.requests, a.rate, a.replicas, a.cost_model)))
         return
-    cols = ("policy", "requests", "replicas", "rate", "wall_s", "req_per_wall_s", "peak_rss_mb",
+    cols = ("policy", "cost_model", "requests", "replicas", "rate", "wall_s", "req_per_wall_s", "peak_rss_mb",
             "step_rows", "engine_steps", "p99_ttft_ms", "p99_tpot_ms", "preemptions")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for policy, chunk in (("continuous", 8192), ("chunked", 512)):
         cmd = [sys.executable, __file__, "--requests", str(a.requests), "--rate", str(a.rate),
-               "--replicas", str(a.replicas), "--one", policy, str(chunk)]
+               "--replicas", str(a.replicas), "--cost-model", a.cost_model, "--one", policy, str(chunk)]
         row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         print("| " + " | ".join(str(row[c]) for c in cols) + " |", flush=True)
 

@@ -6,7 +6,7 @@ without any scheduler or event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +24,11 @@ class Batch:
     prefill_chunks: tuple[tuple[int, int], ...] = ()
     num_logits: int = 0
     num_steps: int = 1
+    prefill_tokens: int = field(init=False)  # sum of the chunks' new tokens
+    num_tokens: int = field(init=False)      # tokens through the GEMMs in one step
 
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(c for c, _ in self.prefill_chunks)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens through the GEMMs in one step."""
-        return self.num_decode_seqs + self.prefill_tokens
+    def __post_init__(self) -> None:
+        # derived once: the cost model reads them several times per step
+        p = sum(c for c, _ in self.prefill_chunks)
+        object.__setattr__(self, "prefill_tokens", p)
+        object.__setattr__(self, "num_tokens", self.num_decode_seqs + p)

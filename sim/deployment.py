@@ -52,7 +52,8 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
-    cal = load_calibration(gpu.key)  # None: roofline with default efficiencies
+    # None: roofline with default efficiencies
+    cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     eff = default_efficiencies(cal, Efficiencies(), tp)
     if e.step_overhead_ms is not None:
         eff = replace(eff, step_overhead_s=e.step_overhead_ms / 1e3)

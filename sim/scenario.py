@@ -27,6 +27,9 @@ class HFConfigRef(_Strict):
 
 class Hardware(_Strict):
     gpu: str = "h100-sxm"
+    # calibrated: efficiencies measured in kernels_profile/ where the GPU has them;
+    # roofline: named default efficiencies everywhere (first principles only)
+    cost_model: Literal["calibrated", "roofline"] = "calibrated"
     price_per_gpu_hour: Optional[float] = Field(None, gt=0)  # $ per GPU-hour; capacity reports req per $
 
 

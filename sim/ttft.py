@@ -18,7 +18,6 @@ so the KV transfer is not part of TTFT; it delays the second token (column kv_tr
 
 from __future__ import annotations
 
-from sim.batch import Batch
 
 TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
               "ttft_overhead_s", "ttft_preempt_s")
@@ -68,8 +67,7 @@ class SoloPrefill:
         key = (n, ctx, completing)
         hit = self._cache.get(key)
         if hit is None:
-            first, _ = self.cost.run_durations_s(Batch(prefill_chunks=((n, ctx),), num_logits=int(completing)))
-            hit = first - self.cost.overhead_s(1)
+            hit = self.cost.prefill_alone_s(n, ctx, completing)
             if len(self._cache) < self.MAX_ENTRIES:
                 self._cache[key] = hit
         return hit

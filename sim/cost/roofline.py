@@ -14,12 +14,13 @@ All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Sho
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sim.batch import Batch
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration
-from sim.cost.fit import equivalent_prefill_tokens, prefill_pairs
+from sim.cost.fit import prefill_pairs
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
 
@@ -106,6 +107,8 @@ class RooflineCostModel:
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
         self._flag = False  # set by the operators of the step being computed
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
+        self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
+        self._lm_cache: dict[int, tuple[float, bool]] = {}
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
@@ -145,6 +148,16 @@ class RooflineCostModel:
         self._gemm_cache[tokens] = out
         return out
 
+    def _lm_head_s(self, num_logits: int) -> float:
+        """LM head GEMM over the sampled positions; cached by their count."""
+        hit = self._lm_cache.get(num_logits)
+        if hit is None:
+            saved, self._flag = self._flag, False
+            hit = self._lm_cache[num_logits] = (self._linear_s(num_logits, self._lm, name="lm"), self._flag)
+            self._flag = saved
+        self._flag |= hit[1]
+        return hit[0]
+
     def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
         """Causal attention of each chunk of c new tokens after x cached ones.
 
@@ -158,14 +171,21 @@ class RooflineCostModel:
         if self.cops is not None and self.cops.prefill_grid is not None:
             # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
             # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
-            total, n = 0.0, len(chunks)
+            total, n, cache = 0.0, len(chunks), self._chunk_cache
             for c, x in chunks:
-                pairs = prefill_pairs(c, x)
-                flops = 4.0 * self.heads * self.model.head_dim * pairs
-                bytes_ = (c + x) * self.kv_layer_bytes + 2 * c * self.q_dim * self.dtype_bytes
-                e, out = self.cops.prefill_eff(n, float(equivalent_prefill_tokens(pairs)))
-                self._flag |= out
-                total += max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e
+                key = (n, c, x)
+                hit = cache.get(key)
+                if hit is None:
+                    pairs = prefill_pairs(c, x)
+                    flops = 4.0 * self.heads * self.model.head_dim * pairs
+                    bytes_ = (c + x) * self.kv_layer_bytes + 2 * c * self.q_dim * self.dtype_bytes
+                    # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
+                    e, out = self.cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
+                    hit = (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e, out)
+                    if len(cache) < 500_000:
+                        cache[key] = hit
+                self._flag |= hit[1]
+                total += hit[0]
             return L * total
         pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
         kv_tokens = sum(c + x for c, x in chunks)
@@ -243,7 +263,7 @@ class RooflineCostModel:
             self._flag |= out
         else:
             qkv = o = up = down = elem = ar = 0.0
-        lm = self._linear_s(b.num_logits, self._lm, name="lm") if b.num_logits else 0.0
+        lm = self._lm_head_s(b.num_logits) if b.num_logits else 0.0
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
@@ -253,6 +273,17 @@ class RooflineCostModel:
                 ar, lm, sampling, overhead)
 
     # -- public ---------------------------------------------------------------------------------
+    def prefill_alone_s(self, tokens: int, context_tokens: int, completing: bool) -> float:
+        """Compute seconds of one prompt chunk run alone (no decodes, no engine overhead): the
+        same operators as ``step_time`` of that one-chunk batch, without building it."""
+        self._flag = False
+        qkv, o, up, down = self._gemms(tokens)
+        elem, ar, _ = self._per_tokens(tokens)
+        t = qkv + o + up + down + elem + ar + self._attn_prefill_s(((tokens, context_tokens),))
+        if completing:
+            t += self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
+        return t
+
     def overhead_s(self, num_seqs: int) -> float:
         """Engine overhead of a step scheduling ``num_seqs`` sequences (fixed + per sequence)."""
         return self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs
