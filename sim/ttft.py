@@ -73,28 +73,32 @@ class SoloPrefill:
         return hit
 
 
-def account_step(plan, prefilling, kv_blocked: set, elapsed_s: float, cost, solo: SoloPrefill) -> None:
+def account_step(plan, waiting_prefills, kv_blocked: set, elapsed_s: float, cost, solo: SoloPrefill) -> None:
     """Split one step (or run) of ``elapsed_s`` among the first-prefill requests it concerns.
 
-    ``prefilling``: requests in prefill at the step's start (before its results); those with a
-    chunk in the step get prefill/interference/overhead, the others waited through it.
+    Requests with a chunk in the step get prefill / interference / overhead;
+    ``waiting_prefills`` (requests in prefill at the step's start that may have no chunk in it)
+    waited through it.
     """
-    in_step = set()
-    if plan.chunks:
-        overhead = cost.overhead_s(plan.num_decode_seqs + len(plan.chunks))
+    chunks = plan.chunks
+    if chunks:
+        overhead = cost.overhead_s(plan.num_decode_seqs + len(chunks))
         compute = elapsed_s - overhead
-        for (req, n), ctx in zip(plan.chunks, plan.chunk_contexts):
-            in_step.add(req.request_id)
+        for (req, n), ctx in zip(chunks, plan.chunk_contexts):
             if req.num_generated or req.preempt_start_s == req.preempt_start_s:
                 continue  # not before a first token, or already counted as preemption
-            own = min(solo(n, ctx, ctx + n == req.prefill_target), compute)
+            own = solo(n, ctx, ctx + n == req.prefill_target)
+            if own > compute:
+                own = compute
             req.ttft_prefill_s += own
             req.ttft_interference_s += compute - own
             req.ttft_overhead_s += overhead
-    for req in prefilling:
-        if req.request_id in in_step or req.num_generated or req.preempt_start_s == req.preempt_start_s:
-            continue
-        if req.request_id in kv_blocked:
-            req.ttft_wait_kv_s += elapsed_s
-        else:
-            req.ttft_wait_batch_s += elapsed_s
+    if waiting_prefills:
+        in_step = {req.request_id for req, _ in chunks}
+        for req in waiting_prefills:
+            if req.request_id in in_step or req.num_generated or req.preempt_start_s == req.preempt_start_s:
+                continue
+            if req.request_id in kv_blocked:
+                req.ttft_wait_kv_s += elapsed_s
+            else:
+                req.ttft_wait_batch_s += elapsed_s

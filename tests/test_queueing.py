@@ -24,6 +24,9 @@ class ConstantCost:
     def overhead_s(self, num_seqs: int) -> float:
         return 0.0
 
+    def prefill_alone_s(self, tokens: int, context_tokens: int, completing: bool) -> float:
+        return self.d_s
+
 
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_md1_mean_wait(rho):

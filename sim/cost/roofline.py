@@ -109,6 +109,7 @@ class RooflineCostModel:
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         self._lm_cache: dict[int, tuple[float, bool]] = {}
+        self._decode_cache: dict[tuple[int, int], tuple[float, float, bool]] = {}
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
@@ -238,13 +239,23 @@ class RooflineCostModel:
         self._tok_cache[tokens] = hit = (elem, ar, flag)
         return hit
 
+    DECODE_CTX_BUCKET = 16  # tokens
+
     def _decode_eff(self, b: Batch) -> tuple[float, float] | None:
+        """(efficiency, combine s) measured at this batch size and mean context per sequence.
+        NOTE: the mean context is rounded to 16 tokens (one KV block) so the lookup is memoised;
+        the efficiency curve moves by well under 1% over 16 tokens of context."""
         if self.cops is None or self.cops.decode_grid is None or not b.num_decode_seqs:
             return None
-        ctx = b.decode_context_tokens / b.num_decode_seqs
-        e, out = self.cops.decode_eff(b.num_decode_seqs, ctx)
-        self._flag |= out
-        return e, self.cops.decode_combine_s(b.num_decode_seqs, ctx)
+        bucket = self.DECODE_CTX_BUCKET
+        key = (b.num_decode_seqs, int(b.decode_context_tokens / b.num_decode_seqs / bucket + 0.5))
+        hit = self._decode_cache.get(key)
+        if hit is None:
+            ctx = max(1.0, key[1] * bucket)
+            e, out = self.cops.decode_eff(b.num_decode_seqs, ctx)
+            hit = self._decode_cache[key] = (e, self.cops.decode_combine_s(b.num_decode_seqs, ctx), out)
+        self._flag |= hit[2]
+        return hit[0], hit[1]
 
     def _components(self, b: Batch, decode_context: float, decode_eff: tuple[float, float] | None = None) -> tuple[float, ...]:
         tokens = b.num_tokens

@@ -124,10 +124,10 @@ class Scheduler:
         self.wait_clocks.advance(now)
         self.wait_clocks.kv_blocked = False
         self.kv_blocked_ids.clear()
-        while ds.num_seqs and ds.blocks_needed(1) > kv.num_free:
+        while ds.num_seqs and ds.blocks_next_step() > kv.num_free:
             self._preempt_tail(now)
         gaps = self._admit_kv_ready(now)
-        step0_blocks = ds.blocks_needed(1)
+        step0_blocks = ds.blocks_next_step()
         kv.allocate_blocks(step0_blocks)
         plan = StepPlan(1, ds.num_seqs, ds.context_tokens + ds.num_seqs, step0_blocks,
                         swap_blocks=self._swap_blocks, ready_gaps_s=gaps)
@@ -153,6 +153,8 @@ class Scheduler:
     def _admit_kv_ready(self, now: float) -> list[float]:
         """Admit waiting requests whose KV exists elsewhere (swapped out, or sent by a prefill
         replica) straight into the decode set, first come first served."""
+        if not (self.waiting and self.waiting[0].kv_ready):
+            return []
         gaps: list[float] = []
         kv, ds = self.kv, self.decode
         bs = kv.block_size

@@ -65,6 +65,10 @@ class DecodeSet:
     def _count_at_offset(self, r: int) -> int:
         return self.phase_count[(-r - self.steps) % self.block_size]
 
+    def blocks_next_step(self) -> int:
+        """``blocks_needed(1)``: the sequences whose blocks are full (offset r = 0)."""
+        return self.phase_count[-self.steps % self.block_size]
+
     def blocks_needed(self, num_steps: int) -> int:
         """New KV blocks the set takes over the next ``num_steps`` steps."""
         if num_steps <= 0 or not self.num_seqs:
