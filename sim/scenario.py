@@ -289,15 +289,10 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file."""
+    from sim.yamlfile import read_yaml
+
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: scenario file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{line} not valid YAML ({getattr(e, 'problem', e)})") from None
+    raw = read_yaml(path, "scenario file")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

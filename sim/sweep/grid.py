@@ -22,6 +22,7 @@ import yaml
 
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict, set_dotted
+from sim.yamlfile import read_yaml
 
 # keys whose value sets the offered load; sweep reports plot latency against them
 RATE_KEYS = ("workload.synthetic.request_rate", "workload.trace.target_rate", "workload.trace.time_scale")
@@ -82,13 +83,7 @@ def point_id(raw: dict) -> str:
 def read_grid(path: str | Path) -> list[dict[str, Any]]:
     """The grid file as a list of override dicts (dotted key -> value)."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: grid file not found") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    return grid_points(data, str(path))
+    return grid_points(read_yaml(path, "grid file"), str(path))
 
 
 def grid_points(data: Any, where: str = "grid") -> list[dict[str, Any]]:
