@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict, set_dotted
