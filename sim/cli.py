@@ -163,21 +163,26 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as e:
-        if _verbose["on"]:
-            raise
-        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(e))
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
+    except OSError as e:  # an output path that cannot be written, a directory given as a file...
+        _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+    except Exception as e:
+        # command-line usage errors (typer's click): unknown option or command, bad value
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            if type(e).__name__ == "Abort":
+                sys.exit(1)
+            _fail(e.format_message())
         raise
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit status 2; the traceback only with --verbose."""
+    if _verbose["on"]:
+        raise
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(2)

@@ -76,6 +76,7 @@ class Replica:
 
     def _loop(self):
         env, sched, rec = self.env, self.scheduler, self.recorder
+        count_extrapolated = getattr(self.cost, "count_extrapolated", None)
         while True:
             plan = sched.schedule(env.now)
             if plan is None:
@@ -108,9 +109,12 @@ class Replica:
                 yield env.timeout(first)
             if plan.chunks or prefilling:
                 account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost, self._solo)
+            if count_extrapolated is not None:
+                count_extrapolated(done)
+            kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
-                      plan.prefill_tokens, plan.num_decode_seqs * done, sched.kv.num_used,
+                      plan.prefill_tokens, plan.num_decode_seqs * done, kv_used,
                       len(sched.waiting), first, last))
             for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
                 rec.itl_adjust.append((first, first + gap))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sim.cost.calibration import default_efficiencies, load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
+from sim.errors import UserError
 from sim.hardware import GPUSpec, get_gpu
 from sim.memory import MemoryPlan, plan_memory
 from sim.models import ModelSpec, get_model
@@ -49,6 +50,12 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     model = get_model(s.model if isinstance(s.model, str) else s.model.model_dump(), Path(s.base_dir))
     gpu = get_gpu(gpu_key or s.hardware.gpu)
     tp = tp or s.cluster.tensor_parallel_size
+    # vLLM shards attention heads over TP ranks: heads must divide evenly, and KV heads must
+    # divide evenly or be replicated a whole number of times.
+    if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+        key = "cluster.tensor_parallel_size" if where == "scenario" else f"{where}.tensor_parallel_size"
+        raise UserError(f"{key}: {tp} does not divide {model.name}'s {model.num_heads} attention heads and "
+                        f"{model.num_kv_heads} KV heads evenly (vLLM requires it)")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)

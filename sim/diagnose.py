@@ -98,7 +98,7 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
     ctx = float((done["input_tokens"] + done["output_tokens"] / 2).mean())
     m = dep.model
     kv_gpu = m.kv_bytes_per_token(dep.kv_dtype_bytes) * max(1, m.num_kv_heads // dep.tp) / m.num_kv_heads
-    weights = m.num_params * m.dtype_bytes / dep.tp
+    weights = m.params_read(max(1, round(batch))) * m.dtype_bytes / dep.tp
     bytes_per_step = weights + batch * ctx * kv_gpu
     floor_ms = bytes_per_step / dep.gpu.hbm_bw_bytes_per_s * 1e3
     tpot = summary["median_tpot_ms"]

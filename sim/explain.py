@@ -28,8 +28,11 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
     prefill_flops = 2 * m.num_active_params * n + attn_pair_flops * n * (n + 1) / 2  # causal
     prefill_bytes = m.num_params * m.dtype_bytes + n * kv_tok
     decode_flops = b * (2 * m.num_active_params + attn_pair_flops * n)
-    decode_bytes = m.num_params * m.dtype_bytes + b * n * kv_tok
-    decode_bytes_gpu = weight_bytes + b * n * kv_tok_gpu
+    # a decode step reads the weights its b tokens touch (all but the embedding table; for an
+    # MoE only the experts routed to) plus every cached K and V of the batch
+    read_bytes = m.params_read(b) * m.dtype_bytes
+    decode_bytes = read_bytes + b * n * kv_tok
+    decode_bytes_gpu = read_bytes / tp + b * n * kv_tok_gpu
     return {
         "params": m.num_params,
         "weight_bytes_per_gpu": weight_bytes,

@@ -57,13 +57,13 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
                 adjust: list[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(gap seconds, count) pairs: each decode step's duration once per decode sequence in it.
 
-    A fast-forwarded row of k steps holds steps evenly spaced from ``first_step_s`` to
-    ``last_step_s``; it is expanded per step (not per token). Gaps spanning a preemption are
+    A fast-forwarded row of k steps holds steps evenly spaced from ``first_step_duration_s`` to
+    ``last_step_duration_s``; it is expanded per step (not per token). Gaps spanning a preemption are
     added from the schedulers' records.
     """
     k = steps["num_steps"]
     has = steps["decode_tokens"] > 0
-    k, first, last = k[has], steps["first_step_s"][has], steps["last_step_s"][has]
+    k, first, last = k[has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
     row = np.repeat(np.arange(len(k)), k)
     offsets = np.cumsum(k) - k

@@ -99,6 +99,17 @@ class ModelSpec:
         )
         return self.num_layers * per_layer + self.embedding_params + self.lm_head_params + self.hidden_size
 
+    def params_read(self, num_tokens: int) -> float:
+        """Weights a forward pass over ``num_tokens`` tokens reads, without the embedding table
+        (only its looked-up rows): all of them for a dense model; for an MoE the experts touched,
+        E * (1 - (1 - k/E)^T) per layer in expectation under uniform routing (Jiang et al. 2024)."""
+        dense = self.num_params - self.embedding_params
+        if self.num_experts <= 1:
+            return float(dense)
+        e, k = self.num_experts, min(self.num_experts_per_tok, self.num_experts)
+        touched = e * (1.0 - (1.0 - k / e) ** num_tokens)
+        return dense - self.num_layers * (e - touched) * self.expert_params
+
     def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
         """K and V for every layer: 2 * L * H_kv * d_head * bytes (Kwon et al. 2023, PagedAttention)."""
         b = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes

@@ -11,7 +11,7 @@ import numpy as np
 
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens",
-    "decode_tokens", "kv_blocks_used", "num_waiting", "first_step_s", "last_step_s",
+    "decode_tokens", "kv_blocks_used", "num_waiting", "first_step_duration_s", "last_step_duration_s",
 )
 _INT = {"replica", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "num_waiting"}
 

@@ -25,7 +25,7 @@ class Request:
         "prefix_hit_tokens",
         "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-        "ttft_overhead_s", "ttft_preempt_s", "decode_wait_s",
+        "ttft_overhead_s", "ttft_preempt_s", "decode_wait_s", "decode_rounds_waited",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
@@ -59,6 +59,7 @@ class Request:
         self.transfer_start_s = NAN
         self.transfer_end_s = NAN
         self.decode_wait_s = NAN    # from KV arrival to decode admission (disaggregated)
+        self.decode_rounds_waited = 0  # decode scheduling rounds that could not admit it
         # prefix caching (see kv.py): block-hash chain of the prompt, cached blocks referenced
         self.hash_ids = None
         self.hash_block_size = 16

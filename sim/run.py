@@ -60,6 +60,7 @@ def _request_frame(reqs) -> pl.DataFrame:
         "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in reqs), np.int64, len(reqs)),
         "kv_transfer_s": np.fromiter((r.transfer_end_s - r.transfer_start_s for r in reqs), np.float64, len(reqs)),
         "decode_wait_s": np.fromiter((r.decode_wait_s for r in reqs), np.float64, len(reqs)),
+        "decode_rounds_waited": np.fromiter((r.decode_rounds_waited for r in reqs), np.int64, len(reqs)),
         **{part: np.fromiter((getattr(r, part) for r in reqs), np.float64, len(reqs)) for part in TTFT_PARTS},
         "status": [r.status for r in reqs],
         "fail_reason": [r.fail_reason for r in reqs],
@@ -83,6 +84,7 @@ def _disaggregated(scenario: Scenario, router):
         factory.topology = topo
         return topo
 
+    factory.prefill_deployment = pdep
     return ddep, [*prefill, *decode], factory
 
 
@@ -117,7 +119,8 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None) -> RunRes
         dep, schedulers, factory = _disaggregated(scenario, router)
         reqs, rec = simulate(arrays, progress=cb, topology=factory, **loop)
         links = factory.topology.links
-        transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links)}
+        transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links),
+                     "prefill_deployment": factory.prefill_deployment}
     else:
         dep = build_deployment(scenario)
         n = scenario.cluster.replicas

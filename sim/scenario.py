@@ -228,8 +228,23 @@ class Scenario(_Strict):
         return Path(self.base_dir) / path
 
     def to_yaml(self) -> str:
+        """The resolved scenario; file paths made absolute so it runs from any directory."""
         data = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        _absolute_paths(data, self.resolve_path)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _absolute_paths(node: Any, resolve) -> None:
+    """Replace every ``path`` / ``hf_config`` value in a scenario dict by its absolute path."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("path", "hf_config") and isinstance(v, str):
+                node[k] = str(resolve(v).resolve())
+            else:
+                _absolute_paths(v, resolve)
+    elif isinstance(node, list):
+        for v in node:
+            _absolute_paths(v, resolve)
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

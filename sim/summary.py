@@ -35,6 +35,27 @@ def _mean_ms(values: np.ndarray) -> float | None:
     return float(values.mean() * 1e3) if len(values) else None
 
 
+def _gpus(result) -> str:
+    """The GPU type, or prefill and decode pools' types when they differ."""
+    pre = result.transfers.get("prefill_deployment")
+    if pre is not None and pre.gpu.key != result.deployment.gpu.key:
+        return f"{pre.gpu.key} (prefill) / {result.deployment.gpu.key} (decode)"
+    return result.deployment.gpu.key
+
+
+def _costs(result) -> list:
+    pre = result.transfers.get("prefill_deployment")
+    return [result.deployment.cost] + ([pre.cost] if pre is not None else [])
+
+
+def _cost_models(result) -> str:
+    pre = result.transfers.get("prefill_deployment")
+    decode = describe_cost_model(result.deployment.cost.calibration)
+    if pre is None:
+        return decode
+    return f"prefill: {describe_cost_model(pre.cost.calibration)}; decode: {decode}"
+
+
 def num_gpus(s) -> int:
     """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
     if s.engine.policy == "disaggregated":
@@ -95,7 +116,7 @@ def summarize(result) -> dict:
     out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
     out.update({
         "simsrv_policy": s.engine.policy,
-        "simsrv_gpu": s.hardware.gpu,
+        "simsrv_gpu": _gpus(result),
         "simsrv_replicas": s.cluster.replicas,
         "simsrv_tensor_parallel_size": s.cluster.tensor_parallel_size,
         "simsrv_num_gpus": num_gpus(s),
@@ -113,13 +134,14 @@ def summarize(result) -> dict:
         "simsrv_mean_kv_transfer_ms": _mean_ms(rq["kv_transfer_s"].to_numpy()),
         # backpressure: requests whose KV had arrived but waited for decode blocks, held meanwhile
         # by the prefill side
-        "simsrv_kv_backpressure_requests": int((rq["decode_wait_s"].fill_nan(0.0) > 0).sum()),
+        "simsrv_kv_backpressure_requests": int((rq["decode_rounds_waited"] > 0).sum()),
         "simsrv_mean_decode_wait_ms": _mean_ms(rq["decode_wait_s"].to_numpy()),
         "simsrv_peak_prefill_held_blocks": max((getattr(x, "peak_held_blocks", 0) for x in result.schedulers), default=0),
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
-        "simsrv_cost_model": describe_cost_model(dep.cost.calibration),
-        "simsrv_extrapolated_steps": dep.cost.num_extrapolated_steps,
+        "simsrv_cost_model": _cost_models(result),
+        "simsrv_extrapolated_steps": sum(c.num_extrapolated_steps for c in _costs(result)),
+        "simsrv_lm_head_extrapolated": any(c.lm_head_extrapolated for c in _costs(result)),
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
     })

@@ -125,11 +125,16 @@ def test_gpu_without_measurements_is_roofline_only():
 
 
 def test_extrapolated_steps_are_counted():
+    """The simulator counts the steps it runs at a shape outside the measured range (a run
+    cut short by an arrival counts the steps it ran, not those planned)."""
     cm = _cm("llama-2-7b", "a100-80g")  # A100 GEMMs measured up to m = 8192
     cm.run_durations_s(Batch(prefill_chunks=((4096, 0),), num_logits=1))
+    cm.count_extrapolated(1)
     assert cm.num_extrapolated_steps == 0
     cm.run_durations_s(Batch(prefill_chunks=((16000, 0),), num_logits=1))
+    cm.count_extrapolated(1)
     cm.run_durations_s(Batch(num_decode_seqs=4, decode_context_tokens=4000, num_logits=4, num_steps=7))
+    cm.count_extrapolated(3)
     assert cm.num_extrapolated_steps == 1
 
 

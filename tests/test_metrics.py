@@ -36,7 +36,7 @@ def test_tpot_only_for_multi_token_outputs():
 
 def test_itl_expands_fast_forwarded_runs_per_step():
     steps = {"num_steps": np.array([1, 4]), "decode_tokens": np.array([0, 12]),
-             "first_step_s": np.array([0.05, 0.010]), "last_step_s": np.array([0.05, 0.013])}
+             "first_step_duration_s": np.array([0.05, 0.010]), "last_step_duration_s": np.array([0.05, 0.013])}
     gaps, counts = itl_samples(steps, [0.2])
     assert gaps.tolist() == pytest.approx([0.010, 0.011, 0.012, 0.013, 0.2])
     assert counts.tolist() == [3, 3, 3, 3, 1]

@@ -97,6 +97,8 @@ class RooflineCostModel:
         # Engine steps whose shapes fell outside the measured range of a calibrated operator
         # (they took the nearest measured efficiency); read into ``simsrv_extrapolated_steps``.
         self.num_extrapolated_steps = 0
+        self.last_extrapolated = False
+        self.lm_head_extrapolated = False
         self.cops = None if calibration is None else CalibratedOps(
             calibration, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
@@ -156,7 +158,10 @@ class RooflineCostModel:
             saved, self._flag = self._flag, False
             hit = self._lm_cache[num_logits] = (self._linear_s(num_logits, self._lm, name="lm"), self._flag)
             self._flag = saved
-        self._flag |= hit[1]
+        # NOTE: the vocabulary-wide LM-head GEMM (n = vocab / TP) is wider than any measured
+        # GEMM table row for most models; it takes the nearest measured efficiency on every
+        # step, so it is reported once (lm_head_extrapolated), not counted per step.
+        self.lm_head_extrapolated |= hit[1]
         return hit[0]
 
     def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
@@ -248,7 +253,11 @@ class RooflineCostModel:
         if self.cops is None or self.cops.decode_grid is None or not b.num_decode_seqs:
             return None
         bucket = self.DECODE_CTX_BUCKET
-        key = (b.num_decode_seqs, int(b.decode_context_tokens / b.num_decode_seqs / bucket + 0.5))
+        # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
+        # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
+        # (at short contexts, latency-bound, its step then costs what a bf16 step does).
+        scale = self.kv_dtype_bytes / self.dtype_bytes
+        key = (b.num_decode_seqs, int(b.decode_context_tokens / b.num_decode_seqs * scale / bucket + 0.5))
         hit = self._decode_cache.get(key)
         if hit is None:
             ctx = max(1.0, key[1] * bucket)
@@ -317,7 +326,8 @@ class RooflineCostModel:
         self._flag = False
         de = self._decode_eff(batch)
         first = sum(self._components(batch, batch.decode_context_tokens, de))
-        self._count(batch)
+        # the caller counts the steps it actually runs (a run may be cut short by an arrival)
+        self.last_extrapolated = self._flag
         if batch.num_steps == 1:
             return first, first
         return first, sum(self._components(batch, self._last_context(batch), de))
@@ -325,6 +335,12 @@ class RooflineCostModel:
     def _count(self, batch: Batch) -> None:
         if self._flag:
             self.num_extrapolated_steps += batch.num_steps
+
+    def count_extrapolated(self, num_steps: int) -> None:
+        """Count ``num_steps`` run at the shape of the last ``run_durations_s`` call, if that
+        shape lay outside the measured range."""
+        if self.last_extrapolated:
+            self.num_extrapolated_steps += num_steps
 
     @staticmethod
     def _last_context(b: Batch) -> float:

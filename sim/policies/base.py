@@ -80,6 +80,7 @@ class Scheduler:
         self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
         self._swap_blocks = 0
+        self.num_schedules = 0               # scheduling rounds so far
         self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/ttft.py)
         self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
 
@@ -121,6 +122,7 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan | None:
         """Plan the next step; None when there is nothing to run."""
         kv, ds = self.kv, self.decode
+        self.num_schedules += 1
         self.wait_clocks.advance(now)
         self.wait_clocks.kv_blocked = False
         self.kv_blocked_ids.clear()

@@ -67,10 +67,13 @@ class DecodeScheduler(ChunkedScheduler):
     def add_transferred(self, req: Request) -> None:
         req.kv_ready = True
         req.status = "waiting"
+        req.decode_rounds_waited = -self.num_schedules  # completed at admission
         self.incoming -= 1
         self.waiting.append(req)
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
         if req.handoff_blocks:
-            req.decode_wait_s = now - req.transfer_end_s  # backpressure: KV arrived, no blocks yet
+            req.decode_wait_s = now - req.transfer_end_s
+            # rounds before this one that could not admit it (full batch or KV): backpressure
+            req.decode_rounds_waited += self.num_schedules - 1
             self.on_admitted(req)
