@@ -111,3 +111,29 @@ def test_every_policy_runs_from_the_cli(tmp_path, policy):
     assert result["simsrv_policy"] == policy and result["completed"] == 200
     if policy == "disaggregated":
         assert result["simsrv_kv_transfers"] > 0 and result["simsrv_mean_kv_transfer_ms"] > 0
+
+
+def test_usage_errors_and_unwritable_outputs_exit_2(tmp_path):
+    _one_error_line(simsrv("run", "scenarios/chat.yaml", "--bogus"), "No such option: --bogus")
+    _one_error_line(simsrv("bogus"), "No such command")
+    _one_error_line(simsrv("run", "scenarios/chat.yaml", "--chunk", "abc"), "--chunk")
+    _one_error_line(simsrv("run"), "Missing argument")
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(small_scenario()))
+    _one_error_line(simsrv("run", s, "--out", blocker / "sub"), str(blocker))
+
+
+def test_tensor_parallel_must_divide_heads():
+    _one_error_line(simsrv("run", "scenarios/chat.yaml", "--set", "cluster.tensor_parallel_size=3"),
+                    "cluster.tensor_parallel_size: 3 does not divide", "32 attention heads")
+
+
+def test_resolved_scenario_reruns_from_another_directory(tmp_path):
+    out = tmp_path / "a"
+    assert simsrv("run", "scenarios/chat.yaml", "--set", "workload.trace.sample=300", "-q", "--out", out).returncode == 0
+    p = subprocess.run([sys.executable, "-m", "sim", "run", str(out / "scenario.resolved.yaml"), "-q", "--out",
+                        str(tmp_path / "b")], cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (out / "requests.parquet").read_bytes() == (tmp_path / "b" / "requests.parquet").read_bytes()
