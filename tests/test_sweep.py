@@ -236,3 +236,14 @@ def test_ray_executor_runs_a_sweep(tmp_path):
     local = run_sweep(points, [0, 1], tmp_path / "local", SerialExecutor())
     cols = ["point_id", "seed", "p99_ttft_ms", "total_input_tokens"]
     assert res.rows.select(cols).equals(local.rows.select(cols))
+
+
+def test_intervals_stay_within_what_a_run_can_give():
+    """Two seeds far apart give a t interval wider than the mean: it is cut at 0 (and at 1 for
+    utilisation and KV use), never a negative throughput."""
+    from sim.sweep.stats import interval
+
+    lo, hi = interval("request_throughput", np.array([0.1, 5.0]))
+    assert lo == 0.0 and hi > 5.0
+    lo, hi = interval("simsrv_utilization", np.array([0.6, 1.0]))
+    assert hi == 1.0 and 0.0 <= lo < 0.6

@@ -41,8 +41,9 @@ def cdf_chart(frame: pl.DataFrame, title: str, unit: str) -> alt.Chart:
 
 
 def time_frame(steps: pl.DataFrame, label: str, span_s: float) -> pl.DataFrame:
-    """Step records binned over time: mean queue depth, running sequences, KV blocks used, and
-    prefill / decode tokens per second, per bin (steps weighted by their duration)."""
+    """Step records binned over time (by each record's start): queue depth, running sequences
+    and KV blocks used (duration-weighted means, summed over replicas), and prefill / decode
+    tokens per engine step (tokens over engine steps in the bin, all replicas)."""
     if steps.height == 0 or span_s <= 0:
         return pl.DataFrame()
     width = span_s / TIME_BINS
@@ -51,10 +52,12 @@ def time_frame(steps: pl.DataFrame, label: str, span_s: float) -> pl.DataFrame:
         ((pl.col("num_waiting") * pl.col("duration_s")).sum() / pl.col("duration_s").sum()).alias("waiting"),
         ((pl.col("num_seqs") * pl.col("duration_s")).sum() / pl.col("duration_s").sum()).alias("running"),
         ((pl.col("kv_blocks_used") * pl.col("duration_s")).sum() / pl.col("duration_s").sum()).alias("kv_blocks"),
-        (pl.col("prefill_tokens").sum() / width).alias("prefill_tok_s"),
-        (pl.col("decode_tokens").sum() / width).alias("decode_tok_s"),
+        pl.col("prefill_tokens").sum().alias("prefill"),
+        pl.col("decode_tokens").sum().alias("decode"),
+        pl.col("num_steps").sum().alias("engine_steps"),
     ).group_by("bin").agg(pl.col("waiting").sum(), pl.col("running").sum(), pl.col("kv_blocks").sum(),
-                          pl.col("prefill_tok_s").sum(), pl.col("decode_tok_s").sum())
+                          (pl.col("prefill").sum() / pl.col("engine_steps").sum()).alias("prefill_tok_step"),
+                          (pl.col("decode").sum() / pl.col("engine_steps").sum()).alias("decode_tok_step"))
     return agg.with_columns((pl.col("bin") * width).alias("time_s"), pl.lit(label).alias("run")).sort("time_s")
 
 

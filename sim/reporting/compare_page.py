@@ -59,9 +59,17 @@ def metrics_table(page: Page, runs: list[RunData]) -> None:
 def build_compare_page(runs: list[RunData], title: str) -> Page:
     page = Page(title)
     first = runs[0]
-    model, gpu = first.summary.get("model_id"), first.summary.get("simsrv_gpu")
-    page.paragraph(f"{len(runs)} runs of the same workload ({first.summary.get('num_prompts'):,} requests, "
-                   f"seed {first.summary.get('simsrv_seed')}) on {model}, {gpu}.")
+    same = {(r.summary.get("model_id"), r.summary.get("simsrv_gpu"), r.summary.get("num_prompts"),
+             r.summary.get("simsrv_seed"), str(r.scenario.get("workload"))) for r in runs}
+    if len(same) == 1:
+        page.paragraph(f"{len(runs)} runs of the same workload ({first.summary.get('num_prompts'):,} requests, "
+                       f"seed {first.summary.get('simsrv_seed')}) on {first.summary.get('model_id')}, "
+                       f"{first.summary.get('simsrv_gpu')}.")
+    else:
+        page.paragraph(f"{len(runs)} runs that differ in workload or deployment: "
+                       + "; ".join(f"{r.label}: {r.summary.get('model_id')} on {r.summary.get('simsrv_gpu')}, "
+                                   f"{r.summary.get('num_prompts'):,} requests" for r in runs)
+                       + ". Compare the figures with care.", cls="note")
     page.heading("Summary")
     metrics_table(page, runs)
 
@@ -80,11 +88,11 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
         page.chart(charts.time_chart(tf, "waiting", "Queue depth (waiting requests)", "requests"))
         page.chart(charts.time_chart(tf, "running", "Running batch size", "sequences per step"))
         page.chart(charts.time_chart(tf, "kv_blocks", "KV blocks in use", "blocks"))
-        tok = tf.unpivot(on=["prefill_tok_s", "decode_tok_s"], index=["time_s", "run"],
-                         variable_name="kind", value_name="tok_s")
-        page.chart(alt.Chart(tok, title="Prefill vs decode tokens per second").mark_line(
+        tok = tf.unpivot(on=["prefill_tok_step", "decode_tok_step"], index=["time_s", "run"],
+                         variable_name="kind", value_name="tokens")
+        page.chart(alt.Chart(tok, title="Prefill vs decode tokens per engine step").mark_line(
             interpolate="step-after").encode(
-            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("tok_s:Q", title="tokens / s"),
+            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("tokens:Q", title="tokens per step"),
             color=alt.Color("run:N"), strokeDash=alt.StrokeDash("kind:N")).properties(width=520, height=200))
 
     page.heading("Where TTFT goes")

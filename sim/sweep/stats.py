@@ -53,8 +53,17 @@ def bootstrap_interval(x: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
     return float(lo), float(hi)
 
 
+# Figures bounded by definition: a t interval over few seeds can reach past the bound, which
+# no run can; the interval is cut at it (all figures are >= 0; these are also <= 1).
+AT_MOST_ONE = ("simsrv_peak_kv_usage", "simsrv_utilization")
+
+
 def interval(name: str, x: np.ndarray) -> tuple[float, float]:
-    return bootstrap_interval(x) if is_percentile(name) else t_interval(x)
+    lo, hi = bootstrap_interval(x) if is_percentile(name) else t_interval(x)
+    lo = max(lo, 0.0)
+    if name in AT_MOST_ONE:
+        hi = min(hi, 1.0)
+    return lo, hi
 
 
 def aggregate(rows: pl.DataFrame, group_cols: list[str]) -> pl.DataFrame:
