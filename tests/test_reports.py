@@ -153,9 +153,20 @@ def _chromium_check(html_path: Path, tmp_path: Path) -> None:
     assert p.stdout.count('class="marks"') == expected > 0  # every chart rendered as an SVG
 
 
+def test_trace_inspect_page_is_offline(tmp_path):
+    out = tmp_path / "inspect.html"
+    p = simsrv("trace", "inspect", "traces/azure_conv.parquet", "--html", out)
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert num_chart_divs(html) == 1 and "<script src=" not in html
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian package chromium; .ci/run installs it)")
 def test_reports_render_in_headless_chromium(compare_dir, bursty, tmp_path):
     _chromium_check(compare_dir / "report.html", tmp_path)
+    inspect = tmp_path / "inspect.html"
+    assert simsrv("trace", "inspect", "traces/azure_conv.parquet", "--html", inspect).returncode == 0
+    _chromium_check(inspect, tmp_path)
     out = tmp_path / "diag"
     p = simsrv("diagnose", bursty / "bursty.parquet", "--scenario", bursty / "deploy.yaml", "--out", out)
     assert p.returncode == 0, p.stderr
