@@ -79,8 +79,10 @@ def summarize(result) -> dict:
     tin = int(cols["input_tokens"][ok].sum())
     tout = int(cols["output_tokens"][ok].sum())
     gaps, counts = itl_samples(steps, result.resume_gaps_s, result.itl_adjust)
-    if s.workload.synthetic is not None:
+    if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
+    elif s.workload.synthetic is not None:  # a rate that varies over time: its mean
+        rate, burst = result.workload.mean_rate_per_s, s.workload.synthetic.burstiness
     else:
         rate, burst = result.workload.mean_rate_per_s, None
     has_slo = any(v is not None for v in (s.slo.ttft_ms, s.slo.tpot_ms, s.slo.e2el_ms))
