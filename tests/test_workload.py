@@ -65,3 +65,10 @@ def test_bad_rows_name_file_and_line(tmp_path, body, message):
     with pytest.raises(UserError) as e:
         read_trace(p)
     assert str(p) in str(e.value) and message in str(e.value)
+
+
+def test_short_csv_row_names_its_line(tmp_path):
+    p = tmp_path / "short.csv"
+    p.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n1,20\n2,30,4\n")
+    with pytest.raises(UserError, match=r"short.csv: line 3: 2 fields, the header has 3"):
+        read_trace(p)

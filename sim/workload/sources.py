@@ -55,6 +55,24 @@ def csv_header(path: Path) -> list[str]:
     return [c.strip().strip('"') for c in first_line(path).split(",")]
 
 
+def _csv_error(path: Path, e: Exception) -> UserError:
+    """One line for a CSV that pyarrow cannot parse, with the first line whose number of
+    fields differs from the header's (found by one pass over the file, on this error path only)."""
+    import csv
+
+    detail = str(e).splitlines()[0]
+    try:
+        with open(path, newline="", encoding="utf8", errors="replace") as f:
+            rows = csv.reader(f)
+            width = len(next(rows, []))
+            for line, row in enumerate(rows, start=2):
+                if row and len(row) != width:
+                    return UserError(f"{path}: line {line}: {len(row)} fields, the header has {width} ({detail})")
+    except (OSError, csv.Error):
+        pass
+    return UserError(f"{path}: cannot read as CSV ({detail})")
+
+
 def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) -> Iterator[Batch]:
     """The named columns of a CSV file, as strings, ``chunk_rows`` rows at a time."""
     import pyarrow as pa
@@ -76,7 +94,7 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
                 strings_can_be_null=False, quoted_strings_can_be_null=False),
         )
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read as CSV ({str(e).splitlines()[0]})") from None
+        raise _csv_error(path, e) from None
     start = 2  # line of the first data row
     pending: list[pl.DataFrame] = []
     n_pending = 0
@@ -86,7 +104,7 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
         except StopIteration:
             break
         except pa.ArrowInvalid as e:
-            raise UserError(f"{path}: near line {start + n_pending}: malformed CSV ({str(e).splitlines()[0]})") from None
+            raise _csv_error(path, e) from None
         pending.append(pl.from_arrow(rb))
         n_pending += rb.num_rows
         if n_pending >= chunk_rows:
