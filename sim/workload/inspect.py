@@ -59,7 +59,11 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
     n = len(arrival)
     span = float(arrival[-1])
     gaps = np.diff(arrival)
-    per_min = np.bincount((arrival // 60).astype(np.int64)) / 60.0
+    counts = np.bincount((arrival // 60).astype(np.int64))
+    # each minute's count over the time it covers: the last minute ends at the last arrival
+    seconds = np.full(len(counts), 60.0)
+    seconds[-1] = max(span - 60.0 * (len(counts) - 1), 1.0) if len(counts) > 1 or span > 0 else 60.0
+    per_min = counts / seconds
     stats = {
         "file": str(path),
         "num_requests": n,
