@@ -64,10 +64,6 @@ class KVBlockManager:
         """Blocks an allocation can get: never used, or cached but unreferenced."""
         return self.num_blocks - self.num_used
 
-    @property
-    def usage(self) -> float:
-        return self.num_used / self.num_blocks if self.num_blocks else 0.0
-
     # -- allocation -----------------------------------------------------------------------------
     def allocate(self, request: Request, num_tokens: int) -> bool:
         """Grow ``request``'s blocks to cover ``num_tokens`` slots; False (no change) if full."""

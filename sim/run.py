@@ -40,32 +40,30 @@ class RunResult:
 
 
 def _request_frame(reqs) -> pl.DataFrame:
-    col = {
-        "request_id": np.fromiter((r.request_id for r in reqs), np.int64, len(reqs)),
-        "arrival_s": np.fromiter((r.arrival_s for r in reqs), np.float64, len(reqs)),
-        "first_scheduled_s": np.fromiter((r.first_scheduled_s for r in reqs), np.float64, len(reqs)),
-        "first_token_s": np.fromiter((r.first_token_s for r in reqs), np.float64, len(reqs)),
-        "finish_s": np.fromiter((r.finish_s for r in reqs), np.float64, len(reqs)),
-        "input_tokens": np.fromiter((r.prompt_tokens for r in reqs), np.int64, len(reqs)),
-        "output_tokens": np.fromiter((r.output_tokens for r in reqs), np.int64, len(reqs)),
-    }
-    col["status"] = np.array([r.status for r in reqs], dtype=object)
-    m = request_metrics(col)
-    frame = pl.DataFrame({
-        **{k: col[k] for k in ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
-                               "input_tokens", "output_tokens")},
-        **m,
-        "num_preemptions": np.fromiter((r.num_preemptions for r in reqs), np.int64, len(reqs)),
-        "replica": np.fromiter((r.replica for r in reqs), np.int64, len(reqs)),
-        "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in reqs), np.int64, len(reqs)),
-        "kv_transfer_s": np.fromiter((r.transfer_end_s - r.transfer_start_s for r in reqs), np.float64, len(reqs)),
-        "decode_wait_s": np.fromiter((r.decode_wait_s for r in reqs), np.float64, len(reqs)),
-        "decode_rounds_waited": np.fromiter((r.decode_rounds_waited for r in reqs), np.int64, len(reqs)),
-        **{part: np.fromiter((getattr(r, part) for r in reqs), np.float64, len(reqs)) for part in TTFT_PARTS},
-        "status": [r.status for r in reqs],
+    n = len(reqs)
+
+    def col(attr: str, dtype) -> np.ndarray:
+        return np.fromiter((getattr(r, attr) for r in reqs), dtype, n)
+
+    status = [r.status for r in reqs]
+    times = {"request_id": col("request_id", np.int64), "arrival_s": col("arrival_s", np.float64),
+             "first_scheduled_s": col("first_scheduled_s", np.float64),
+             "first_token_s": col("first_token_s", np.float64), "finish_s": col("finish_s", np.float64),
+             "input_tokens": col("prompt_tokens", np.int64), "output_tokens": col("output_tokens", np.int64)}
+    metrics = request_metrics({**times, "status": np.array(status, dtype=object)})
+    return pl.DataFrame({
+        **times,
+        **metrics,
+        "num_preemptions": col("num_preemptions", np.int64),
+        "replica": col("replica", np.int64),
+        "prefix_hit_tokens": col("prefix_hit_tokens", np.int64),
+        "kv_transfer_s": col("transfer_end_s", np.float64) - col("transfer_start_s", np.float64),
+        "decode_wait_s": col("decode_wait_s", np.float64),
+        "decode_rounds_waited": col("decode_rounds_waited", np.int64),
+        **{part: col(part, np.float64) for part in TTFT_PARTS},
+        "status": status,
         "fail_reason": [r.fail_reason for r in reqs],
     }, nan_to_null=False)
-    return frame
 
 
 def _disaggregated(scenario: Scenario, router):

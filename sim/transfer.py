@@ -52,7 +52,3 @@ class SharedLink:
         for item in done:
             del self._remaining[item]
         return done
-
-    @property
-    def num_active(self) -> int:
-        return len(self._remaining)

@@ -115,9 +115,6 @@ class Scheduler:
     def num_outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + self.incoming
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     # -- one step -------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
         """Plan the next step; None when there is nothing to run."""

@@ -113,6 +113,3 @@ class DecodeSet:
             if epoch == req.epoch:
                 done.append(req)
         return done
-
-    def generated(self, req: Request) -> int:
-        return req.g_join + (self.steps - req.step_join) if req.in_decode else req.num_generated

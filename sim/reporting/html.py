@@ -74,10 +74,6 @@ class Page:
         self.specs[cid] = chart.to_dict()
         self.parts.append(f'<div class="chart" id="{cid}"></div>')
 
-    @property
-    def num_charts(self) -> int:
-        return len(self.specs)
-
     def render(self) -> str:
         specs = json.dumps(self.specs, separators=(",", ":")).replace("</", "<\\/")
         body = "\n".join(self.parts)
