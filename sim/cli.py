@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from sim.errors import UserError
+from sim.errors import SimulationStalled, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Discrete-event simulator of an LLM inference cluster.")
@@ -164,6 +164,8 @@ def main() -> None:
         app(standalone_mode=False)
     except UserError as e:
         _fail(str(e))
+    except SimulationStalled as e:  # a model defect, not bad input: one line, exit status 1
+        _fail(str(e), status=1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
@@ -180,9 +182,9 @@ def main() -> None:
         raise
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 2) -> None:
     """One line on stderr, exit status 2; the traceback only with --verbose."""
     if _verbose["on"]:
         raise
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-    sys.exit(2)
+    sys.exit(status)

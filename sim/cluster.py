@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
+from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
 from sim.recorder import Recorder
 from sim.request import Request
@@ -42,6 +43,37 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int) -> int
     while j < k and cum(j) < elapsed_s:
         j += 1
     return j
+
+
+# Events allowed at one simulated instant before the run is declared stalled, on top of a
+# per-request allowance (a trace on a coarse time grid legitimately puts thousands of
+# arrivals, wake-ups and steps on one instant; a spinning process puts millions).
+STALL_EVENTS_BASE = 1_000_000
+STALL_EVENTS_PER_REQUEST = 64
+
+
+def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None:
+    """``env.run()`` with a watchdog: a run whose clock stays at one instant for more than
+    ``STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * requests`` events raises
+    ``SimulationStalled`` naming the instant, instead of hanging."""
+    step, peek = env.step, env.peek
+    inf = math.inf
+    last_t, same = -1.0, 0
+    while True:
+        t = peek()
+        if t == inf:
+            return
+        if t == last_t:
+            same += 1
+            if same > STALL_EVENTS_BASE:
+                limit = STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * num_requests()
+                if same > limit:
+                    raise SimulationStalled(
+                        f"simulation stalled: the clock stayed at t={t:.9g} s for {same:,} events "
+                        f"(a model defect; please report it with the scenario)")
+        else:
+            last_t, same = t, 0
+        step()
 
 
 class Replica:
@@ -221,7 +253,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        env.run()
+        run_watched(env, lambda: len(requests))
     finally:
         if was_enabled:
             gc.enable()

@@ -7,3 +7,8 @@ traceback; anything else is a bug and keeps its traceback.
 
 class UserError(Exception):
     """Bad input from the user: a scenario key, a trace row, an impossible configuration."""
+
+
+class SimulationStalled(RuntimeError):
+    """The simulated clock stopped advancing: a model defect, never an answer (the watchdog in
+    ``sim.cluster.run_watched`` raises it instead of letting a run spin forever)."""

@@ -9,6 +9,7 @@ Plain code: the cluster asks for the next completion time and advances the clock
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -46,9 +47,18 @@ class SharedLink:
         return self._now + max(0.0, min(self._remaining.values())) * n / self.bandwidth_bytes_per_s
 
     def pop_done(self, now: float, eps_bytes: float = 1e-3) -> list[Any]:
-        """Transfers whose bytes are all sent by ``now`` (they arrive ``latency_s`` later)."""
+        """Transfers whose bytes are all sent by ``now`` (they arrive ``latency_s`` later).
+
+        A transfer whose remaining time is below the clock's resolution at ``now`` (a few ulps:
+        float rounding of ``advance`` leaves such residues) is done, so that ``next_done_s``
+        is strictly after ``now`` whenever anything is left and time advances by construction.
+        """
         self.advance(now)
-        done = [item for item, left in self._remaining.items() if left <= eps_bytes]
+        n = len(self._remaining)
+        if not n:
+            return []
+        tol_bytes = max(eps_bytes, 8.0 * math.ulp(max(now, 1.0)) * self.bandwidth_bytes_per_s / n)
+        done = [item for item, left in self._remaining.items() if left <= tol_bytes]
         for item in done:
             del self._remaining[item]
         return done
