@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim.errors import SimulationStalled, UserError
+from sim.policies import policy_names
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Discrete-event simulator of an LLM inference cluster.")
@@ -63,7 +64,7 @@ def _run_progress(total: int):
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="static | continuous | chunked | disaggregated"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=" | ".join(policy_names())),
     chunk: Optional[int] = typer.Option(None, "--chunk", help="Policy chunked with this max_num_batched_tokens."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default reports/runs/NAME-POLICY)."),

@@ -9,13 +9,14 @@ import typer
 from rich.console import Console
 
 from sim.errors import UserError
+from sim.policies import policy_names
 
 console = Console()
 
 
 def compare(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    policies: str = typer.Option("static,continuous,chunked,disaggregated", "--policies",
+    policies: str = typer.Option(",".join(policy_names()), "--policies",
                                  help="Comma-separated policies to compare."),
     chunk: Optional[int] = typer.Option(None, "--chunk", help="max_num_batched_tokens of the chunked run."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key for every run: dotted.key=value."),

@@ -12,20 +12,20 @@ from pathlib import Path
 
 from sim.errors import UserError
 from sim.output import write_run
+from sim.policies import policy_names
 from sim.reporting.compare_page import build_compare_page
 from sim.reporting.rundata import load_run
 from sim.run import run_scenario
 from sim.scenario import load_scenario
 from sim.summary import summarize
 
-POLICY_NAMES = ("static", "continuous", "chunked", "disaggregated")
-
 
 def parse_policies(text: str) -> list[str]:
     policies = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICY_NAMES]
+    names = policy_names()
+    bad = [p for p in policies if p not in names]
     if bad or not policies:
-        raise UserError(f"--policies: unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(POLICY_NAMES)}")
+        raise UserError(f"--policies: unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(names)}")
     if len(set(policies)) != len(policies):
         raise UserError("--policies: a policy is listed twice")
     return policies

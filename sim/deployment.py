@@ -14,7 +14,7 @@ from sim.errors import UserError
 from sim.hardware import GPUSpec, get_gpu
 from sim.memory import MemoryPlan, plan_memory
 from sim.models import ModelSpec, get_model
-from sim.policies import POLICIES, EngineLimits, Scheduler
+from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.kv import KVBlockManager
 from sim.scenario import Scenario
 
@@ -32,7 +32,7 @@ class Deployment:
     prefix_caching: bool = False
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
-        cls = POLICIES[policy] if isinstance(policy, str) else policy
+        cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
         kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching)
         return cls(self.limits, kv)
 

@@ -23,6 +23,7 @@ from sim.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.summary import summarize
 from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
+from sim.policies import get_policy
 
 CAUSES = {
     "queueing": ("ttft_wait_batch_s",),
@@ -113,7 +114,7 @@ def _candidates(s: Scenario, arrays: RequestArrays) -> list[tuple[Candidate, lis
         budget = min(e.max_num_batched_tokens, 2048)
         out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
                     ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"], None))
-    if e.policy == "disaggregated":
+    if get_policy(e.policy).pools:
         n = (s.disaggregation.prefill.replicas if s.disaggregation else 1) + 1
         out.append((Candidate("add capacity", f"one more prefill replica ({n})"),
                     [f"disaggregation.prefill.replicas={n}"], None))

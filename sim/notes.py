@@ -10,21 +10,17 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-# Modules every run uses, and those that depend on the configuration.
-ALWAYS = ("memory", "kv", "policies/base", "cost/roofline", "cost/calibration", "cluster", "router", "ttft", "workload/synthetic",
-          "workload/trace")
-BY_POLICY = {
-    "static": ("policies/static",),
-    "continuous": ("policies/continuous",),
-    "chunked": ("policies/chunked",),
-    "disaggregated": ("policies/disagg", "topology", "transfer", "policies/continuous", "policies/chunked"),
-}
+from sim.policies import get_policy
+
+# Modules every run uses; each policy's spec names the modules its runs add.
+ALWAYS = ("sim.memory", "sim.kv", "sim.policies.base", "sim.cost.roofline", "sim.cost.calibration", "sim.cluster",
+          "sim.router", "sim.ttft", "sim.workload.synthetic", "sim.workload.trace")
 
 _NOTE = re.compile(r"NOTE:\s*(.+)")
 
 
 def _module_notes(module: str) -> list[str]:
-    path = resources.files("sim").joinpath(module + ".py")
+    path = resources.files("sim").joinpath(*module.split(".")[1:-1], module.split(".")[-1] + ".py")
     if not path.is_file():
         return []
     notes: list[str] = []
@@ -52,7 +48,7 @@ def notes_for(policies: list[str]) -> list[tuple[str, str]]:
     """(module, note) pairs for runs of these policies, each once, in a stable order."""
     mods: list[str] = list(ALWAYS)
     for p in policies:
-        for m in BY_POLICY.get(p, ()):
+        for m in get_policy(p).note_modules:
             if m not in mods:
                 mods.append(m)
     out, seen = [], set()
@@ -60,5 +56,5 @@ def notes_for(policies: list[str]) -> list[tuple[str, str]]:
         for n in _module_notes(m):
             if n not in seen:
                 seen.add(n)
-                out.append((m.replace("/", "."), n))
+                out.append((m.removeprefix("sim."), n))
     return out

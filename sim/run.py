@@ -19,6 +19,7 @@ from sim.scenario import Disaggregation, Scenario
 from sim.topology import Disaggregated
 from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
+from sim.policies import get_policy
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None) -> RunRes
     concurrency, think_s = closed_loop(scenario)
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     transfers: dict = {}
-    if scenario.engine.policy == "disaggregated":
+    if get_policy(scenario.engine.policy).pools:
         dep, schedulers, factory = _disaggregated(scenario, router)
         reqs, rec = simulate(arrays, progress=cb, topology=factory, **loop)
         links = factory.topology.links

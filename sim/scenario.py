@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.errors import UserError
+from sim.policies import policy_names
 
 
 class _Strict(BaseModel):
@@ -40,7 +41,7 @@ class Cluster(_Strict):
 
 
 class Engine(_Strict):
-    policy: Literal["static", "continuous", "chunked", "disaggregated"] = "continuous"
+    policy: str = "continuous"  # a registered policy (sim/policies/registry.py)
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     max_model_len: Optional[int] = Field(None, ge=1)
@@ -53,6 +54,14 @@ class Engine(_Strict):
     max_num_partial_prefills: int = Field(1, ge=1)
     step_overhead_ms: Optional[float] = Field(None, ge=0)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
+
+    @field_validator("policy")
+    @classmethod
+    def _registered_policy(cls, v: str) -> str:
+        names = policy_names()
+        if v not in names:
+            raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in names[:-1]) + f" or '{names[-1]}'")
+        return v
 
 
 class Pool(_Strict):

@@ -14,6 +14,7 @@ import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
+from sim.policies import get_policy
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -58,7 +59,7 @@ def _cost_models(result) -> str:
 
 def num_gpus(s) -> int:
     """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
-    if s.engine.policy == "disaggregated":
+    if get_policy(s.engine.policy).pools:
         from sim.scenario import Disaggregation
 
         d = s.disaggregation or Disaggregation()

@@ -9,6 +9,7 @@ keep a bounded step time: slightly later first tokens, far steadier inter-token 
 from __future__ import annotations
 
 from sim.policies.base import Scheduler, StepPlan
+from sim.policies.registry import PolicySpec, register
 
 
 class ChunkedScheduler(Scheduler):
@@ -52,3 +53,7 @@ class ChunkedScheduler(Scheduler):
                 break
             budget -= n
             self._partial += req.num_computed + n < req.prefill_target
+
+
+register(PolicySpec("chunked", "chunked prefill mixed with decodes under max_num_batched_tokens",
+                    ChunkedScheduler, ("sim.policies.chunked",), order=2))

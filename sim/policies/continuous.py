@@ -8,6 +8,7 @@ prompt stalls every decode sharing that step: the interference chunked prefill r
 from __future__ import annotations
 
 from sim.policies.base import Scheduler, StepPlan
+from sim.policies.registry import PolicySpec, register
 
 
 class ContinuousScheduler(Scheduler):
@@ -27,3 +28,7 @@ class ContinuousScheduler(Scheduler):
             if not n:
                 break
             budget -= n
+
+
+register(PolicySpec("continuous", "iteration-level batching, whole prompts (no chunking)",
+                    ContinuousScheduler, ("sim.policies.continuous",), order=1))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sim.kv import blocks_for
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
+from sim.policies.registry import PolicySpec, register
 from sim.request import Request
 
 
@@ -77,3 +78,8 @@ class DecodeScheduler(ChunkedScheduler):
             # rounds before this one that could not admit it (full batch or KV): backpressure
             req.decode_rounds_waited += self.num_schedules - 1
             self.on_admitted(req)
+
+
+register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
+                    None, ("sim.policies.disagg", "sim.topology", "sim.transfer", "sim.policies.continuous", "sim.policies.chunked"),
+                    pools=True, order=3))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sim.kv import blocks_for
 from sim.policies.base import Scheduler, StepPlan
+from sim.policies.registry import PolicySpec, register
 
 
 class StaticScheduler(Scheduler):
@@ -33,3 +34,7 @@ class StaticScheduler(Scheduler):
             if not self._try_admit(req, plan, budget, now):
                 break
             reserved += full
+
+
+register(PolicySpec("static", "request-level batching: a batch runs until all its requests finish",
+                    StaticScheduler, ("sim.policies.static",), order=0))

@@ -17,6 +17,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict
+from sim.policies import get_policy
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Task:
 
 
 def num_replicas(s: Scenario) -> int:
-    if s.engine.policy == "disaggregated":
+    if get_policy(s.engine.policy).pools:
         d = s.disaggregation
         return (d.prefill.replicas + d.decode.replicas) if d is not None else 2
     return s.cluster.replicas
