@@ -5,10 +5,11 @@ Why: ``run``, ``explain`` and tests build a deployment the same way, in one plac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cost.calibration import default_efficiencies, load_calibration
+from sim.cost.calibration import load_calibration
+from sim.cost.engine_profile import get_profile
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.hardware import GPUSpec, get_gpu
@@ -61,11 +62,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                       e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
-    eff = default_efficiencies(cal, Efficiencies(), tp)
-    if e.step_overhead_ms is not None:
-        eff = replace(eff, step_overhead_s=e.step_overhead_ms / 1e3)
-    if e.per_seq_overhead_ms is not None:
-        eff = replace(eff, per_seq_overhead_s=e.per_seq_overhead_ms / 1e3)
+    engine = engine_profile(e)
     limits = EngineLimits(
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
@@ -74,6 +71,20 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         max_num_partial_prefills=e.max_num_partial_prefills,
         preemption_mode=e.preemption_mode,
     )
-    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, eff, calibration=cal),
+    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, Efficiencies(), calibration=cal,
+                                                                   engine=engine),
                       kv_bytes,
                       e.enable_prefix_caching)
+
+
+def engine_profile(e):
+    """The scenario's engine profile with its ``engine.overhead`` overrides; the older keys
+    ``step_overhead_ms`` (both fixed terms) and ``per_seq_overhead_ms`` still apply, under
+    ``engine.overhead``'s own keys."""
+    over = e.overhead.model_dump()
+    if e.step_overhead_ms is not None:
+        for k in ("prefill_step_ms", "decode_step_ms"):
+            over[k] = e.step_overhead_ms if over[k] is None else over[k]
+    if e.per_seq_overhead_ms is not None and over["per_seq_ms"] is None:
+        over["per_seq_ms"] = e.per_seq_overhead_ms
+    return get_profile(e.profile, over)

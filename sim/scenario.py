@@ -40,6 +40,27 @@ class Cluster(_Strict):
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = "least_outstanding"
 
 
+class EngineOverhead(_Strict):
+    """Overrides of the engine profile's terms (``sim/catalog/engine_profiles.yaml``)."""
+
+    prefill_step_ms: Optional[float] = Field(None, ge=0)
+    decode_step_ms: Optional[float] = Field(None, ge=0)
+    per_seq_ms: Optional[float] = Field(None, ge=0)
+    per_extra_tp_rank_ms: Optional[float] = Field(None, ge=0)
+    eager_launch_per_layer_ms: Optional[float] = Field(None, ge=0)
+    overlap_cpu: Optional[bool] = None
+    cuda_graph_decode: Optional[bool] = None
+    cuda_graph_max_batch: Optional[int] = Field(None, ge=0)
+    attention_backend: Optional[str] = None
+    batch_range: Optional[tuple[int, int]] = None
+
+    @model_validator(mode="after")
+    def _range(self) -> "EngineOverhead":
+        if self.batch_range is not None and not 1 <= self.batch_range[0] <= self.batch_range[1]:
+            raise ValueError("batch_range must be [low, high] with 1 <= low <= high")
+        return self
+
+
 class Engine(_Strict):
     policy: str = "continuous"  # a registered policy (sim/policies/registry.py)
     max_num_seqs: int = Field(256, ge=1)
@@ -54,6 +75,9 @@ class Engine(_Strict):
     max_num_partial_prefills: int = Field(1, ge=1)
     step_overhead_ms: Optional[float] = Field(None, ge=0)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
+    # host-side step cost of this serving engine (sim/cost/engine_profile.py)
+    profile: Literal["vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
+    overhead: EngineOverhead = EngineOverhead()
 
     @field_validator("policy")
     @classmethod

@@ -57,6 +57,11 @@ def _cost_models(result) -> str:
     return f"prefill: {describe_cost_model(pre.cost.calibration)}; decode: {decode}"
 
 
+def _outside(costs) -> list | None:
+    seen = [c.overhead_outside_seqs for c in costs if c.overhead_outside_seqs is not None]
+    return [min(lo for lo, _ in seen), max(hi for _, hi in seen)] if seen else None
+
+
 def num_gpus(s) -> int:
     """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
     if get_policy(s.engine.policy).pools:
@@ -145,6 +150,10 @@ def summarize(result) -> dict:
         "simsrv_cost_model": _cost_models(result),
         "simsrv_extrapolated_steps": sum(c.num_extrapolated_steps for c in _costs(result)),
         "simsrv_lm_head_extrapolated": any(c.lm_head_extrapolated for c in _costs(result)),
+        "simsrv_engine_profile": dep.cost.engine.describe(),
+        # scheduled-sequence counts [min, max] whose engine overhead used the per-sequence term
+        # outside the profile's measured batch range (null: none did)
+        "simsrv_overhead_outside_batch_range": _outside(_costs(result)),
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
     })

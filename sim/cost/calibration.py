@@ -135,19 +135,6 @@ class Calibration:
         return self.allreduce[key]
 
 
-def default_efficiencies(cal: Calibration | None, base, tp: int = 1):
-    """``base`` (an ``Efficiencies``) with the calibrated engine overheads, when fitted: a
-    fixed cost per step (plus one per extra tensor-parallel worker) and a cost per scheduled
-    sequence (vidur CPU overhead profile)."""
-    if cal is None or not cal.overhead:
-        return base
-    from dataclasses import replace
-
-    o = cal.overhead
-    step = o["step_s"] + o.get("step_per_extra_tp_s", 0.0) * (tp - 1)
-    return replace(base, step_overhead_s=step, per_seq_overhead_s=o["per_seq_s"])
-
-
 def calibration_dir() -> Path:
     return Path(str(resources.files("sim.catalog").joinpath("calibration")))
 

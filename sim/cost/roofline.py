@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from sim.batch import Batch
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration
+from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.fit import prefill_pairs
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
@@ -44,8 +45,6 @@ class Efficiencies:
     memory: float = 0.8
     link: float = 0.8
     allreduce_latency_s: float = 10e-6  # aiconfigurator p2p_latency, NCCL launch + sync
-    step_overhead_s: float = 1.0e-3     # scheduler, input prep, launch per step (vidur CPU profile)
-    per_seq_overhead_s: float = 10e-6   # per scheduled sequence per step (vidur CPU profile slope)
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,13 @@ class RooflineCostModel:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
                  eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
-                 calibration: Calibration | None = None):
+                 calibration: Calibration | None = None, engine: EngineProfile | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Host-side step cost of the serving engine (sim/cost/engine_profile.py).
+        self.engine = engine or get_profile()
+        # Largest / smallest scheduled-sequence count whose overhead used the per-sequence term
+        # outside the profile's measured batch range (None: never); read into result.json.
+        self.overhead_outside_seqs: tuple[int, int] | None = None
         self.eff = eff or Efficiencies()
         m, e = model, self.eff
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
@@ -287,10 +291,20 @@ class RooflineCostModel:
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
-        overhead = self.overhead_s(b.num_decode_seqs + len(b.prefill_chunks)) if tokens else 0.0
-        return (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
-                self._attn_decode_s(b.num_decode_seqs, decode_context, decode_eff), elem,
-                ar, lm, sampling, overhead)
+        parts = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
+                 self._attn_decode_s(b.num_decode_seqs, decode_context, decode_eff), elem, ar, lm, sampling)
+        overhead = self._step_overhead_s(sum(parts), b) if tokens else 0.0
+        return (*parts, overhead)
+
+    def _step_overhead_s(self, gpu_s: float, b: Batch) -> float:
+        """The engine profile's cost of this step beyond its kernels (the one place overhead
+        enters a step); notes a batch outside the profile's measured range."""
+        n = b.num_decode_seqs + len(b.prefill_chunks)
+        eng = self.engine
+        if eng.outside_range(n):
+            lo, hi = self.overhead_outside_seqs or (n, n)
+            self.overhead_outside_seqs = (min(lo, n), max(hi, n))
+        return eng.overhead_s(gpu_s, n, bool(b.prefill_chunks), self.tp, self.model.num_layers)
 
     # -- public ---------------------------------------------------------------------------------
     def prefill_alone_s(self, tokens: int, context_tokens: int, completing: bool) -> float:
@@ -304,9 +318,10 @@ class RooflineCostModel:
             t += self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
         return t
 
-    def overhead_s(self, num_seqs: int) -> float:
-        """Engine overhead of a step scheduling ``num_seqs`` sequences (fixed + per sequence)."""
-        return self.eff.step_overhead_s + self.eff.per_seq_overhead_s * num_seqs
+    def overhead_s(self, num_seqs: int, has_prefill: bool = True) -> float:
+        """Engine overhead reported for a step of ``num_seqs`` sequences whose total is known
+        (TTFT breakdown; ``EngineProfile.attributed_s``)."""
+        return self.engine.attributed_s(num_seqs, has_prefill, self.tp)
 
     def step_time(self, batch: Batch) -> StepCost:
         """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total."""
