@@ -155,6 +155,10 @@ from sim.cli_sweep import capacity, sweep  # noqa: E402
 app.command("sweep")(sweep)
 app.command("capacity")(capacity)
 
+from sim.cli_validate import validate  # noqa: E402
+
+app.command("validate")(validate)
+
 from sim.cli_report import register as register_reports  # noqa: E402
 
 register_reports(app)

@@ -1,0 +1,228 @@
+"""``simsrv validate``: published measurements (``validation/*.yaml``) against simulated ones.
+
+Why: users decide purchases from simsrv's numbers, so its error against real engines must be
+visible (issue 10 section 4). Each YAML file is one published case (source, settings,
+assumptions) with rows: a scenario that reproduces the measurement (the case's ``base`` deep-
+merged with the row's ``scenario``), the metric, the measured value, the tolerance, the level
+(step: one step, one kernel or a fixed batch; request: serving metrics under a workload;
+ordering: simulated values must rank as the measured ones do) and the role (calibration rows
+may have fitted a free parameter, held-out rows never did). ``err = simulated / measured - 1``.
+Rows the simulator cannot reproduce yet are listed with their reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import UserError
+
+LEVELS = ("step", "request", "ordering")
+DEFAULT_TOLERANCE = {"step": 0.20, "request": 0.25, "ordering": 0.0}
+
+
+def validation_dir() -> Path:
+    """``validation/`` at the repository's top level (next to the ``sim`` package)."""
+    return Path(__file__).resolve().parent.parent / "validation"
+
+
+@dataclass
+class Row:
+    id: str
+    case: str
+    level: str
+    metric: str
+    measured: float | None
+    tolerance: float
+    role: str
+    source: str
+    scenario: dict | None = None
+    allreduce: dict | None = None
+    order: list[str] = field(default_factory=list)
+    status: str = "ok"
+    reason: str = ""
+    simulated: float | None = None
+
+    @property
+    def err(self) -> float | None:
+        if self.simulated is None or not self.measured:
+            return None
+        return self.simulated / self.measured - 1.0
+
+    @property
+    def within(self) -> bool | None:
+        e = self.err
+        if e is None:
+            return None
+        return e == 0.0 if self.level == "ordering" else abs(e) <= self.tolerance
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def load_rows(directory: Path | None = None) -> list[Row]:
+    """Every row of every case file, in file order."""
+    from sim.yamlfile import read_yaml
+
+    d = Path(directory) if directory is not None else validation_dir()
+    files = sorted(d.glob("*.yaml"))
+    if not files:
+        raise UserError(f"{d}: no validation case files (*.yaml)")
+    rows: list[Row] = []
+    for f in files:
+        c = read_yaml(f, "validation case")
+        if not isinstance(c, dict) or "case" not in c or "rows" not in c:
+            raise UserError(f"{f}: a validation case needs 'case' and 'rows'")
+        for r in c["rows"]:
+            level = r.get("level")
+            if level not in LEVELS:
+                raise UserError(f"{f}: row {r.get('id')}: level must be one of {', '.join(LEVELS)}")
+            if r.get("role", "held-out") not in ("calibration", "held-out"):
+                raise UserError(f"{f}: row {r['id']}: role must be calibration or held-out")
+            tol = r.get("tolerance", c.get("tolerance", DEFAULT_TOLERANCE[level]))
+            scen = None
+            if "scenario" in r or ("allreduce" not in r and level != "ordering"):
+                scen = _merge(c.get("base") or {}, r.get("scenario") or {})
+                scen.setdefault("name", r["id"].replace("/", "_"))
+            rows.append(Row(id=r["id"], case=c["case"], level=level, metric=r["metric"],
+                            measured=1.0 if level == "ordering" else float(r["measured"]),
+                            tolerance=float(tol), role=r.get("role", "held-out"), source=c.get("source", ""),
+                            scenario=scen, allreduce=r.get("allreduce"), order=list(r.get("order") or []),
+                            status=r.get("status", "ok"), reason=r.get("reason", "")))
+    ids = [r.id for r in rows]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise UserError(f"{d}: duplicate validation row ids: {', '.join(sorted(dup))}")
+    known = set(ids)
+    for r in rows:
+        missing = [o for o in r.order if o not in known]
+        if missing:
+            raise UserError(f"{d}: ordering row {r.id} names unknown rows: {', '.join(missing)}")
+    return rows
+
+
+def select(rows: list[Row], case: str | None) -> list[Row]:
+    """Rows of ``case`` (a case id such as VC-03, a row id, or a row-id prefix); all when None."""
+    if case is None:
+        return rows
+    picked = [r for r in rows if r.case == case or r.id == case or r.id.startswith(case.rstrip("/") + "/")]
+    if not picked:
+        cases = sorted({r.case for r in rows})
+        raise UserError(f"--case {case}: no such case or row; cases: {', '.join(cases)}")
+    return picked
+
+
+def _metric(summary: dict, metric: str) -> float:
+    if metric == "output_tok_per_s_per_gpu":
+        return summary["output_throughput"] / summary["simsrv_num_gpus"]
+    v = summary.get(metric)
+    if v is None:
+        raise UserError(f"validation metric {metric}: not in the run's summary")
+    return float(v)
+
+
+class Runner:
+    """Runs each distinct scenario once (rows sharing a scenario share its run)."""
+
+    def __init__(self, directory: Path | None = None):
+        self.dir = Path(directory) if directory is not None else validation_dir()
+        self._runs: dict[str, dict] = {}
+
+    def summary(self, scen: dict) -> dict:
+        from sim.run import run_scenario
+        from sim.scenario import scenario_from_dict
+        from sim.summary import summarize
+
+        key = json.dumps({k: v for k, v in scen.items() if k != "name"}, sort_keys=True, default=str)
+        hit = self._runs.get(key)
+        if hit is None:
+            s = scenario_from_dict(copy.deepcopy(scen), f"validation {scen.get('name')}", base_dir=str(self.dir))
+            hit = self._runs[key] = summarize(run_scenario(s))
+        return hit
+
+    def simulate(self, row: Row) -> float:
+        if row.allreduce is not None:
+            return allreduce_ms(**row.allreduce)
+        return _metric(self.summary(row.scenario), row.metric)
+
+
+def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") -> float:
+    """One all-reduce of ``size_bytes`` as the default (calibrated) cost model charges it: its
+    per-step all-reduce time of the token count that makes that message, over the step's
+    2 x layers all-reduces (NOTE: ``model`` only sets the bytes per token, hidden x 2)."""
+    from sim.cost.calibration import load_calibration
+    from sim.cost.roofline import RooflineCostModel
+    from sim.hardware import get_gpu
+    from sim.models import get_model
+
+    m, g = get_model(model), get_gpu(gpu)
+    tokens = size_bytes / (m.hidden_size * m.dtype_bytes)
+    if tokens != int(tokens):
+        raise UserError(f"validation all-reduce of {size_bytes} bytes: not a whole number of {model} tokens")
+    cm = RooflineCostModel(m, g, tp, calibration=load_calibration(g.key))
+    _, ar_s, _ = cm._per_tokens(int(tokens))
+    return ar_s / (2 * m.num_layers) * 1e3
+
+
+def run_validation(case: str | None = None, directory: Path | None = None, progress=None) -> list[Row]:
+    """Simulate the selected rows (and the rows their orderings name); return the selection."""
+    rows = load_rows(directory)
+    by_id = {r.id: r for r in rows}
+    chosen = select(rows, case)
+    needed = {r.id for r in chosen} | {o for r in chosen for o in r.order}
+    runner = Runner(directory)
+    todo = [r for r in rows if r.id in needed and r.level != "ordering" and r.status == "ok"]
+    for i, r in enumerate(todo):
+        r.simulated = runner.simulate(r)
+        if progress is not None:
+            progress(i + 1, len(todo), r.id)
+    for r in chosen:
+        if r.level == "ordering" and r.status == "ok":
+            vals = [by_id[o].simulated for o in r.order]
+            if any(v is None for v in vals):
+                r.status, r.reason = "not-reproducible", "a row it ranks is not reproducible"
+            else:
+                r.simulated = 1.0 if all(a < b for a, b in zip(vals, vals[1:])) else 0.0
+    return chosen
+
+
+def _stats(errs: list[float]) -> dict:
+    if not errs:
+        return {"median_abs_err": None, "p90_abs_err": None}
+    a = np.abs(np.array(errs))
+    return {"median_abs_err": float(np.median(a)), "p90_abs_err": float(np.percentile(a, 90))}
+
+
+def summarize_rows(rows: list[Row]) -> dict:
+    ran = [r for r in rows if r.simulated is not None]
+    out = {lvl: _stats([r.err for r in ran if r.level == lvl]) for lvl in ("step", "request")}
+    orders = [r for r in ran if r.level == "ordering"]
+    out["ordering"] = {"correct": sum(1 for r in orders if r.simulated == 1.0), "total": len(orders)}
+    return out
+
+
+def to_json(rows: list[Row]) -> dict:
+    """The documented ``--json`` document (rows that ran only; see ``not_reproduced``)."""
+    ran = [r for r in rows if r.simulated is not None]
+    return {"cases": [{"id": r.id, "level": r.level, "metric": r.metric, "measured": r.measured,
+                       "simulated": r.simulated, "err": r.err} for r in ran],
+            "summary": summarize_rows(rows)}
+
+
+def not_reproduced(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if r.simulated is None]
+
+
+def fmt_value(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.3f}" if abs(v) < 1 else f"{v:,.1f}"

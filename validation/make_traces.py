@@ -1,0 +1,35 @@
+"""Build-time generator of validation/traces/*.csv (not used at run time).
+
+VC-23 (Sarathi-Serve Table 4, openchat_sharegpt4 part): 128 requests drawn without replacement
+(numpy seed 0) from Sarathi-Serve's processed trace ``sharegpt_8k_filtered_stats_llama2_tokenizer.csv``
+(microsoft/sarathi-serve @ 72339db5, data/processed_traces/, Apache-2.0; also in the vidur 0.0.26
+sdist, MIT), with Poisson arrivals at 1.0 req/s (seed 0), written in vidur's trace format.
+NOTE: the artifact's own 128-request sample and arrival seed are not published; this is one draw.
+
+    python validation/make_traces.py /path/to/sharegpt_8k_filtered_stats_llama2_tokenizer.csv
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+
+def main(src: str) -> None:
+    df = pl.read_csv(src)
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(df), size=128, replace=False)
+    rows = df[idx.tolist()]
+    arrivals = np.cumsum(rng.exponential(1.0, size=128)) - 0.0
+    arrivals -= arrivals[0]
+    out = pl.DataFrame({"arrived_at": np.round(arrivals, 6), "num_prefill_tokens": rows["num_prefill_tokens"],
+                        "num_decode_tokens": rows["num_decode_tokens"]})
+    dest = Path(__file__).parent / "traces" / "vc23_openchat_qps1_128.csv"
+    out.write_csv(dest)
+    print(f"wrote {dest}: prompt median {int(out['num_prefill_tokens'].median())}, "
+          f"output median {int(out['num_decode_tokens'].median())}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
