@@ -93,11 +93,15 @@ def load_rows(directory: Path | None = None) -> list[Row]:
             if "scenario" in r or ("allreduce" not in r and level != "ordering"):
                 scen = _merge(c.get("base") or {}, r.get("scenario") or {})
                 scen.setdefault("name", r["id"].replace("/", "_"))
+            status, reason = r.get("status", "ok"), r.get("reason", "")
+            missing = [k for k in (r.get("requires") or c.get("requires") or []) if not scenario_key_exists(k)]
+            if status == "ok" and missing:
+                status, reason = "not-reproducible", f"needs scenario key {', '.join(missing)} (not on this version)"
             rows.append(Row(id=r["id"], case=c["case"], level=level, metric=r["metric"],
                             measured=1.0 if level == "ordering" else float(r["measured"]),
                             tolerance=float(tol), role=r.get("role", "held-out"), source=c.get("source", ""),
                             scenario=scen, allreduce=r.get("allreduce"), order=list(r.get("order") or []),
-                            status=r.get("status", "ok"), reason=r.get("reason", "")))
+                            status=status, reason=reason))
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
@@ -108,6 +112,22 @@ def load_rows(directory: Path | None = None) -> list[Row]:
         if missing:
             raise UserError(f"{d}: ordering row {r.id} names unknown rows: {', '.join(missing)}")
     return rows
+
+
+def scenario_key_exists(dotted: str) -> bool:
+    """Whether ``dotted`` (e.g. ``engine.quantization``) is a key this version's scenarios accept."""
+    from pydantic import BaseModel
+
+    from sim.scenario import Scenario
+
+    cls = Scenario
+    for part in dotted.split("."):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            return False
+        ann = cls.model_fields[part].annotation
+        cls = next((a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel)),
+                   ann)
+    return True
 
 
 def select(rows: list[Row], case: str | None) -> list[Row]:
