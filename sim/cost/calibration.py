@@ -126,7 +126,9 @@ class Calibration:
 
     @property
     def calibrated_ops(self) -> tuple[str, ...]:
-        return tuple(op for op in CALIBRATED_OPS if op in self.raw)
+        # NOTE: the file's "overhead" fit is no longer read by the cost model: a step's engine
+        # overhead comes from the scenario's engine profile (sim/cost/engine_profile.py).
+        return tuple(op for op in CALIBRATED_OPS if op in self.raw and op != "overhead")
 
     def allreduce_curve(self, tp: int) -> Curve | None:
         if not self.allreduce:
@@ -156,6 +158,6 @@ def describe(cal: Calibration | None) -> str:
     """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated."""
     if cal is None:
         return "roofline (default efficiencies, uncalibrated)"
-    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops]
+    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op != "overhead"]
     s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
     return s + (f"; roofline only: {', '.join(rest)}" if rest else "")
