@@ -3,8 +3,10 @@
 Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
 waits the plan's step time and applies ``on_step_done``. A fast-forwarded run of identical
 decode steps is interrupted by an arrival and cut at the step boundary after it, where an
-engine would let the new request in. Disaggregation is a topology (sim/topology.py), not a
-mode inside one scheduler.
+engine would let the new request in. The cost model may cover only a run's first steps (one
+piece along which step times follow a smooth curve: ``sim/cost/runs.py``); the replica runs
+those and plans again, so a run costs what its steps cost one at a time. Disaggregation is a
+topology (sim/topology.py), not a mode inside one scheduler.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
+from sim.cost.runs import run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
 from sim.recorder import Recorder
@@ -24,13 +27,14 @@ from sim.ttft import SoloPrefill, account_step
 from sim.workload.arrays import RequestArrays
 
 
-def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int) -> int:
-    """Smallest j in [1, k] whose cumulative time reaches ``elapsed_s`` (steps evenly spaced
-    from ``first_s`` to ``last_s``): the step running at ``elapsed_s`` is allowed to finish."""
+def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_s: float = 0.0) -> int:
+    """Smallest j in [1, k] whose cumulative time (``run_sum_s``: steps from ``first_s`` to
+    ``last_s``, bent by ``curve_s``) reaches ``elapsed_s``: the step running at ``elapsed_s``
+    is allowed to finish. The straight line's root is the first guess."""
     slope = (last_s - first_s) / (k - 1) if k > 1 else 0.0
 
     def cum(j: int) -> float:
-        return j * first_s + slope * j * (j - 1) / 2.0
+        return run_sum_s(j, first_s, last_s, k, curve_s)
 
     if slope > 1e-18:
         a, b = slope / 2.0, first_s - slope / 2.0
@@ -108,7 +112,6 @@ class Replica:
 
     def _loop(self):
         env, sched, rec = self.env, self.scheduler, self.recorder
-        count_extrapolated = getattr(self.cost, "count_extrapolated", None)
         while True:
             plan = sched.schedule(env.now)
             if plan is None:
@@ -116,10 +119,12 @@ class Replica:
                 yield self._wake
                 self._wake = None
                 continue
-            k = plan.num_steps
             # requests in prefill with no chunk in this step wait through it (TTFT decomposition)
             prefilling = list(sched.prefilling.values()) if len(sched.prefilling) > len(plan.chunks) else ()
-            first, last = self.cost.run_durations_s(plan.batch)
+            # the cost model may cover only the run's first steps (its affine piece): run those,
+            # then plan again (the scheduler takes back the rest's KV blocks)
+            rc = self.cost.run_cost(plan.batch)
+            first, last, k, curve = rc.first_s, rc.last_s, rc.num_steps, rc.curve_s
             if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
                 first += plan.swap_blocks * self.swap_s_per_block
                 last = first
@@ -128,21 +133,22 @@ class Replica:
             if k > 1:
                 self._interruptible = True
                 try:
-                    yield env.timeout(k * (first + last) / 2.0)
+                    yield env.timeout(run_sum_s(k, first, last, k, curve))
                 except simpy.Interrupt:
-                    done = steps_within(env.now - start, first, last, k)
-                    slope = (last - first) / (k - 1)
-                    end = start + done * first + slope * done * (done - 1) / 2.0
+                    done = steps_within(env.now - start, first, last, k, curve)
+                    end = start + run_sum_s(done, first, last, k, curve)
                     if end > env.now:
                         yield env.timeout(end - env.now)
-                    last = first + slope * (done - 1)
+                    last = run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve)
                 self._interruptible = False
             else:
                 yield env.timeout(first)
             if plan.chunks or prefilling:
                 account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost, self._solo)
-            if count_extrapolated is not None:
-                count_extrapolated(done)
+            if rc.extrapolated:
+                rec.count_extrapolated(self.index, done)
+            if rc.lm_head_extrapolated:
+                rec.lm_head_extrapolated = True
             kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),

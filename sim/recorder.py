@@ -23,6 +23,13 @@ class Recorder:
         # (step duration counted once in the step log, the true gap that replaces it) for a
         # request whose first decode step came after waiting with its KV elsewhere
         self.itl_adjust: list[tuple[float, float]] = []
+        # Engine steps whose shapes fell outside the measured range of a calibrated operator
+        # (they took the nearest measured efficiency), per replica: ``simsrv_extrapolated_steps``.
+        self.extrapolated_steps: dict[int, int] = {}
+        self.lm_head_extrapolated = False  # the LM head's shape was, on some step
+
+    def count_extrapolated(self, replica: int, num_steps: int) -> None:
+        self.extrapolated_steps[replica] = self.extrapolated_steps.get(replica, 0) + num_steps
 
     def step(self, row: tuple) -> None:
         self.steps.append(row)

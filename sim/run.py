@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
@@ -34,6 +34,9 @@ class RunResult:
     schedulers: list = field(default_factory=list)
     itl_adjust: list[tuple[float, float]] = field(default_factory=list)
     transfers: dict = field(default_factory=dict)
+    # engine steps run at shapes outside a calibrated table, per replica index (sim/recorder.py)
+    extrapolated_steps: dict[int, int] = field(default_factory=dict)
+    lm_head_extrapolated: bool = False
 
     @property
     def peak_kv_usage(self) -> float:
@@ -67,11 +70,19 @@ def _request_frame(reqs) -> pl.DataFrame:
     }, nan_to_null=False)
 
 
-def _disaggregated(scenario: Scenario, router):
+def _capped(dep: Deployment, max_run_steps: int | None) -> Deployment:
+    if max_run_steps is None:
+        return dep
+    return replace(dep, limits=replace(dep.limits, max_run_steps=max_run_steps))
+
+
+def _disaggregated(scenario: Scenario, router, max_run_steps: int | None = None):
     """Schedulers and a topology factory for ``policy: disaggregated``."""
     d = scenario.disaggregation or Disaggregation()
-    pdep = build_deployment(scenario, d.prefill.gpu, d.prefill.tensor_parallel_size, "disaggregation.prefill")
-    ddep = build_deployment(scenario, d.decode.gpu, d.decode.tensor_parallel_size, "disaggregation.decode")
+    pdep = _capped(build_deployment(scenario, d.prefill.gpu, d.prefill.tensor_parallel_size,
+                                    "disaggregation.prefill"), max_run_steps)
+    ddep = _capped(build_deployment(scenario, d.decode.gpu, d.decode.tensor_parallel_size,
+                                    "disaggregation.decode"), max_run_steps)
     prefill = [pdep.new_scheduler(PrefillScheduler) for _ in range(d.prefill.replicas)]
     decode = [ddep.new_scheduler(DecodeScheduler) for _ in range(d.decode.replicas)]
     kv_bytes_per_token = ddep.model.kv_bytes_per_token(ddep.kv_dtype_bytes)
@@ -88,8 +99,10 @@ def _disaggregated(scenario: Scenario, router):
 
 
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
-                 workload: RequestArrays | None = None) -> RunResult:
+                 workload: RequestArrays | None = None, max_run_steps: int | None = None) -> RunResult:
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end.
+    ``max_run_steps`` caps a fast-forwarded run of decode steps (1: every step planned and
+    costed alone; the exactness check of tests/test_fastforward.py and bench/fastforward.py).
 
     The cyclic garbage collector is paused meanwhile: the run builds millions of acyclic
     objects, and each full collection would rescan all live requests and step records (25-30%
@@ -97,13 +110,13 @@ def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _run(scenario, progress, workload)
+        return _run(scenario, progress, workload, max_run_steps)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _run(scenario: Scenario, progress, workload: RequestArrays | None) -> RunResult:
+def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_steps: int | None) -> RunResult:
     t0 = time.perf_counter()
     router = make_router(scenario.cluster.router)
     from sim.workload.build import closed_loop, should_stream, stream_workload
@@ -115,13 +128,13 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None) -> RunRes
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     transfers: dict = {}
     if get_policy(scenario.engine.policy).pools:
-        dep, schedulers, factory = _disaggregated(scenario, router)
+        dep, schedulers, factory = _disaggregated(scenario, router, max_run_steps)
         reqs, rec = simulate(arrays, progress=cb, topology=factory, **loop)
         links = factory.topology.links
         transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links),
                      "prefill_deployment": factory.prefill_deployment}
     else:
-        dep = build_deployment(scenario)
+        dep = _capped(build_deployment(scenario), max_run_steps)
         n = scenario.cluster.replicas
         schedulers = [dep.new_scheduler(scenario.engine.policy) for _ in range(n)]
         reqs, rec = simulate(arrays, schedulers, [dep.cost] * n, router, cb, swap_s_per_block=dep.swap_s_per_block,
@@ -132,4 +145,5 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None) -> RunRes
         arrays = RequestArrays(frame["arrival_s"].to_numpy(), frame["input_tokens"].to_numpy(),
                                frame["output_tokens"].to_numpy())
     return RunResult(scenario, dep, arrays, frame, steps, rec.resume_gaps_s,
-                     time.perf_counter() - t0, schedulers, rec.itl_adjust, transfers)
+                     time.perf_counter() - t0, schedulers, rec.itl_adjust, transfers,
+                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated)

@@ -148,8 +148,8 @@ def summarize(result) -> dict:
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
         "simsrv_cost_model": _cost_models(result),
-        "simsrv_extrapolated_steps": sum(c.num_extrapolated_steps for c in _costs(result)),
-        "simsrv_lm_head_extrapolated": any(c.lm_head_extrapolated for c in _costs(result)),
+        "simsrv_extrapolated_steps": sum(result.extrapolated_steps.values()),
+        "simsrv_lm_head_extrapolated": result.lm_head_extrapolated,
         "simsrv_engine_profile": dep.cost.engine.describe(),
         # scheduled-sequence counts [min, max] whose engine overhead used the per-sequence term
         # outside the profile's measured batch range (null: none did)

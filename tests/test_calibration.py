@@ -125,26 +125,22 @@ def test_gpu_without_measurements_is_roofline_only():
     assert "roofline only: elementwise" in describe(load_calibration("h200"))  # no vidur layers for H200
 
 
-def test_extrapolated_steps_are_counted():
-    """The simulator counts the steps it runs at a shape outside the measured range (a run
-    cut short by an arrival counts the steps it ran, not those planned)."""
+def test_extrapolated_shapes_are_flagged():
+    """The cost model flags a step whose shape lies outside the measured range (the replica
+    counts the steps it runs with it: tests/test_fastforward.py)."""
     cm = _cm("llama-2-7b", "a100-80g")  # A100 GEMMs measured up to m = 8192
-    cm.run_durations_s(Batch(prefill_chunks=((4096, 0),), num_logits=1))
-    cm.count_extrapolated(1)
-    assert cm.num_extrapolated_steps == 0
-    cm.run_durations_s(Batch(prefill_chunks=((16000, 0),), num_logits=1))
-    cm.count_extrapolated(1)
-    cm.run_durations_s(Batch(num_decode_seqs=4, decode_context_tokens=4000, num_logits=4, num_steps=7))
-    cm.count_extrapolated(3)
-    assert cm.num_extrapolated_steps == 1
+    assert not cm.run_cost(Batch(prefill_chunks=((4096, 0),), num_logits=1)).extrapolated
+    assert cm.run_cost(Batch(prefill_chunks=((16000, 0),), num_logits=1)).extrapolated
+    assert not cm.run_cost(Batch(num_decode_seqs=4, decode_context_tokens=4000, num_logits=4, num_steps=7)).extrapolated
 
 
 def test_calibrated_run_of_k_steps_equals_sum_of_single_steps():
     cm = _cm("llama-3-8b", "h100-sxm")
     b, ctx, k = 37, 37 * 700, 20
-    first, last = cm.run_durations_s(Batch(num_decode_seqs=b, decode_context_tokens=ctx, num_logits=b, num_steps=k))
     total = cm.step_time(Batch(num_decode_seqs=b, decode_context_tokens=ctx, num_logits=b, num_steps=k)).total_s
-    assert k * (first + last) / 2 == pytest.approx(total, rel=1e-12)
+    singles = sum(cm.step_time(Batch(num_decode_seqs=b, decode_context_tokens=ctx + j * b, num_logits=b)).total_s
+                  for j in range(k))
+    assert total == pytest.approx(singles, rel=1e-7)
 
 
 def test_result_reports_cost_model_and_engine_overrides(tmp_path):

@@ -63,8 +63,9 @@ def test_run_of_k_steps_equals_sum_of_single_steps(cm):
     singles = sum(cm.step_time(Batch(num_decode_seqs=b, decode_context_tokens=ctx + j * b, num_logits=b)).total_s
                   for j in range(k))
     assert total == pytest.approx(singles, rel=1e-12)
-    first, last = cm.run_durations_s(Batch(num_decode_seqs=b, decode_context_tokens=ctx, num_logits=b, num_steps=k))
-    assert k * (first + last) / 2 == pytest.approx(total, rel=1e-12)
+    rc = cm.run_cost(Batch(num_decode_seqs=b, decode_context_tokens=ctx, num_logits=b, num_steps=k))
+    assert rc.num_steps == k and abs(rc.curve_s) < 1e-15  # the roofline run is one straight piece
+    assert k * (rc.first_s + rc.last_s) / 2 == pytest.approx(total, rel=1e-12)
 
 
 def test_tensor_parallel_adds_two_allreduces_per_layer():

@@ -6,6 +6,7 @@ import pytest
 
 from sim.batch import Batch
 from sim.cluster import simulate
+from sim.cost.runs import RunCost
 from sim.kv import KVBlockManager
 from sim.policies import EngineLimits
 from sim.policies.continuous import ContinuousScheduler
@@ -18,8 +19,8 @@ class ConstantCost:
     def __init__(self, d_s: float):
         self.d_s = d_s
 
-    def run_durations_s(self, batch: Batch):
-        return self.d_s, self.d_s
+    def run_cost(self, batch: Batch) -> RunCost:
+        return RunCost(self.d_s, self.d_s, batch.num_steps, False, False)
 
     def overhead_s(self, num_seqs: int) -> float:
         return 0.0

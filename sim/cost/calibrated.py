@@ -10,10 +10,12 @@ measured efficiency and are flagged; the cost model counts such steps.
 
 from __future__ import annotations
 
-from sim.cost.calibration import Calibration
 import math
+from bisect import bisect_right
 
-from sim.cost.fit import ELEM_BYTES_PER_WIDTH, fa2_split_kv
+from sim.cost.calibration import Calibration
+from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, fa2_split_kv
+from sim.cost.tables import bracket
 
 
 class CalibratedOps:
@@ -34,6 +36,7 @@ class CalibratedOps:
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
+        self._cell_cache: dict[tuple[int, int], tuple | bool] = {}
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
@@ -90,7 +93,45 @@ class CalibratedOps:
         return self.prefill_grid[0].eff(num_chunks, max(1.0, equivalent_tokens))
 
     def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
-        return self.decode_grid[0].eff(num_seqs, max(1.0, context_per_seq))
+        """``Grid2.eff`` of the decode table, in closed form per table cell: between two
+        measured contexts log(efficiency) is linear in the axis coordinate u (piecewise-linear
+        rows, blended linearly in log batch), so a cell is two numbers, memoised per (batch,
+        cell); a step then costs one log and one exp (this runs for every decode step)."""
+        grid = self.decode_grid[0]
+        x = context_per_seq if context_per_seq > 1.0 else 1.0
+        nodes = grid.b_nodes
+        k = bisect_right(nodes, x) - 1
+        key = (num_seqs, k)
+        cell = self._cell_cache.get(key)
+        if cell is None:
+            cell = self._cell_cache[key] = self._decode_cell(num_seqs, k)
+        if cell is False:  # a cubic row: no closed form
+            return grid.eff(num_seqs, x)
+        a, b, out = cell
+        return math.exp(a + b * grid.rows[0].axis.u(x)) if b else math.exp(a), out or x < nodes[0] or x > nodes[-1]
+
+    def _decode_cell(self, num_seqs: int, k: int):
+        """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
+        (k = -1 below its first context, len - 1 at or beyond its last: clamped, b = 0)."""
+        grid = self.decode_grid[0]
+        i, wa, oa = bracket(grid.la, math.log(num_seqs))
+        rows = [(grid.rows[i], 1.0)] if wa == 0.0 or len(grid.rows) == 1 else \
+            [(grid.rows[i], 1.0 - wa), (grid.rows[i + 1], wa)]
+        a = b = 0.0
+        for r, w in rows:
+            if r.m is not None:
+                return False
+            lx, ly = r.lx, r.ly
+            if k < 0 or len(ly) == 1:
+                ra, rb = ly[0], 0.0
+            elif k >= len(ly) - 1:
+                ra, rb = ly[-1], 0.0
+            else:
+                rb = (ly[k + 1] - ly[k]) / (lx[k + 1] - lx[k])
+                ra = ly[k] - rb * lx[k]
+            a += w * ra
+            b += w * rb
+        return a, b, oa
 
     def decode_combine_s(self, num_seqs: int, context_per_seq: float) -> float:
         """Per-layer seconds of FA2's split-KV combine kernel, when this decode splits (the
@@ -99,12 +140,37 @@ class CalibratedOps:
         ds = self.decode_split
         if not ds:
             return 0.0
-        key = (num_seqs, math.ceil(max(1.0, context_per_seq) / ds["block"]))
+        return ds["combine_s"] if self._splits(num_seqs, math.ceil(max(1.0, context_per_seq) / ds["block"])) else 0.0
+
+    def _splits(self, num_seqs: int, num_blocks: int) -> bool:
+        ds = self.decode_split
+        key = (num_seqs, num_blocks)
         hit = self._split_cache.get(key)
         if hit is None:
-            hit = self._split_cache[key] = fa2_split_kv(num_seqs, self.heads, self.kv_heads, key[1] * ds["block"],
+            hit = self._split_cache[key] = fa2_split_kv(num_seqs, self.heads, self.kv_heads, num_blocks * ds["block"],
                                                         ds["sms"], ds["block"])
-        return ds["combine_s"] if hit else 0.0
+        return hit
+
+    def decode_smooth_end(self, num_seqs: int, ctx_first: float, ctx_last: float, kv_scale: float) -> float:
+        """The largest context per sequence in [``ctx_first``, ``ctx_last``] up to which decode
+        attention is one smooth piece from ``ctx_first``: no node of the efficiency table
+        (looked up at ``kv_scale`` x the context) and no change of FA2's split decision (a KV
+        block boundary where the combine kernel starts or stops) lies before it."""
+        end = ctx_last
+        nodes = self.decode_grid[0].b_nodes
+        m = bisect_right(nodes, ctx_first * kv_scale)
+        if m < len(nodes):
+            end = min(end, nodes[m] / kv_scale)
+        if self.decode_split and self.heads > self.kv_heads:  # FA2 splits grouped-query decode only
+            block = self.decode_split["block"]
+            nb = math.ceil(max(1.0, ctx_first) / block)
+            split = self._splits(num_seqs, nb)
+            while nb * block < end:
+                nb += 1
+                if self._splits(num_seqs, nb) != split:
+                    end = (nb - 1) * block
+                    break
+        return end
 
     def describe(self) -> dict:
         return {

@@ -15,14 +15,11 @@ import numpy as np
 import polars as pl
 
 from sim.cost.calibration import Calibration
+from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, fa2_num_splits, fa2_split_kv, prefill_pairs  # noqa: F401
 from sim.hardware import GPUSpec
 
 ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add": "add", "attn_rope": "rope",
              "mlp_act": "act", "mlp_act_gated": "act_gated"}
-# Bytes moved per token per unit of row width, 2-byte activations: a norm reads and writes the
-# row; a residual add reads two rows and writes one; rotary reads and writes q and k; a gated
-# activation reads gate and up (2 I) and writes I; a plain one reads I and writes I.
-ELEM_BYTES_PER_WIDTH = {"norm": 4, "add": 6, "rope": 4, "act_gated": 6, "act": 4}
 # Streaming multiprocessors per GPU: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100: 108
 # SMs); NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5: 132 SMs; H200 is the same
 # GH100 configuration, 132); NVIDIA Blackwell datasheet / architecture brief (B200: 148); NVIDIA
@@ -36,16 +33,9 @@ GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
 # Decode kernels that follow FlashAttention-2's split-KV dispatch (``fa2_num_splits``); FA3
 # (Hopper, ``vllm_flash_attn_fa3``) has its own heuristic and is not modelled.
 FA2_DECODE_KERNELS = ("vllm_flash_attn",)
-FA2_BLOCK_N = 128        # FA2 set_params_splitkv: block_n = 128 for head_dim 65..128
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
 HOLDOUT_KEY = {"gemm": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
-
-
-def prefill_pairs(c, x):
-    """Causal (query, key) pairs of a chunk of c new tokens after x cached ones:
-    c * (x + (c + 1) / 2) (FlashAttention-2, Dao 2023: causal attention is half the square)."""
-    return c * (x + (c + 1) / 2.0)
 
 
 def equivalent_prefill_tokens(pairs):
@@ -62,36 +52,6 @@ def wave_factor(m, n, sms: int, tile) -> np.ndarray | float:
     tm, tn = tile
     tiles = np.ceil(np.asarray(m, dtype=float) / tm) * np.ceil(np.asarray(n, dtype=float) / tn)
     return np.ceil(tiles / sms) * sms * tm * tn / (np.asarray(m, dtype=float) * np.asarray(n, dtype=float))
-
-
-def fa2_num_splits(bnh: int, slots: int, nblk: int, max_splits: int = 128) -> int:
-    """FlashAttention-2's split-KV count (flash_api.cpp ``num_splits_heuristic``, Dao 2023;
-    Flash-Decoding): no split when batch x heads x m-blocks fills 80% of the CTA slots
-    (2 per SM); otherwise the fewest splits whose wave efficiency is within 85% of the best."""
-    if bnh >= 0.8 * slots or nblk <= 1:
-        return 1
-    top = min(max_splits, slots, nblk)
-    eff, best = [0.0] * (top + 1), 0.0
-    for s in range(1, top + 1):
-        if s == 1 or -(-nblk // s) != -(-nblk // (s - 1)):
-            w = bnh * s / slots
-            eff[s] = w / math.ceil(w)
-            best = max(best, eff[s])
-    for s in range(1, top + 1):
-        if (s == 1 or -(-nblk // s) != -(-nblk // (s - 1))) and eff[s] >= 0.85 * best:
-            return s
-    return 1
-
-
-def fa2_split_kv(batch: int, heads: float, kv_heads: float, kv_len: float, sms: int, block: int = FA2_BLOCK_N) -> bool:
-    """Whether FA2 decode over ``kv_len`` cached tokens runs split-KV, i.e. launches the second
-    (combine) kernel. vLLM's ``mha_varlen_fwd`` applies split-KV only to decode with grouped
-    queries (``seqlenq_ngroups_swapped``: heads > kv_heads, the query groups folded into the
-    m dimension, so batch x kv_heads x ceil(groups / 64) CTAs before splitting)."""
-    if heads <= kv_heads:
-        return False
-    bnh = int(batch) * int(round(kv_heads)) * math.ceil(heads / kv_heads / 64.0)
-    return fa2_num_splits(bnh, 2 * sms, math.ceil(kv_len / block)) > 1
 
 
 def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:

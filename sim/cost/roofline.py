@@ -21,7 +21,8 @@ from sim.batch import Batch
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
-from sim.cost.fit import prefill_pairs
+from sim.cost.runs import RunCost, affine_steps, run_sum_s
+from sim.cost.shapes import prefill_pairs
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
 
@@ -29,6 +30,7 @@ OPS = (
     "gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "attn_prefill", "attn_decode",
     "elementwise", "allreduce", "lm_head", "sampling", "overhead",
 )
+ATTN_DECODE = OPS.index("attn_decode")  # the only operator whose cost changes along a decode run
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,6 @@ class RooflineCostModel:
         self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
         self._tok_cache: dict[int, tuple[float, float, bool]] = {}
         self.calibration = calibration
-        # Engine steps whose shapes fell outside the measured range of a calibrated operator
-        # (they took the nearest measured efficiency); read into ``simsrv_extrapolated_steps``.
-        self.num_extrapolated_steps = 0
-        self.last_extrapolated = False
-        self.lm_head_extrapolated = False
         self.cops = None if calibration is None else CalibratedOps(
             calibration, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
@@ -111,11 +108,17 @@ class RooflineCostModel:
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
-        self._flag = False  # set by the operators of the step being computed
+        # NOTE: the model is pure: a public call returns its flags with its durations. These two
+        # are scratch registers of one synchronous call (reset on entry, never read afterwards):
+        # an operator outside the measured range of its table sets them.
+        self._flag = False      # the step's shape lies outside a calibrated table
+        self._lm_flag = False   # the LM head's does (reported once per run, not per step)
+        # Decode attention is looked up at the context of equal bytes in the tables' KV dtype.
+        self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         self._lm_cache: dict[int, tuple[float, bool]] = {}
-        self._decode_cache: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        self._decode_cache: dict[tuple[int, int], tuple[float, bool]] = {}
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
@@ -164,8 +167,8 @@ class RooflineCostModel:
             self._flag = saved
         # NOTE: the vocabulary-wide LM-head GEMM (n = vocab / TP) is wider than any measured
         # GEMM table row for most models; it takes the nearest measured efficiency on every
-        # step, so it is reported once (lm_head_extrapolated), not counted per step.
-        self.lm_head_extrapolated |= hit[1]
+        # step, so it is reported once per run (``RunCost.lm_head_extrapolated``), not per step.
+        self._lm_flag |= hit[1]
         return hit[0]
 
     def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
@@ -204,19 +207,38 @@ class RooflineCostModel:
         bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
 
-    def _attn_decode_s(self, num_seqs: int, context_tokens: float, cal_eff: tuple[float, float] | None = None) -> float:
+    def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
-        calibration, ``cal_eff`` = (efficiency, combine s): the raw bound over the efficiency
-        measured at this batch size and mean context, plus FA2's split-KV combine kernel when
-        the step splits (both held for a fast-forwarded run, so its steps stay affine)."""
+        calibration: the raw bound over the efficiency measured at this batch size and this
+        step's own mean context per sequence, plus FA2's split-KV combine kernel when the step
+        splits. Memoised by (sequences, total context): a step's cost is a function of its own
+        shape only, so a fast-forwarded run costs what its single steps cost (``run_cost``)."""
         if not num_seqs:
             return 0.0
+        if self.cops is not None and self.cops.decode_grid is not None:
+            key = (num_seqs, context_tokens)
+            hit = self._decode_cache.get(key)
+            if hit is None:
+                hit = self._attn_decode_cal(num_seqs, context_tokens)
+                if len(self._decode_cache) < 500_000:
+                    self._decode_cache[key] = hit
+            self._flag |= hit[1]
+            return hit[0]
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
-        L = self.model.num_layers
-        if cal_eff is not None:
-            return L * (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / cal_eff[0] + cal_eff[1])
-        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+        return self.model.num_layers * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+
+    def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
+        flops = 4.0 * self.heads * self.model.head_dim * context_tokens
+        bytes_ = context_tokens * self.kv_layer_bytes + 2 * n * self.q_dim * self.dtype_bytes
+        ctx = context_tokens / n
+        # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
+        # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
+        # (at short contexts, latency-bound, its step then costs what a bf16 step does).
+        # FA2's split decision counts KV blocks of tokens, whatever their dtype.
+        e, out = self.cops.decode_eff(n, ctx * self._kv_scale)
+        t = max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e + self.cops.decode_combine_s(n, ctx)
+        return self.model.num_layers * t, out
 
     def _allreduce_s(self, tokens: int) -> float:
         """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
@@ -248,29 +270,7 @@ class RooflineCostModel:
         self._tok_cache[tokens] = hit = (elem, ar, flag)
         return hit
 
-    DECODE_CTX_BUCKET = 16  # tokens
-
-    def _decode_eff(self, b: Batch) -> tuple[float, float] | None:
-        """(efficiency, combine s) measured at this batch size and mean context per sequence.
-        NOTE: the mean context is rounded to 16 tokens (one KV block) so the lookup is memoised;
-        the efficiency curve moves by well under 1% over 16 tokens of context."""
-        if self.cops is None or self.cops.decode_grid is None or not b.num_decode_seqs:
-            return None
-        bucket = self.DECODE_CTX_BUCKET
-        # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
-        # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
-        # (at short contexts, latency-bound, its step then costs what a bf16 step does).
-        scale = self.kv_dtype_bytes / self.dtype_bytes
-        key = (b.num_decode_seqs, int(b.decode_context_tokens / b.num_decode_seqs * scale / bucket + 0.5))
-        hit = self._decode_cache.get(key)
-        if hit is None:
-            ctx = max(1.0, key[1] * bucket)
-            e, out = self.cops.decode_eff(b.num_decode_seqs, ctx)
-            hit = self._decode_cache[key] = (e, self.cops.decode_combine_s(b.num_decode_seqs, ctx), out)
-        self._flag |= hit[2]
-        return hit[0], hit[1]
-
-    def _components(self, b: Batch, decode_context: float, decode_eff: tuple[float, float] | None = None) -> tuple[float, ...]:
+    def _components(self, b: Batch, decode_context: int) -> tuple[float, ...]:
         tokens = b.num_tokens
         if tokens:
             if self._gemm_cal and tokens not in self._gemm_cache:
@@ -292,7 +292,7 @@ class RooflineCostModel:
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
         parts = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
-                 self._attn_decode_s(b.num_decode_seqs, decode_context, decode_eff), elem, ar, lm, sampling)
+                 self._attn_decode_s(b.num_decode_seqs, decode_context), elem, ar, lm, sampling)
         overhead = self._step_overhead_s(sum(parts), b) if tokens else 0.0
         return (*parts, overhead)
 
@@ -310,7 +310,7 @@ class RooflineCostModel:
     def prefill_alone_s(self, tokens: int, context_tokens: int, completing: bool) -> float:
         """Compute seconds of one prompt chunk run alone (no decodes, no engine overhead): the
         same operators as ``step_time`` of that one-chunk batch, without building it."""
-        self._flag = False
+        self._flag = self._lm_flag = False
         qkv, o, up, down = self._gemms(tokens)
         elem, ar, _ = self._per_tokens(tokens)
         t = qkv + o + up + down + elem + ar + self._attn_prefill_s(((tokens, context_tokens),))
@@ -324,39 +324,91 @@ class RooflineCostModel:
         return self.engine.attributed_s(num_seqs, has_prefill, self.tp)
 
     def step_time(self, batch: Batch) -> StepCost:
-        """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total."""
-        self._flag = False
-        de = self._decode_eff(batch)
-        first = self._components(batch, batch.decode_context_tokens, de)
-        self._count(batch)
-        if batch.num_steps == 1:
-            return StepCost(dict(zip(OPS, first)))
-        last = self._components(batch, self._last_context(batch), de)
-        k = batch.num_steps
-        return StepCost({op: k * (a + z) / 2.0 for op, a, z in zip(OPS, first, last)})
+        """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total
+        (decode attention and the engine overhead change along a run: summed over pieces)."""
+        self._flag = self._lm_flag = False
+        first = self._components(batch, batch.decode_context_tokens)
+        ops = dict(zip(OPS, first))
+        if batch.num_steps > 1:
+            k = batch.num_steps
+            ops = {op: k * t for op, t in ops.items()}
+            n = batch.num_decode_seqs
+            attn = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
+                       self._pieces(batch, lambda c: self._attn_decode_s(n, c), first[ATTN_DECODE]))
+            total = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
+                        self._pieces(batch, self._run_step_fn(batch, first), sum(first)))
+            ops["overhead"] = total - sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead")) - attn
+            ops["attn_decode"] = attn
+        return StepCost(ops)
+
+    def run_cost(self, batch: Batch) -> RunCost:
+        """The first ``num_steps`` steps of ``batch`` (all of them, or the longest prefix along
+        which step time follows one smooth curve of the context within ``RUN_REL_TOL``): first
+        and last step seconds, their bend (``RunCost.curve_s``), and whether the shape lies
+        outside a calibrated table. The caller runs that prefix (``sim.cost.runs.run_sum_s``),
+        then plans again."""
+        self._flag = self._lm_flag = False
+        parts = self._components(batch, batch.decode_context_tokens)
+        first = sum(parts)
+        if batch.num_steps == 1 or not batch.num_decode_seqs:
+            return RunCost(first, first, 1, self._flag, self._lm_flag)
+        j, a, z, q = next(self._pieces(batch, self._run_step_fn(batch, parts), first))
+        return RunCost(first, z, j, self._flag, self._lm_flag, q)
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
-        """(first step, last step) seconds. Step time is affine in the decode context, which
-        grows by ``num_decode_seqs`` per step, so a run's steps are evenly spaced between them."""
-        self._flag = False
-        de = self._decode_eff(batch)
-        first = sum(self._components(batch, batch.decode_context_tokens, de))
-        # the caller counts the steps it actually runs (a run may be cut short by an arrival)
-        self.last_extrapolated = self._flag
-        if batch.num_steps == 1:
-            return first, first
-        return first, sum(self._components(batch, self._last_context(batch), de))
+        """(first step, last step) seconds of ``batch``, each at its own context."""
+        self._flag = self._lm_flag = False
+        parts = self._components(batch, batch.decode_context_tokens)
+        last = batch.decode_context_tokens + (batch.num_steps - 1) * batch.num_decode_seqs
+        return sum(parts), self._run_step_fn(batch, parts)(last)
 
-    def _count(self, batch: Batch) -> None:
-        if self._flag:
-            self.num_extrapolated_steps += batch.num_steps
+    def _run_step_fn(self, b: Batch, parts: tuple[float, ...]):
+        """Step seconds of ``b`` as a function of its total decode context: every kernel but
+        decode attention is fixed along a run; the engine overhead follows the GPU time."""
+        n, has_prefill, L = b.num_decode_seqs, bool(b.prefill_chunks), self.model.num_layers
+        rest = sum(parts[:ATTN_DECODE]) + sum(parts[ATTN_DECODE + 1:-1])  # kernels but decode attention
+        eng, tp = self.engine, self.tp
 
-    def count_extrapolated(self, num_steps: int) -> None:
-        """Count ``num_steps`` run at the shape of the last ``run_durations_s`` call, if that
-        shape lay outside the measured range."""
-        if self.last_extrapolated:
-            self.num_extrapolated_steps += num_steps
+        def step_s(context_tokens: int) -> float:
+            g = rest + self._attn_decode_s(n, context_tokens)
+            return g + eng.overhead_s(g, n, has_prefill, tp, L)
 
-    @staticmethod
-    def _last_context(b: Batch) -> float:
-        return b.decode_context_tokens + (b.num_steps - 1) * b.num_decode_seqs
+        # the step's total is max(gpu, knee) (+ serial CPU): it bends where gpu crosses the knee
+        launch = 0.0 if eng.graphed(n, has_prefill) else L * eng.eager_launch_per_layer_s
+        knee = max(launch, eng.cpu_s(n, has_prefill, tp)) if eng.overlap_cpu else launch
+        step_s.kinked = lambda c: rest + self._attn_decode_s(n, c) >= knee
+        return step_s
+
+    def _pieces(self, b: Batch, f, f0: float):
+        """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run,
+        for ``f`` (seconds as a function of the total decode context; ``f0`` at the first
+        step). A piece never crosses a node of the efficiency table, a change of FA2's split
+        decision (where decode attention bends or jumps) or the engine overhead's knee (where
+        the GPU time overtakes the host's), and within one its steps deviate from the straight
+        line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
+        n, c, left = b.num_decode_seqs, b.decode_context_tokens, b.num_steps
+        a = f0
+        kinked = getattr(f, "kinked", None)
+        while left:
+            j = left
+            if self.cops is not None and self.cops.decode_grid is not None:
+                x0 = c / n
+                end = self.cops.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
+                j = min(left, int(end - x0 + 1e-9) + 1)
+            if kinked is not None and j > 1:
+                side = kinked(c)
+                if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
+                    lo, hi = 1, j - 1
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if kinked(c + (mid - 1) * n) == side:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    j = lo
+            j, z, q = affine_steps(f, c, n, j, a, a)
+            yield j, a, z, q
+            c += j * n
+            left -= j
+            if left:
+                a = f(c)

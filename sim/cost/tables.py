@@ -139,10 +139,11 @@ class Grid2:
     ``Curve`` on ``axis_b`` (linear or PCHIP); missing nodes (None) are filled along b from
     their neighbours first, so every row is a usable curve."""
 
-    __slots__ = ("la", "rows")
+    __slots__ = ("la", "rows", "b_nodes")
 
     def __init__(self, a_vals, b_vals, log_eff, axis_b: Axis = LOG, cubic: bool = False):
         self.la = [math.log(a) for a in a_vals]
+        self.b_nodes = sorted(b_vals)  # where the interpolant along b may bend (cost/runs.py)
         rows = []
         for row in log_eff:
             c = Curve(b_vals, row, axis_b)

@@ -1,0 +1,52 @@
+"""Kernel-shape helpers shared by the per-step cost model and the fitter (``sim/cost/fit.py``).
+
+Why: the simulator's hot path (``roofline.py``, ``calibrated.py``) needs a few shape formulas
+that the fit also uses; they live here so the hot path does not import the fitter (numpy,
+polars, 300+ lines of table fitting). Plain Python, no dependencies.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Bytes moved per token per unit of row width, 2-byte activations: a norm reads and writes the
+# row; a residual add reads two rows and writes one; rotary reads and writes q and k; a gated
+# activation reads gate and up (2 I) and writes I; a plain one reads I and writes I.
+ELEM_BYTES_PER_WIDTH = {"norm": 4, "add": 6, "rope": 4, "act_gated": 6, "act": 4}
+FA2_BLOCK_N = 128        # FA2 set_params_splitkv: block_n = 128 for head_dim 65..128
+
+
+def prefill_pairs(c, x):
+    """Causal (query, key) pairs of a chunk of c new tokens after x cached ones:
+    c * (x + (c + 1) / 2) (FlashAttention-2, Dao 2023: causal attention is half the square)."""
+    return c * (x + (c + 1) / 2.0)
+
+
+def fa2_num_splits(bnh: int, slots: int, nblk: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's split-KV count (flash_api.cpp ``num_splits_heuristic``, Dao 2023;
+    Flash-Decoding): no split when batch x heads x m-blocks fills 80% of the CTA slots
+    (2 per SM); otherwise the fewest splits whose wave efficiency is within 85% of the best."""
+    if bnh >= 0.8 * slots or nblk <= 1:
+        return 1
+    top = min(max_splits, slots, nblk)
+    eff, best = [0.0] * (top + 1), 0.0
+    for s in range(1, top + 1):
+        if s == 1 or -(-nblk // s) != -(-nblk // (s - 1)):
+            w = bnh * s / slots
+            eff[s] = w / math.ceil(w)
+            best = max(best, eff[s])
+    for s in range(1, top + 1):
+        if (s == 1 or -(-nblk // s) != -(-nblk // (s - 1))) and eff[s] >= 0.85 * best:
+            return s
+    return 1
+
+
+def fa2_split_kv(batch: int, heads: float, kv_heads: float, kv_len: float, sms: int, block: int = FA2_BLOCK_N) -> bool:
+    """Whether FA2 decode over ``kv_len`` cached tokens runs split-KV, i.e. launches the second
+    (combine) kernel. vLLM's ``mha_varlen_fwd`` applies split-KV only to decode with grouped
+    queries (``seqlenq_ngroups_swapped``: heads > kv_heads, the query groups folded into the
+    m dimension, so batch x kv_heads x ceil(groups / 64) CTAs before splitting)."""
+    if heads <= kv_heads:
+        return False
+    bnh = int(batch) * int(round(kv_heads)) * math.ceil(heads / kv_heads / 64.0)
+    return fa2_num_splits(bnh, 2 * sms, math.ceil(kv_len / block)) > 1
