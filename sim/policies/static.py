@@ -31,7 +31,7 @@ class StaticScheduler(Scheduler):
             full = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
             if reserved + full > free:
                 break
-            if not self._try_admit(req, plan, budget, now):
+            if self._try_admit(req, plan, budget, now) <= 0:
                 break
             reserved += full
 
