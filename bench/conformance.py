@@ -13,7 +13,8 @@ venv: see bench/README.md), from the repository root::
 
     python bench/conformance.py [CASE ...] [--json OUT]
 
-Cases: chat, kv_pressure, long_prefill, multi_turn, max_num_seqs, budget_small, budget_large.
+Cases: chat, kv_pressure, long_prefill, multi_turn, multi_turn_pressure, kv_pressure_no_caching,
+max_num_seqs, budget_small, budget_large.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _simple(name, seed, n, rate, prompt, output, **kw) -> Case:
     return Case(name, requests=reqs, **kw)
 
 
-def _multi_turn(seed: int) -> Case:
+def _multi_turn(seed: int, name: str = "multi_turn", num_blocks: int = 3000, start_gap: float = 25.0) -> Case:
     import numpy as np
 
     from sim.workload.sessions import session_requests
@@ -70,14 +71,15 @@ def _multi_turn(seed: int) -> Case:
     num_sessions = 60
     turns = rng.integers(2, 6, num_sessions)
     total = int(turns.sum())
-    start = np.cumsum(rng.exponential(25.0, num_sessions))
+    start = np.cumsum(rng.exponential(start_gap, num_sessions))
     new = rng.integers(50, 400, total)
     out = rng.integers(20, 200, total)
-    gaps = rng.exponential(150.0, total)
+    # the next turn comes after the answer (a client waits for it), then a think time
+    gaps = np.concatenate([[0], out[:-1]]) + 100 + rng.exponential(100.0, total)
     arrival, inp, outp, hashes, _ = session_requests(start, turns, new, out, gaps, BLOCK_SIZE)
     order = np.argsort(arrival, kind="stable")
     reqs = [(int(arrival[i]), int(inp[i]), int(outp[i]), hashes[i]) for i in order]
-    return Case("multi_turn", num_blocks=3000, max_num_seqs=64, max_num_batched_tokens=2048, requests=reqs)
+    return Case(name, num_blocks=num_blocks, max_num_seqs=64, max_num_batched_tokens=2048, requests=reqs)
 
 
 def _u(lo: int, hi: int):
@@ -98,6 +100,11 @@ CASES = {  # name -> builder (built on demand)
                                 num_blocks=3000, max_num_seqs=64, max_num_batched_tokens=1024,
                                 long_prefill_token_threshold=256),
         "multi_turn": lambda: _multi_turn(4),
+        # evictions and preemptions with prefix caching: the free queue's order decides hits
+        "multi_turn_pressure": lambda: _multi_turn(8, "multi_turn_pressure", num_blocks=700, start_gap=8.0),
+        "kv_pressure_no_caching": lambda: _simple("kv_pressure_no_caching", 2, 300, 0.3, u(200, 1200), u(100, 400),
+                                                  num_blocks=500, max_num_seqs=128, max_num_batched_tokens=2048,
+                                                  prefix_caching=False),
         "max_num_seqs": lambda: _simple("max_num_seqs", 5, 300, 0.5, u(20, 300), u(50, 200),
                                 num_blocks=4000, max_num_seqs=8, max_num_batched_tokens=2048),
         "budget_small": lambda: _simple("budget_small", 6, 200, 0.05, u(50, 1500), u(20, 200),

@@ -6,6 +6,7 @@ figures before/after the V1 rules are recorded in bench/README.md.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,8 +32,11 @@ def _synthetic(engine: dict, synthetic: dict):
 
 def long_context() -> None:
     out = {}
+    caching = os.environ.get("PREFIX_CACHING")  # "false": the V1 rules without prefix caching
     for dtype in ("auto", "fp8"):
         sets = {} if dtype == "auto" else {"engine.kv_cache_dtype": "fp8"}
+        if caching:
+            sets["engine.enable_prefix_caching"] = caching
         r = _run("scenarios/long_context.yaml", sets)
         req, steps = r.requests, r.steps
         done = req.filter(req["status"] == "completed")
@@ -47,7 +51,7 @@ def long_context() -> None:
 def long_prefill_threshold() -> None:
     """20% 8k-token prompts, 80% short ones, threshold 512 under a 2048-token budget."""
     r = _synthetic({"policy": "chunked", "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 512},
-                   {"num_requests": 2000, "request_rate": 4,
+                   {"num_requests": 2000, "request_rate": float(os.environ.get("RATE", 8)),
                     "input_tokens": {"dist": "mixture", "components": [
                         {"weight": 0.8, "dist": "uniform", "min": 100, "max": 400},
                         {"weight": 0.2, "dist": "fixed", "value": 8000}]},
