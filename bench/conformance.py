@@ -14,7 +14,7 @@ venv: see bench/README.md), from the repository root::
     python bench/conformance.py [CASE ...] [--json OUT]
 
 Cases: chat, kv_pressure, long_prefill, multi_turn, multi_turn_pressure, kv_pressure_no_caching,
-max_num_seqs, budget_small, budget_large.
+long_context, long_context_no_caching, max_num_seqs, budget_small, budget_large.
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ CASES = {  # name -> builder (built on demand)
         "kv_pressure_no_caching": lambda: _simple("kv_pressure_no_caching", 2, 300, 0.3, u(200, 1200), u(100, 400),
                                                   num_blocks=500, max_num_seqs=128, max_num_batched_tokens=2048,
                                                   prefix_caching=False),
+        # scenarios/long_context.yaml scaled down: chunked long prompts thrashing a small KV cache
+        "long_context": lambda: _simple("long_context", 9, 200, 0.05, u(2500, 3500), u(300, 500),
+                                        num_blocks=1500, max_num_seqs=256, max_num_batched_tokens=2048),
+        "long_context_no_caching": lambda: _simple("long_context_no_caching", 9, 200, 0.05, u(2500, 3500),
+                                                   u(300, 500), num_blocks=1500, max_num_seqs=256,
+                                                   max_num_batched_tokens=2048, prefix_caching=False),
         "max_num_seqs": lambda: _simple("max_num_seqs", 5, 300, 0.5, u(20, 300), u(50, 200),
                                 num_blocks=4000, max_num_seqs=8, max_num_batched_tokens=2048),
         "budget_small": lambda: _simple("budget_small", 6, 200, 0.05, u(50, 1500), u(20, 200),

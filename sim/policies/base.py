@@ -152,7 +152,23 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         budget = self.limits.max_num_batched_tokens
         plan = StepPlan(1, 0, 0, 0)
-        if self.prefilling or ds.num_seqs > budget or ds.blocks_next_step() > kv.num_free:
+        if self.prefilling and not self._everyone_fits(budget):
+            budget = self._schedule_running(plan, budget, now)
+        elif self.prefilling:  # all running requests get their tokens: order cannot matter
+            plan.decode_blocks = ds.blocks_next_step()
+            kv.allocate_blocks(plan.decode_blocks)
+            budget -= ds.num_seqs
+            thr = self.limits.long_prefill_token_threshold
+            for req in self.prefilling.values():
+                n = req.prefill_target - req.num_computed
+                if 0 < thr < n:
+                    n = thr
+                kv.allocate(req, req.num_computed + n)
+                kv.cache(req, req.num_computed + n)
+                plan.chunks.append((req, n))
+                plan.chunk_contexts.append(req.num_computed)
+                budget -= n
+        elif ds.num_seqs > budget or ds.blocks_next_step() > kv.num_free:
             budget = self._schedule_running(plan, budget, now)
         elif ds.num_seqs:  # only decodes, all fitting: all of them, as the loop would
             plan.decode_blocks = ds.blocks_next_step()
@@ -175,6 +191,19 @@ class Scheduler:
         plan.decode_blocks = ds.blocks_needed(k)
         kv.allocate_blocks(plan.decode_blocks)
         return plan
+
+    def _everyone_fits(self, budget: int) -> bool:
+        """Whether every running request's tokens and blocks for the next step fit at once."""
+        ds, bs = self.decode, self.kv.block_size
+        thr = self.limits.long_prefill_token_threshold
+        tokens, blocks = ds.num_seqs, ds.blocks_next_step()
+        for req in self.prefilling.values():
+            n = req.prefill_target - req.num_computed
+            if 0 < thr < n:
+                n = thr
+            tokens += n
+            blocks += blocks_for(req.num_computed + n, bs) - req.num_blocks
+        return tokens <= budget and blocks <= self.kv.num_free
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         """The running requests one by one (vLLM's loop over ``self.running``); returns the
