@@ -1,12 +1,23 @@
-"""Paged KV-cache block accounting (Kwon et al. 2023, "Efficient Memory Management for LLM
-Serving with PagedAttention"), with vLLM's automatic prefix caching.
+"""Paged KV-cache blocks (Kwon et al. 2023, "Efficient Memory Management for LLM Serving with
+PagedAttention") with automatic prefix caching, as vLLM V1's KVCacheManager and BlockPool
+(vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_manager.py).
 
-Why: KV capacity, not weights, bounds concurrency; running out forces preemption. Only counts
-are kept (which physical block holds what changes no timing). With prefix caching, a full
-block of a prompt is identified by the hash chain of its tokens (vLLM ``hash_block_tokens``):
-blocks whose chain is cached are reused instead of recomputed; a cached block nobody
-references stays resident but counts as free, and is evicted least-recently-used only when an
-allocation needs the space.
+Why: KV capacity, not weights, bounds concurrency; running out forces preemption, and which
+cached blocks survive decides prefix hits. V1 semantics kept here:
+- every full block of a request, generated tokens included, is cached under the hash chain of
+  its tokens, as soon as it is scheduled (``allocate_slots`` caches up to the scheduled tokens);
+- a cached block nobody references stays resident in the free queue and counts as free;
+  allocation pops the queue's head, evicting what it pops;
+- a request's blocks are freed in reverse order (its tail block enters the queue first, so it
+  is evicted first and the prefix survives longest);
+- a hit never covers the last token: at least one token is computed.
+Only what changes timing is kept: blocks without a reusable hash are counted, not named.
+NOTE: a request's own blocks past its shared prefix (a unique prompt, its generated tokens) can
+only be hit by itself after a preemption; they are kept as one run per request in the free
+queue, evicted tail first, as V1's reversed free order does block by block.
+NOTE: blocks filled while a request is in the aggregate decode set are published when it leaves
+the set (finish, preemption); V1 publishes each as it fills. Only a request that looks up
+another's generated tokens while they are still being generated would see the difference.
 """
 
 from __future__ import annotations
@@ -22,10 +33,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def prefix_keys(req: Request, block_size: int) -> list:
-    """Cache keys of the prompt's full KV blocks: the hash chain up to the block's last token.
+    """Cache keys of the full blocks that ``req.hash_ids`` describe: the hash chain up to each
+    block's last token (vLLM ``hash_block_tokens``).
 
-    ``req.hash_ids`` holds one id per ``hash_block_size`` tokens (Mooncake: 512); a block's
-    key is (chain of ids up to the one holding its last token, offset inside that id).
+    ``req.hash_ids`` holds one id per ``hash_block_size`` tokens (Mooncake: 512); a block's key
+    is (chain of ids up to the one holding its last token, offset inside that id). The ids cover
+    the prompt, or the prompt and the answer when there are more ids than the prompt needs (the
+    multi-turn generator gives a turn the ids of its answer, which the next turn's prompt repeats).
+    Blocks past the described tokens are the request's own (unique content).
     """
     if req.prefix_keys is None:
         keys: list = []
@@ -35,7 +50,10 @@ def prefix_keys(req: Request, block_size: int) -> list:
             for hid in req.hash_ids:
                 c = hash((c, int(hid)))
                 chain.append(c)
-            full = min(len(chain) * h, req.prompt_tokens) // block_size
+            described = req.prompt_tokens
+            if len(chain) > blocks_for(req.prompt_tokens, h):
+                described = req.prompt_tokens + req.output_tokens
+            full = min(len(chain) * h, described) // block_size
             for j in range(full):
                 last = (j + 1) * block_size - 1
                 keys.append((chain[last // h], last % h))
@@ -43,126 +61,256 @@ def prefix_keys(req: Request, block_size: int) -> list:
     return req.prefix_keys
 
 
+class Block:
+    """A cached block with a reusable hash (a shared prefix): referenced by ``ref`` requests."""
+
+    __slots__ = ("key", "ref")
+    count = 1
+
+    def __init__(self, key) -> None:
+        self.key = key
+        self.ref = 1
+
+
+class Run:
+    """``count`` blocks in the free queue: plain ones (``owner`` None, nothing to hit), or a
+    freed request's own cached blocks, which only that request can hit, lowest first."""
+
+    __slots__ = ("count", "owner")
+
+    def __init__(self, count: int, owner: "Table | None" = None) -> None:
+        self.count = count
+        self.owner = owner
+
+
+class Table:
+    """One request's block table: the shared-prefix blocks it references, then
+    ``num_own_cached`` cached blocks of its own, then uncached ones (``Request.num_blocks`` in
+    all). ``freed`` is its run of own cached blocks left in the free queue after a free."""
+
+    __slots__ = ("request_id", "shared", "num_own_cached", "freed")
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        self.shared: list[Block] = []
+        self.num_own_cached = 0
+        self.freed: Run | None = None
+
+
 class KVBlockManager:
-    """Counts the blocks of one replica (all its tensor-parallel GPUs together)."""
+    """The blocks of one replica (all its tensor-parallel GPUs together) and their owners."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.num_used = 0          # blocks referenced by running requests (shared ones once)
-        self.peak_used = 0
         self.prefix_caching = enable_prefix_caching
-        self.num_cached_free = 0   # cached blocks no request references (evictable, free)
-        self._refs: dict = {}      # cache key -> number of running requests referencing it
-        self._lru: OrderedDict = OrderedDict()  # evictable keys, least recently released first
+        self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
+        self.peak_used = 0
+        self._queue: OrderedDict = OrderedDict({Run(num_blocks): None})  # free queue, head first
+        self._cached: dict = {}      # key -> blocks holding it (V1 keeps duplicates), first used
+        self.tables: dict[int, Table] = {}  # request id -> block table
         self.num_evicted = 0
-        self.query_tokens = 0      # prompt tokens looked up in the prefix cache
-        self.hit_tokens = 0        # of which found cached
+        self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
+        self.hit_tokens = 0          # of which found cached
 
     @property
-    def num_free(self) -> int:
-        """Blocks an allocation can get: never used, or cached but unreferenced."""
-        return self.num_blocks - self.num_used
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
 
-    # -- allocation -----------------------------------------------------------------------------
-    def allocate(self, request: Request, num_tokens: int) -> bool:
-        """Grow ``request``'s blocks to cover ``num_tokens`` slots; False (no change) if full."""
-        need = blocks_for(num_tokens, self.block_size) - request.num_blocks
-        if need <= 0:
-            return True
-        if need > self.num_free:
-            return False
-        request.num_blocks += need
-        self._take(need)
-        return True
+    @property
+    def num_cached(self) -> int:
+        """Blocks with a reusable hash in the cache (referenced or evictable)."""
+        return sum(len(v) for v in self._cached.values())
+
+    def table(self, req: Request) -> Table:
+        t = self.tables.get(req.request_id)
+        if t is None:
+            t = self.tables[req.request_id] = Table(req.request_id)
+        return t
+
+    # -- free queue -----------------------------------------------------------------------------
+    def _take(self, n: int) -> None:
+        """Pop ``n`` blocks from the head of the free queue, evicting cached ones popped."""
+        if n > self.num_free:
+            raise AssertionError(f"KV over-allocation: {n} > {self.num_free} free")
+        self.num_free -= n
+        q = self._queue
+        while n:
+            entry = next(iter(q))
+            if type(entry) is Block:
+                del q[entry]
+                same = self._cached[entry.key]
+                same.remove(entry)
+                if not same:
+                    del self._cached[entry.key]
+                self.num_evicted += 1
+                n -= 1
+                continue
+            k = min(n, entry.count)
+            entry.count -= k
+            n -= k
+            if entry.owner is not None:
+                self.num_evicted += k
+            if not entry.count:
+                del q[entry]
+                owner = entry.owner
+                if owner is not None:
+                    owner.freed = None
+                    if not owner.shared and not owner.num_own_cached:
+                        self.tables.pop(owner.request_id, None)  # nothing left to remember
+        used = self.num_blocks - self.num_free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def _append_plain(self, n: int) -> None:
+        q = self._queue
+        if q:
+            last = next(reversed(q))
+            if type(last) is Run and last.owner is None:
+                last.count += n
+                return
+        q[Run(n)] = None
 
     def allocate_blocks(self, n: int) -> None:
         """Take ``n`` blocks for the aggregate decode set (the caller checked they are free)."""
-        if n > self.num_free:
-            raise AssertionError(f"KV over-allocation: {n} > {self.num_free} free")
         self._take(n)
 
     def release_blocks(self, n: int) -> None:
-        self.num_used -= n
+        """Give back blocks taken but not used (a decode run cut short) to the queue's head.
+        NOTE: V1 would not have popped them; the cached blocks they evicted stay evicted."""
+        if n:
+            self.num_free += n
+            run = Run(n)
+            self._queue[run] = None
+            self._queue.move_to_end(run, last=False)
 
-    def free(self, request: Request) -> None:
-        """Release a request's blocks; its cached prefix blocks stay resident, evictable."""
-        self.num_used -= request.num_blocks - request.num_shared_blocks
-        for key in request.cached_keys:
-            refs = self._refs[key] - 1
-            self._refs[key] = refs
-            if refs == 0:
-                self.num_used -= 1
-                self.num_cached_free += 1
-                self._lru[key] = None
-        request.cached_keys = []
-        request.num_shared_blocks = 0
-        request.num_blocks = 0
-
-    def _take(self, n: int) -> None:
-        self.num_used += n
-        overflow = self.num_used + self.num_cached_free - self.num_blocks
-        for _ in range(max(0, overflow)):  # evict least recently used cached blocks
-            key, _ = self._lru.popitem(last=False)
-            del self._refs[key]
-            self.num_cached_free -= 1
-            self.num_evicted += 1
-        if self.num_used > self.peak_used:
-            self.peak_used = self.num_used
-
-    # -- prefix cache ---------------------------------------------------------------------------
-    def lookup(self, request: Request) -> int:
-        """Cached blocks at the start of the prompt (at least one token is left to compute)."""
+    # -- requests -------------------------------------------------------------------------------
+    def lookup(self, req: Request) -> tuple[list[Block], int]:
+        """Cached blocks at the start of the request's tokens (prompt and any generated before a
+        preemption), at least one token left to compute (vLLM ``get_computed_blocks``):
+        the shared blocks found, and how many of its own freed blocks follow them."""
         if not self.prefix_caching:
-            return 0
-        keys = prefix_keys(request, self.block_size)
-        cap = min(len(keys), (request.prompt_tokens - 1) // self.block_size)
-        hit = 0
-        refs = self._refs
-        while hit < cap and keys[hit] in refs:
-            hit += 1
-        return hit
+            return [], 0
+        bs = self.block_size
+        cap = (req.prompt_tokens + req.num_generated - 1) // bs
+        keys = prefix_keys(req, bs)
+        hits: list[Block] = []
+        cached = self._cached
+        for key in keys[:cap]:
+            same = cached.get(key)
+            if not same:
+                return hits, 0
+            hits.append(same[0])
+        t = self.tables.get(req.request_id)
+        own = 0
+        if t is not None and t.freed is not None and len(hits) == len(keys):
+            own = min(t.freed.count, cap - len(hits))
+        return hits, own
 
-    def evictable_among(self, request: Request, hit: int) -> int:
-        """How many of the first ``hit`` cached blocks are unreferenced (free until reused)."""
-        keys = request.prefix_keys or ()
-        return sum(1 for k in keys[:hit] if self._refs[k] == 0)
+    def allocate(self, req: Request, num_tokens: int, hits: list[Block] = (), own_hits: int = 0) -> bool:
+        """Grow ``req``'s blocks to cover ``num_tokens`` slots, first taking the cache hits
+        ``hits`` / ``own_hits`` from ``lookup`` (vLLM ``allocate_slots``); False, with no change,
+        if the free blocks do not suffice (hits nobody references count as taken from them)."""
+        num_hit = len(hits) + own_hits
+        new = blocks_for(num_tokens, self.block_size) - req.num_blocks - num_hit
+        evictable = own_hits + sum(1 for b in hits if b.ref == 0)
+        if max(new, 0) + evictable > self.num_free:
+            return False
+        if num_hit:
+            t = self.table(req)
+            q = self._queue
+            for b in hits:
+                if b.ref == 0:
+                    del q[b]
+                    self.num_free -= 1
+                b.ref += 1
+            t.shared.extend(hits)
+            if own_hits:
+                run = t.freed
+                run.count -= own_hits
+                self.num_free -= own_hits
+                if not run.count:
+                    del q[run]
+                run.owner = None  # the rest (the tail) is recomputed: nothing left to hit there
+                t.freed = None
+                t.num_own_cached = own_hits
+            req.num_blocks += num_hit
+        if new > 0:
+            req.num_blocks += new
+            self._take(new)
+        elif num_hit:
+            used = self.num_blocks - self.num_free
+            if used > self.peak_used:
+                self.peak_used = used
+        return True
 
-    def acquire_prefix(self, request: Request, hit: int) -> None:
-        """Reference the first ``hit`` cached blocks: their tokens count as computed."""
-        keys = prefix_keys(request, self.block_size)[:hit] if hit else []
-        for key in keys:
-            refs = self._refs[key]
-            if refs == 0:
-                del self._lru[key]
-                self.num_cached_free -= 1
-                self.num_used += 1
-            self._refs[key] = refs + 1
-        request.cached_keys = list(keys)
-        request.num_shared_blocks = hit
-        request.num_blocks = hit
-        request.num_computed = hit * self.block_size
-        if self.num_used > self.peak_used:
-            self.peak_used = self.num_used
-
-    def register(self, request: Request) -> None:
-        """After a prefill, publish the prompt's full blocks not yet cached (they stay in use)."""
+    def cache(self, req: Request, num_tokens: int) -> None:
+        """Publish the request's full blocks among its first ``num_tokens`` tokens."""
         if not self.prefix_caching:
             return
-        keys = prefix_keys(request, self.block_size)
-        full = min(len(keys), request.prompt_tokens // self.block_size)
-        refs = self._refs
-        for j in range(request.num_shared_blocks, full):
-            key = keys[j]
-            if key not in refs:  # a block computed twice concurrently stays private
-                refs[key] = 1
-                request.cached_keys.append(key)
-                request.num_shared_blocks += 1
+        t = self.table(req)
+        full = num_tokens // self.block_size
+        done = len(t.shared) + t.num_own_cached
+        if full <= done:
+            return
+        keys = prefix_keys(req, self.block_size)
+        if done < len(keys) and not t.num_own_cached:
+            cached = self._cached
+            for key in keys[done:min(full, len(keys))]:
+                b = Block(key)
+                t.shared.append(b)
+                same = cached.get(key)
+                if same is None:
+                    cached[key] = [b]
+                else:
+                    same.append(b)
+            done = len(t.shared)
+        if full > done:
+            t.num_own_cached += full - done
 
-    def cached_prefix_blocks(self, request: Request) -> int:
+    def free(self, req: Request) -> None:
+        """Release a request's blocks, tail first; cached ones stay resident, evictable."""
+        t = self.tables.pop(req.request_id, None)
+        if t is None:
+            if req.num_blocks:
+                self.num_free += req.num_blocks
+                self._append_plain(req.num_blocks)
+            req.num_blocks = 0
+            return
+        plain = req.num_blocks - len(t.shared) - t.num_own_cached
+        freed = plain
+        if plain:
+            self._append_plain(plain)
+        if t.freed is not None:  # an older run of its own blocks, never hit again
+            t.freed.owner = None
+            t.freed = None
+        if t.num_own_cached:
+            run = Run(t.num_own_cached, t)
+            t.freed = run
+            self._queue[run] = None
+            freed += t.num_own_cached
+            t.num_own_cached = 0
+            self.tables[req.request_id] = t  # kept for the run: a resumed request may hit it
+        q = self._queue
+        for b in reversed(t.shared):
+            b.ref -= 1
+            if b.ref == 0:
+                q[b] = None
+                freed += 1
+        t.shared = []
+        self.num_free += freed
+        req.num_blocks = 0
+
+    def forget(self, req: Request) -> None:
+        """The request is done here for good: its own freed blocks can never be hit."""
+        t = self.tables.pop(req.request_id, None)
+        if t is not None and t.freed is not None:
+            t.freed.owner = None
+
+    def cached_prefix_blocks(self, req: Request) -> int:
         """Longest cached prefix for routing (prefix_affinity); in-use blocks count too."""
-        keys = prefix_keys(request, self.block_size)
+        keys = prefix_keys(req, self.block_size)
         hit = 0
-        while hit < len(keys) and keys[hit] in self._refs:
+        while hit < len(keys) and keys[hit] in self._cached:
             hit += 1
         return hit

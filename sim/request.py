@@ -21,7 +21,7 @@ class Request:
         "num_preemptions", "replica", "status", "fail_reason",
         "g_join", "step_join", "phase", "epoch", "in_decode",
         "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
-        "hash_ids", "hash_block_size", "prefix_keys", "cached_keys", "num_shared_blocks",
+        "hash_ids", "hash_block_size", "prefix_keys",
         "prefix_hit_tokens",
         "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
@@ -60,12 +60,11 @@ class Request:
         self.transfer_end_s = NAN
         self.decode_wait_s = NAN    # from KV arrival to decode admission (disaggregated)
         self.decode_rounds_waited = 0  # decode scheduling rounds that could not admit it
-        # prefix caching (see kv.py): block-hash chain of the prompt, cached blocks referenced
+        # prefix caching (see kv.py, whose KVBlockManager owns the block tables): block-hash
+        # ids of the prompt (and, for multi-turn sessions, of the answer), their cache keys
         self.hash_ids = None
         self.hash_block_size = 16
         self.prefix_keys = None
-        self.cached_keys: list = []
-        self.num_shared_blocks = 0
         self.prefix_hit_tokens = 0
         # TTFT decomposition (sim/ttft.py): parts that add up to first_token_s - arrival_s
         self.wait_mark_batch_s = 0.0

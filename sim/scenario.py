@@ -69,10 +69,10 @@ class Engine(_Strict):
     block_size: int = Field(16, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True   # vLLM V1 default
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     long_prefill_token_threshold: int = Field(0, ge=0)
-    max_num_partial_prefills: int = Field(1, ge=1)
+    max_num_partial_prefills: int = Field(0, ge=0)  # vLLM V0 knob; 0 = not enforced (V1)
     step_overhead_ms: Optional[float] = Field(None, ge=0)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)

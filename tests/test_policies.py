@@ -201,11 +201,11 @@ def test_prefix_cache_evicts_lru_only_when_needed():
     r.hash_ids, r.hash_block_size = np.arange(4), 16
     s.add_request(r, 0.0)
     s.on_step_done(s.schedule(0.0), 0.1)  # finishes (1 output token); 4 blocks stay cached
-    assert kv.num_used == 0 and kv.num_cached_free == 4 and kv.num_free == 10
+    assert kv.num_used == 0 and kv.num_cached == 4 and kv.num_free == 10
     big = Request(1, 0.1, 150, 1)         # needs 10 blocks: evicts all 4 cached ones
     s.add_request(big, 0.1)
     s.schedule(0.1)
-    assert kv.num_evicted == 4 and kv.num_cached_free == 0
+    assert kv.num_evicted == 4 and kv.num_cached == 0
 
 
 def test_prefill_replica_holds_kv_until_decode_admits():

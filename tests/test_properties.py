@@ -53,7 +53,8 @@ def _check(w, reqs, rec, scheds, capacity):
     steps = rec.step_columns()
     for s, cap in zip(scheds, capacity):
         assert s.kv.peak_used <= cap and s.kv.num_used == 0
-        assert s.kv.num_used + s.kv.num_cached_free <= cap
+        # the free queue holds every block again, cached ones among them
+        assert sum(e.count for e in s.kv._queue) == s.kv.num_free == cap and s.kv.num_cached <= cap
     assert (steps["kv_blocks_used"] <= max(capacity)).all()
     # output tokens produced equal those requested by completed requests
     done = [r for r in reqs if r.status == "completed"]

@@ -1,9 +1,15 @@
-"""The iteration-level scheduler shared by the batching policies (vLLM v1 style).
+"""The iteration-level scheduler shared by the batching policies (vLLM V1's
+vllm/v1/core/sched/scheduler.py).
 
-Why: vLLM v1 schedules every step the same way: running decodes first (one token each), then
-prompt tokens into the remaining token budget, tracking ``num_computed_tokens`` against
-``num_tokens``. Policies differ only in how they fill that budget with prompt tokens
-(``_fill_prefills``). Plain code: no SimPy, driven by ``schedule(now)`` / ``on_step_done``.
+Why: vLLM V1 schedules every step the same way: the running requests first, in admission order
+(a decode takes one token, a prompt in progress its next chunk), preempting the last admitted
+when KV blocks run out; then, unless it preempted, waiting requests into the remaining token
+budget, tracking ``num_computed_tokens`` against ``num_tokens``. Policies differ only in how
+they size a waiting request's first chunk (``_first_chunk``). Plain code: no SimPy, driven by
+``schedule(now)`` / ``on_step_done``; ``plan_step`` is exactly one V1 ``schedule()`` call and
+``scheduled_tokens`` its per-request token counts (bench/conformance.py compares them with
+vLLM's own scheduler). Running decodes are kept as aggregates (decode_set.py); the loop over
+them one by one runs only when a prompt is in progress or budget or KV blocks do not suffice.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ class EngineLimits:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap on a chunk
-    max_num_partial_prefills: int = 1
-    preemption_mode: str = "recompute"     # recompute | swap
+    # vLLM V0's cap on concurrent partial prefills; V1 does not enforce it. 0 = off (as V1).
+    max_num_partial_prefills: int = 0
+    preemption_mode: str = "recompute"     # recompute | swap (swap: vLLM V0 only)
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
 
 
@@ -45,6 +52,7 @@ class StepPlan:
     # Requests that joined the decode set with KV computed elsewhere: the gap before their
     # first decode step (their next token's inter-token latency is that gap + the step).
     ready_gaps_s: list[float] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)  # request ids preempted planning it
 
     @property
     def batch(self) -> Batch:
@@ -83,6 +91,7 @@ class Scheduler:
         self.num_schedules = 0               # scheduling rounds so far
         self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/ttft.py)
         self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
+        self._paused: list[Request] = []     # decodes the token budget did not reach this step
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -117,94 +126,209 @@ class Scheduler:
 
     # -- one step -------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
-        """Plan the next step; None when there is nothing to run."""
-        kv, ds = self.kv, self.decode
+        """Plan the next step; None when there is nothing to run. A step that only preempted
+        (vLLM returns it empty) is planned again at once; its preemptions go to the next plan."""
         self.num_schedules += 1
         self.wait_clocks.advance(now)
         self.wait_clocks.kv_blocked = False
         self.kv_blocked_ids.clear()
-        while ds.num_seqs and ds.blocks_next_step() > kv.num_free:
-            self._preempt_tail(now)
-        gaps = self._admit_kv_ready(now)
-        step0_blocks = ds.blocks_next_step()
-        kv.allocate_blocks(step0_blocks)
-        plan = StepPlan(1, ds.num_seqs, ds.context_tokens + ds.num_seqs, step0_blocks,
-                        swap_blocks=self._swap_blocks, ready_gaps_s=gaps)
-        self._swap_blocks = 0
-        self._fill_prefills(plan, self.limits.max_num_batched_tokens - ds.num_seqs, now)
-        if not plan.chunks:
-            if not ds.num_seqs:
-                kv.release_blocks(step0_blocks)
-                if self.prefilling:  # every partial prefill is blocked on KV: free the tail
-                    self._preempt_tail(now)
-                    return self.schedule(now)
+        preempted: list[int] = []
+        while True:
+            plan = self.plan_step(now)
+            if plan.num_decode_seqs or plan.chunks:
+                if preempted:
+                    plan.preempted[:0] = preempted
+                return plan
+            if not plan.preempted:
                 return None
-            if plan.swap_blocks or gaps:
-                return plan  # a swap or a join costs the first step something of its own
-            # Nothing else can join until a sequence finishes: fast-forward identical steps.
-            kv.release_blocks(step0_blocks)
-            k = min(ds.steps_to_next_finish(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
-            plan.num_steps = k
-            plan.decode_blocks = ds.blocks_needed(k)
+            preempted += plan.preempted
+
+    def plan_step(self, now: float) -> StepPlan:
+        """One vLLM V1 ``Scheduler.schedule()`` (vllm/v1/core/sched/scheduler.py): running
+        requests first, in admission order, each given min(tokens left, budget,
+        long_prefill_token_threshold); when one cannot get its KV blocks the last admitted is
+        preempted (recomputed later) and the allocation retried; then, only if nothing was
+        preempted, waiting requests in order. The plan may be empty (it only preempted)."""
+        kv, ds = self.kv, self.decode
+        budget = self.limits.max_num_batched_tokens
+        plan = StepPlan(1, 0, 0, 0)
+        if self.prefilling and not self._everyone_fits(budget):
+            budget = self._schedule_running(plan, budget, now)
+        elif self.prefilling:  # all running requests get their tokens: order cannot matter
+            plan.decode_blocks = ds.blocks_next_step()
             kv.allocate_blocks(plan.decode_blocks)
+            budget -= ds.num_seqs
+            thr = self.limits.long_prefill_token_threshold
+            for req in self.prefilling.values():
+                n = req.prefill_target - req.num_computed
+                if 0 < thr < n:
+                    n = thr
+                kv.allocate(req, req.num_computed + n)
+                kv.cache(req, req.num_computed + n)
+                plan.chunks.append((req, n))
+                plan.chunk_contexts.append(req.num_computed)
+                budget -= n
+        elif ds.num_seqs > budget or ds.blocks_next_step() > kv.num_free:
+            budget = self._schedule_running(plan, budget, now)
+        elif ds.num_seqs:  # only decodes, all fitting: all of them, as the loop would
+            plan.decode_blocks = ds.blocks_next_step()
+            kv.allocate_blocks(plan.decode_blocks)
+            budget -= ds.num_seqs
+        if plan.preempted:
+            self.wait_clocks.kv_blocked = True  # V1 admits nothing in a step that preempted
+        elif self.waiting:
+            self._fill_prefills(plan, budget, now)
+        plan.num_decode_seqs = ds.num_seqs
+        plan.decode_context_tokens = ds.context_tokens + ds.num_seqs
+        plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        if (plan.chunks or not ds.num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
+                or self._paused):
+            return plan
+        # Nothing else can join until a sequence finishes: fast-forward identical steps.
+        kv.release_blocks(plan.decode_blocks)
+        k = min(ds.steps_to_next_finish(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
+        plan.num_steps = k
+        plan.decode_blocks = ds.blocks_needed(k)
+        kv.allocate_blocks(plan.decode_blocks)
         return plan
 
-    def _admit_kv_ready(self, now: float) -> list[float]:
-        """Admit waiting requests whose KV exists elsewhere (swapped out, or sent by a prefill
-        replica) straight into the decode set, first come first served."""
-        if not (self.waiting and self.waiting[0].kv_ready):
-            return []
-        gaps: list[float] = []
+    def _everyone_fits(self, budget: int) -> bool:
+        """Whether every running request's tokens and blocks for the next step fit at once."""
+        ds, bs = self.decode, self.kv.block_size
+        thr = self.limits.long_prefill_token_threshold
+        tokens, blocks = ds.num_seqs, ds.blocks_next_step()
+        for req in self.prefilling.values():
+            n = req.prefill_target - req.num_computed
+            if 0 < thr < n:
+                n = thr
+            tokens += n
+            blocks += blocks_for(req.num_computed + n, bs) - req.num_blocks
+        return tokens <= budget and blocks <= self.kv.num_free
+
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        """The running requests one by one (vLLM's loop over ``self.running``); returns the
+        budget left. Decodes the budget does not reach sit this step out."""
         kv, ds = self.kv, self.decode
         bs = kv.block_size
-        while self.waiting and self.waiting[0].kv_ready and len(self.running) < self.limits.max_num_seqs:
-            req = self.waiting[0]
-            n = req.prompt_tokens + req.num_generated - 1
-            # its blocks, including the one its first decode step may open, and the running
-            # decodes' next step must all fit
-            if blocks_for(n + 1, bs) + ds.blocks_needed(1) > kv.num_free:
-                self.wait_clocks.kv_blocked = True
+        thr = self.limits.long_prefill_token_threshold
+        order = list(self.running.values())
+        i = 0
+        while i < len(order) and budget > 0:
+            req = order[i]
+            if req.in_decode:
+                n = 1
+                need = 1 if (req.phase + ds.steps) % bs == 0 else 0  # its blocks are full
+            elif req.request_id in self.prefilling:
+                n = req.prefill_target - req.num_computed
+                if 0 < thr < n:
+                    n = thr
+                n = min(n, budget)
+                need = blocks_for(req.num_computed + n, bs) - req.num_blocks
+            else:
+                i += 1
+                continue
+            while need > kv.num_free:
+                victim = order.pop()
+                self._preempt(victim, now)
+                plan.preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                if req.in_decode:
+                    if need:
+                        kv.allocate_blocks(need)
+                        plan.decode_blocks += need
+                else:
+                    kv.allocate(req, req.num_computed + n)
+                    kv.cache(req, req.num_computed + n)
+                    plan.chunks.append((req, n))
+                    plan.chunk_contexts.append(req.num_computed)
+                budget -= n
+                i += 1
+                continue
+            break  # it preempted itself: nothing runs after it
+        for req in order[i:]:
+            if req.in_decode:  # out of budget: no token this step
+                ds.remove(req)
+                self._paused.append(req)
+        return budget
+
+    def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
+        """Waiting requests in order (vLLM's loop over ``self.waiting``): one whose first chunk
+        the policy cannot take now is skipped and keeps its place; one whose KV blocks do not
+        fit stops the loop (first come first served on memory)."""
+        waiting, limits = self.waiting, self.limits
+        skipped: list[Request] = []
+        while waiting and budget > 0 and len(self.running) < limits.max_num_seqs:
+            req = waiting[0]
+            if req.kv_ready:
+                if not self._admit_kv_ready(req, plan, now):
+                    break
+                budget -= 1
+                continue
+            n = self._try_admit(req, plan, budget, now)
+            if n < 0:
+                skipped.append(waiting.popleft())
+                continue
+            if not n:
                 break
-            kv.allocate(req, n)
-            self.waiting.popleft()
-            req.kv_ready = False
-            req.status = "running"
-            if req.first_scheduled_s != req.first_scheduled_s:
-                req.first_scheduled_s = now
-            self._swap_blocks += req.swapped_blocks
-            req.swapped_blocks = 0
-            self._on_kv_admitted(req, now)
-            self.running[req.request_id] = req
-            ds.add(req)
-            gaps.append(now - req.last_token_s)
-        return gaps
+            budget -= n
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+
+    def _admit_kv_ready(self, req: Request, plan: StepPlan, now: float) -> bool:
+        """Admit a waiting request whose KV exists elsewhere (swapped out, or sent by a prefill
+        replica) straight into the decode set, if its blocks and its first decode step fit."""
+        kv, ds = self.kv, self.decode
+        n = req.prompt_tokens + req.num_generated - 1
+        if blocks_for(n + 1, kv.block_size) > kv.num_free:
+            self.wait_clocks.kv_blocked = True
+            return False
+        kv.allocate(req, n)
+        kv.cache(req, n)
+        self.waiting.popleft()
+        req.kv_ready = False
+        req.status = "running"
+        if req.first_scheduled_s != req.first_scheduled_s:
+            req.first_scheduled_s = now
+        self._swap_blocks += req.swapped_blocks
+        req.swapped_blocks = 0
+        self._on_kv_admitted(req, now)
+        self.running[req.request_id] = req
+        ds.add(req)
+        if n % kv.block_size == 0:  # its first decode step opens a block
+            kv.allocate_blocks(1)
+            plan.decode_blocks += 1
+        plan.ready_gaps_s.append(now - req.last_token_s)
+        return True
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
         """Hook: the decode pool of a disaggregated cluster releases the prefill side's KV."""
 
     def _try_admit(self, req: Request, plan: StepPlan, budget: int, now: float) -> int:
-        """Admit the waiting head with a first chunk chosen by ``_first_chunk``; 0 if it cannot
-        start now. A prefix-cache hit skips the cached blocks' prefill."""
+        """Admit the waiting head with a first chunk chosen by ``_first_chunk``: its size, 0 if
+        its KV blocks do not fit, -1 if the policy skips it this step. A prefix-cache hit
+        (vLLM ``get_computed_blocks``) skips the cached blocks' prefill."""
         kv = self.kv
-        hit = kv.lookup(req) if req.num_computed == 0 else 0
-        start = hit * kv.block_size
+        hits, own = kv.lookup(req)
+        start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
-            return 0
-        need = blocks_for(start + n, kv.block_size) - hit + (kv.evictable_among(req, hit) if hit else 0)
-        if need > kv.num_free:
+            return n
+        if not kv.allocate(req, start + n, hits, own):
             self.wait_clocks.kv_blocked = True
-            return 0  # first come first served: the head waits for blocks
-        if kv.prefix_caching and req.num_computed == 0:
+            return 0
+        if kv.prefix_caching and not req.num_generated and not req.num_preemptions:
             kv.query_tokens += req.prompt_tokens
             kv.hit_tokens += start
             req.prefix_hit_tokens += start
-            kv.acquire_prefix(req, hit)
-        kv.allocate(req, start + n)
+        req.num_computed = start
+        kv.cache(req, start + n)
         self._admit(req, plan, n, now)
         return n
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
+        """Tokens of a waiting request's first chunk: > 0, 0 to stop admitting, -1 to skip it."""
         raise NotImplementedError
 
     def _admit(self, req: Request, plan: StepPlan, num_tokens: int, now: float) -> None:
@@ -218,8 +342,13 @@ class Scheduler:
         plan.chunks.append((req, num_tokens))
         plan.chunk_contexts.append(req.num_computed)
 
-    def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
-        raise NotImplementedError
+    def scheduled_tokens(self, plan: StepPlan) -> dict[int, int]:
+        """Tokens per request in the plan's first step (vLLM ``num_scheduled_tokens``).
+        O(running): for inspection and the conformance harness, not the hot path."""
+        out = {r.request_id: 1 for r in self.running.values() if r.in_decode}
+        for req, n in plan.chunks:
+            out[req.request_id] = n
+        return out
 
     def on_step_done(self, plan: StepPlan, now: float, steps_done: int | None = None) -> list[Request]:
         """Apply a finished plan (or its first ``steps_done`` steps); return finished requests."""
@@ -235,12 +364,15 @@ class Scheduler:
             for req in ds.advance(k, blocks):
                 ds.remove(req)
                 self._finish(req, now, finished)
+        if self._paused:
+            for req in self._paused:
+                ds.add(req)
+            self._paused.clear()
         for req, n in plan.chunks:
             req.num_computed += n
             if req.num_computed < req.prefill_target:
                 continue
             del self.prefilling[req.request_id]
-            kv.register(req)
             if req.num_generated:  # resumed after preemption: the gap spans it
                 self.resume_gaps_s.append(now - req.last_token_s)
             else:
@@ -263,19 +395,28 @@ class Scheduler:
     def _finish(self, req: Request, now: float, finished: list[Request]) -> None:
         req.status = "completed"
         req.finish_s = now
-        self.kv.free(req)
+        kv = self.kv
+        kv.cache(req, req.prompt_tokens + req.num_generated - 1)  # its generated blocks too
+        kv.free(req)
+        kv.forget(req)
         del self.running[req.request_id]
         finished.append(req)
 
     def _preempt_tail(self, now: float) -> None:
-        """Preempt the most recently admitted request (vLLM ``running.pop()``): its KV is
-        dropped and recomputed later, or, with ``preemption_mode: swap``, copied to host
-        memory over PCIe and back (decode-phase requests only; NOTE: a prefill in progress is
-        always recomputed, and host memory is assumed large enough)."""
-        _, req = self.running.popitem()
+        self._preempt(next(reversed(self.running.values())), now)
+
+    def _preempt(self, req: Request, now: float) -> None:
+        """Preempt ``req``, the most recently admitted running request (vLLM V1
+        ``self.running.pop()``): its KV blocks are freed (the cached ones stay evictable, so its
+        recompute may hit them) and it is recomputed later, first in the waiting queue.
+        ``preemption_mode: swap`` instead copies a decode-phase request's KV to host memory over
+        PCIe and back. NOTE: vLLM V1 only recomputes; swap is vLLM V0's option. A prefill in
+        progress is always recomputed, and host memory is assumed large enough."""
+        del self.running[req.request_id]
         swap = False
         if req.in_decode:  # it emitted a token at the end of the step that just ended
             self.decode.remove(req)
+            self.kv.cache(req, req.prompt_tokens + req.num_generated - 1)
             req.last_token_s = now
             swap = self.limits.preemption_mode == "swap"
         else:

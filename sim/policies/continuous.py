@@ -16,18 +16,13 @@ class ContinuousScheduler(Scheduler):
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         if remaining > budget:
-            # NOTE: vLLM without chunking requires max_num_batched_tokens >= max_model_len;
-            # a prompt longer than the whole budget runs alone in a step instead of waiting forever.
+            # vLLM V1 without chunked prefill skips a prompt that does not fit the budget left
+            # and tries the next ones (vllm/v1/core/sched/scheduler.py, skipped_waiting_requests).
+            # NOTE: vLLM then requires max_num_batched_tokens >= max_model_len; a prompt longer
+            # than the whole budget runs in a step with no other prompt instead of waiting forever.
             if plan.chunks or remaining <= self.limits.max_num_batched_tokens:
-                return 0
+                return -1
         return remaining
-
-    def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
-        while self.waiting and not self.waiting[0].kv_ready and len(self.running) < self.limits.max_num_seqs:
-            n = self._try_admit(self.waiting[0], plan, budget, now)
-            if not n:
-                break
-            budget -= n
 
 
 register(PolicySpec("continuous", "iteration-level batching, whole prompts (no chunking)",

@@ -5,6 +5,7 @@ up to ``max_num_seqs`` waiting requests are prefilled together, then decoded unt
 of them has finished; finished slots sit idle and nothing new joins until the whole batch is
 done. KV for each request's full length is reserved at admission, as static engines allocate
 for the maximum sequence length, so a batch never preempts.
+NOTE: vLLM has no static batching; this policy is a baseline, not a vLLM mode.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class StaticScheduler(Scheduler):
             full = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
             if reserved + full > free:
                 break
-            if not self._try_admit(req, plan, budget, now):
+            if self._try_admit(req, plan, budget, now) <= 0:
                 break
             reserved += full
 

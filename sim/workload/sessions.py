@@ -47,7 +47,9 @@ def session_requests(start_s: np.ndarray, turns: np.ndarray, new_tokens: np.ndar
     ``turns[s]`` turns for session s; ``new_tokens``, ``out_tokens``, ``gaps_s`` hold one value
     per turn, sessions one after another. Turn k+1 arrives ``gaps_s`` after turn k.
     NOTE: open loop: the next turn's time does not wait for the simulated answer.
-    The prompt's first floor(previous prompt / block) blocks keep the previous turn's ids.
+    A turn's ids describe its prompt and its answer (ceil((prompt + answer) / block) ids): its
+    generated blocks are cached under them (vLLM V1 caches generated tokens' full blocks too),
+    and the next turn's prompt starts with all of them, so it can hit the previous answer.
     Returns (arrival_s, input_tokens, output_tokens, hash_ids, session_id), in session order.
     """
     ids = _Ids()
@@ -59,13 +61,13 @@ def session_requests(start_s: np.ndarray, turns: np.ndarray, new_tokens: np.ndar
             if k:
                 t += float(gaps_s[j])
             length = prev_in + prev_out + int(new_tokens[j])
-            keep = prev_ids[: prev_in // block]
-            cur = np.concatenate([keep, ids.take(-(-length // block) - len(keep))])
+            out = int(out_tokens[j])
+            cur = np.concatenate([prev_ids, ids.take(-(-(length + out) // block) - len(prev_ids))])
             arrival.append(t)
             inp.append(length)
             hashes.append(cur)
             sess.append(s)
-            prev_in, prev_out, prev_ids = length, int(out_tokens[j]), cur
+            prev_in, prev_out, prev_ids = length, out, cur
             j += 1
     return (np.asarray(arrival), np.asarray(inp, np.int64), np.asarray(out_tokens[:j], np.int64), hashes,
             np.asarray(sess, np.int64))
