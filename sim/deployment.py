@@ -12,7 +12,7 @@ from sim.cost.calibration import load_calibration
 from sim.cost.engine_profile import get_profile
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
-from sim.hardware import GPUSpec, get_gpu
+from sim.hardware import GPUSpec, scenario_gpu
 from sim.memory import MemoryPlan, plan_memory
 from sim.models import ModelSpec, get_model
 from sim.policies import EngineLimits, Scheduler, get_policy
@@ -49,7 +49,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     """The replica of ``s`` (or of one of its disaggregated pools: ``gpu_key``, ``tp``)."""
     e = s.engine
     model = get_model(s.model if isinstance(s.model, str) else s.model.model_dump(), Path(s.base_dir))
-    gpu = get_gpu(gpu_key or s.hardware.gpu)
+    gpu = scenario_gpu(s.hardware, gpu_key)
     tp = tp or s.cluster.tensor_parallel_size
     # vLLM shards attention heads over TP ranks: heads must divide evenly, and KV heads must
     # divide evenly or be replicated a whole number of times.

@@ -1,8 +1,14 @@
-"""GPU peaks: the catalogue of ``catalog/gpus.yaml`` (sources in kernels_profile/hardware.md)."""
+"""GPU peaks: the catalogue of ``catalog/gpus.yaml`` (sources in kernels_profile/hardware.md),
+a GPU described inline in a scenario (``hardware.custom``), and power/clock caps.
+
+Why: published benchmarks run on many parts, some of them power-capped; a deployment must be
+describable without editing the package. ``memory_bytes`` is what the driver exposes
+(nvidia-smi ``memory.total``), the figure vLLM's ``gpu_memory_utilization`` multiplies.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -25,6 +31,8 @@ class GPUSpec:
     pcie_bw_bytes_per_s: float
     tdp_w: float
     source: str = ""
+    int8_ops_per_s: float | None = None
+    num_sms: int | None = None
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -32,25 +40,100 @@ class GPUSpec:
         return self.bf16_flops_per_s / self.hbm_bw_bytes_per_s
 
 
+# Fields a catalogue entry or ``hardware.custom`` gives; the first three are required.
+REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
+OPTIONAL = ("fp8_flops_per_s", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
+            "num_sms")
+
+
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, dict]:
     return yaml.safe_load(resources.files("sim.catalog").joinpath("gpus.yaml").read_text())
+
+
+def _opt(d: dict, k: str, cast=float):
+    v = d.get(k)
+    return None if v is None else cast(v)
+
+
+def _spec(key: str, d: dict, where: str) -> GPUSpec:
+    missing = [k for k in REQUIRED if d.get(k) is None]
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)}")
+    try:
+        pcie = float(d.get("pcie_bw_bytes_per_s") or 32.0e9)  # NOTE: PCIe Gen4 x16 when not given
+        spec = GPUSpec(
+            key=key,
+            name=str(d.get("name") or key),
+            bf16_flops_per_s=float(d["bf16_flops_per_s"]),
+            fp8_flops_per_s=_opt(d, "fp8_flops_per_s"),
+            memory_bytes=int(d["memory_bytes"]),
+            hbm_bw_bytes_per_s=float(d["hbm_bw_bytes_per_s"]),
+            # a part without a GPU-GPU link talks over PCIe
+            nvlink_bw_bytes_per_s=float(d.get("nvlink_bw_bytes_per_s") or pcie),
+            pcie_bw_bytes_per_s=pcie,
+            tdp_w=float(d.get("tdp_w") or 0.0),
+            source=str(d.get("source", "")),
+            int8_ops_per_s=_opt(d, "int8_ops_per_s"),
+            num_sms=_opt(d, "num_sms", int),
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{where}: bad value ({e})") from None
+    for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s"):
+        if not getattr(spec, k) > 0:
+            raise UserError(f"{where}.{k}: must be > 0, got {getattr(spec, k)}")
+    return spec
 
 
 def get_gpu(key: str) -> GPUSpec:
     cat = catalogue()
     if key not in cat:
         raise UserError(f"hardware.gpu: unknown GPU {key!r}; known: {', '.join(sorted(cat))}")
-    d = cat[key]
-    return GPUSpec(
-        key=key,
-        name=d["name"],
-        bf16_flops_per_s=float(d["bf16_flops_per_s"]),
-        fp8_flops_per_s=None if d["fp8_flops_per_s"] is None else float(d["fp8_flops_per_s"]),
-        memory_bytes=int(d["memory_bytes"]),
-        hbm_bw_bytes_per_s=float(d["hbm_bw_bytes_per_s"]),
-        nvlink_bw_bytes_per_s=float(d["nvlink_bw_bytes_per_s"]),
-        pcie_bw_bytes_per_s=float(d["pcie_bw_bytes_per_s"]),
-        tdp_w=float(d["tdp_w"]),
-        source=d.get("source", ""),
-    )
+    return _spec(key, cat[key], f"catalog/gpus.yaml:{key}")
+
+
+def custom_gpu(custom: dict) -> GPUSpec:
+    """A GPU described inline: ``based_on`` a catalogue GPU (optional) with fields overridden,
+    or every required field given. Its key ``custom:<name>`` has no calibration (roofline)."""
+    d = {k: v for k, v in custom.items() if v is not None}
+    base = d.pop("based_on", None)
+    if base is not None and base not in catalogue():
+        raise UserError(f"hardware.custom.based_on: unknown GPU {base!r}; known: {', '.join(sorted(catalogue()))}")
+    fields = dict(catalogue()[base]) if base is not None else {}
+    fields.update(d)
+    name = str(d.get("name") or (f"{base} (custom)" if base else "custom"))
+    fields["name"] = name
+    fields["source"] = "scenario hardware.custom" + (f" based on {base}" if base else "")
+    return _spec(f"custom:{name}", fields, "hardware.custom")
+
+
+def capped(gpu: GPUSpec, flops_factor: float = 1.0, bandwidth_factor: float = 1.0) -> GPUSpec:
+    """A power- or clock-capped part: peak FLOP/s (all dtypes) times ``flops_factor``, memory
+    bandwidth times ``bandwidth_factor``.
+
+    NOTE: tensor-core throughput scales with the SM clock, which a power cap lowers (NVIDIA
+    nvidia-smi ``--power-limit`` / ``--lock-gpu-clocks``); HBM bandwidth follows the memory
+    clock, which power caps usually leave alone, hence two factors. Links are not scaled.
+    """
+    if flops_factor == 1.0 and bandwidth_factor == 1.0:
+        return gpu
+
+    def f(v):
+        return None if v is None else v * flops_factor
+
+    return replace(gpu, bf16_flops_per_s=gpu.bf16_flops_per_s * flops_factor,
+                   fp8_flops_per_s=f(gpu.fp8_flops_per_s), int8_ops_per_s=f(gpu.int8_ops_per_s),
+                   hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s * bandwidth_factor,
+                   name=f"{gpu.name} (capped: FLOP/s x{flops_factor:g}, bandwidth x{bandwidth_factor:g})")
+
+
+def scenario_gpu(hardware, key: str | None = None) -> GPUSpec:
+    """The GPU of a scenario's ``hardware`` section, or the catalogue GPU ``key`` of a
+    disaggregated pool; the caps apply to either."""
+    if key is not None:
+        gpu = get_gpu(key)
+    elif getattr(hardware, "custom", None) is not None:
+        gpu = custom_gpu(hardware.custom.model_dump())
+    else:
+        gpu = get_gpu(hardware.gpu)
+    return capped(gpu, getattr(hardware, "flops_factor", 1.0), getattr(hardware, "bandwidth_factor", 1.0))

@@ -26,8 +26,29 @@ class HFConfigRef(_Strict):
     name: Optional[str] = None
 
 
+class CustomGPU(_Strict):
+    """A GPU described inline (units as ``catalog/gpus.yaml``); ``based_on`` a catalogue GPU
+    fills the fields not given."""
+
+    based_on: Optional[str] = None
+    name: Optional[str] = None
+    bf16_flops_per_s: Optional[float] = Field(None, gt=0)
+    fp8_flops_per_s: Optional[float] = Field(None, gt=0)
+    int8_ops_per_s: Optional[float] = Field(None, gt=0)
+    memory_bytes: Optional[int] = Field(None, gt=0)
+    hbm_bw_bytes_per_s: Optional[float] = Field(None, gt=0)
+    nvlink_bw_bytes_per_s: Optional[float] = Field(None, gt=0)
+    pcie_bw_bytes_per_s: Optional[float] = Field(None, gt=0)
+    tdp_w: Optional[float] = Field(None, gt=0)
+    num_sms: Optional[int] = Field(None, ge=1)
+
+
 class Hardware(_Strict):
     gpu: str = "h100-sxm"
+    custom: Optional[CustomGPU] = None  # a GPU described inline instead of a catalogue name
+    # power- or clock-capped parts: factors on peak FLOP/s and on memory bandwidth
+    flops_factor: float = Field(1.0, gt=0, le=1)
+    bandwidth_factor: float = Field(1.0, gt=0, le=1)
     # calibrated: efficiencies measured in kernels_profile/ where the GPU has them;
     # roofline: named default efficiencies everywhere (first principles only)
     cost_model: Literal["calibrated", "roofline"] = "calibrated"
@@ -246,6 +267,8 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _engine_limits(self) -> "Scenario":
         e = self.engine
+        if self.hardware.custom is not None and "gpu" in self.hardware.model_fields_set:
+            raise ValueError("give hardware.gpu or hardware.custom, not both")
         if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
             raise ValueError(
                 f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "

@@ -37,4 +37,4 @@ def test_model_that_does_not_fit_names_the_numbers():
     with pytest.raises(UserError) as e:
         plan_memory(get_model("llama-3-70b"), get_gpu("h100-sxm"), 1, 16, 0.9, 8192, 256)
     msg = str(e.value)
-    assert "does not fit" in msg and "weights 131.4 GiB" in msg and "72.0 GiB usable" in msg
+    assert "does not fit" in msg and "weights 131.4 GiB" in msg and "71.7 GiB usable" in msg  # 0.9 x 81,559 MiB (nvidia-smi)
