@@ -2,12 +2,16 @@
 
 Why: vLLM sizes its KV cache as ``gpu_memory_utilization * memory - weights - peak
 activations - non-torch memory`` and divides by the block size (vLLM ``determine_num_available_blocks``);
-that block count, not the weights, caps concurrency.
+that block count, not the weights, caps concurrency. ``memory`` is the driver's total
+(``torch.cuda.mem_get_info()[1]``, nvidia-smi memory.total; ``catalog/gpus.yaml``). Under
+pipeline parallelism each stage holds its layers' weights and KV; every worker profiles its own
+memory and the engine takes the smallest block count (vLLM ``determine_available_memory`` per
+worker, ``min`` over workers in the engine core).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.errors import UserError
 from sim.hardware import GPUSpec
@@ -21,7 +25,8 @@ NON_TORCH_BYTES = 1 * GIB
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Per-GPU memory budget of one replica (tensor-parallel group)."""
+    """Per-GPU memory budget of one replica (tensor-parallel group, or its most loaded
+    pipeline stage)."""
 
     memory_bytes: int
     usable_bytes: float
@@ -30,6 +35,8 @@ class MemoryPlan:
     kv_block_bytes_per_gpu: int
     num_kv_blocks: int
     block_size: int
+    stage_layers: tuple[int, ...] = ()          # decoder layers per pipeline stage
+    stage_weight_bytes: tuple[float, ...] = field(default=())  # weights per GPU of each stage
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -41,13 +48,44 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
+def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage as vLLM partitions them (``get_pp_indices``):
+    L // pp each, the remainder one by one to the stages before the last, from the back."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+def stage_weight_params(model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """Weights of each stage: its layers; the embedding on the first stage; the final norm and
+    the LM head on the last (a tied head is a separate copy there when pp > 1, vLLM PPMissingLayer)."""
+    layers = stage_layers(model.num_layers, pp)
+    h = model.hidden_size
+    final = h * (2 if model.norm_bias else 1) + model.extra_params
+    head = model.lm_head_params
+    if pp > 1 and model.tie_word_embeddings:
+        head += model.vocab_size * h
+    out, start = [], 0
+    for s, n in enumerate(layers):
+        p = sum(model.layer_params(i) for i in range(start, start + n))
+        if s == 0:
+            p += model.embedding_params
+        if s == pp - 1:
+            p += head + final
+        out.append(p)
+        start += n
+    return tuple(out)
+
+
 def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
-                kv_dtype_bytes: int | None = None, where: str = "scenario") -> MemoryPlan:
+                kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1) -> MemoryPlan:
     """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
-    weights = model.num_params * b / tp
+    stage_w = tuple(p * b / tp for p in stage_weight_params(model, pp))
+    layers = stage_layers(model.num_layers, pp)
     # Peak activations of a profiling forward pass of max_num_batched_tokens tokens: the widest
     # live tensors of one layer (hidden in and out, q/k/v, gate+up and its activation), plus
     # fp32 logits for max_num_seqs sequences (vLLM profile_run).
@@ -57,14 +95,23 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     activation = max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4
     reserve = activation + NON_TORCH_BYTES
     usable = gpu.memory_bytes * gpu_memory_utilization
-    block_bytes = block_size * 2 * model.num_layers * kv_dim * kvb
-    free = usable - weights - reserve
-    num_blocks = int(free // block_bytes) if free > 0 else 0
+    kv_layer_gpu = model.kv_bytes_per_token_per_gpu(tp, kvb) / model.num_layers
+    best = None
+    for s, (w, n) in enumerate(zip(stage_w, layers)):
+        block_bytes = int(round(block_size * n * kv_layer_gpu))
+        free = usable - w - reserve
+        blocks = int(free // block_bytes) if free > 0 else 0
+        if best is None or blocks < best[0]:
+            best = (blocks, block_bytes, w, free, s)
+    num_blocks, block_bytes, weights, free, s = best
     if num_blocks < 1:
+        stage = f" (pipeline stage {s} of {pp})" if pp > 1 else ""
         raise UserError(
-            f"{where}: {model.name} does not fit on {gpu.key} with tensor_parallel_size={tp}: "
+            f"{where}: {model.name} does not fit on {gpu.key} with tensor_parallel_size={tp}"
+            f"{f', pipeline_parallel_size={pp}' if pp > 1 else ''}: "
             f"{gpu_memory_utilization:g} x {gpu.memory_bytes / GIB:.1f} GiB = {usable / GIB:.1f} GiB usable, "
-            f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU leave "
+            f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave "
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
-    return MemoryPlan(gpu.memory_bytes, usable, weights, reserve, block_bytes, num_blocks, block_size)
+    return MemoryPlan(gpu.memory_bytes, usable, weights, reserve, block_bytes, num_blocks, block_size,
+                      layers, stage_w)
