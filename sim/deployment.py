@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sim.cost.calibration import load_calibration
 from sim.cost.engine_profile import get_profile
+from sim.cost.pipeline import PipelineCostModel
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.hardware import GPUSpec, scenario_gpu
@@ -31,6 +32,7 @@ class Deployment:
     kv_dtype_bytes: int
 
     prefix_caching: bool = False
+    pp: int = 1
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
@@ -57,9 +59,12 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         key = "cluster.tensor_parallel_size" if where == "scenario" else f"{where}.tensor_parallel_size"
         raise UserError(f"{key}: {tp} does not divide {model.name}'s {model.num_heads} attention heads and "
                         f"{model.num_kv_heads} KV heads evenly (vLLM requires it)")
+    pp = s.cluster.pipeline_parallel_size if where == "scenario" else 1
+    if pp > model.num_layers:
+        raise UserError(f"cluster.pipeline_parallel_size: {pp} stages for {model.name}'s {model.num_layers} layers")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where)
+                      e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where, pp=pp)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     engine = engine_profile(e)
@@ -71,10 +76,30 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         max_num_partial_prefills=e.max_num_partial_prefills,
         preemption_mode=e.preemption_mode,
     )
-    return Deployment(model, gpu, tp, mem, limits, RooflineCostModel(model, gpu, tp, kv_bytes, Efficiencies(), calibration=cal,
-                                                                   engine=engine),
-                      kv_bytes,
-                      e.enable_prefix_caching)
+    c = s.cluster
+
+    def make_cost(m: ModelSpec) -> RooflineCostModel:
+        return RooflineCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
+                                 enable_expert_parallel=c.enable_expert_parallel,
+                                 expert_load_imbalance=c.expert_load_imbalance)
+
+    cost = make_cost(model) if pp == 1 else PipelineCostModel(model, pp, make_cost, pipeline_link_bytes_per_s(s, gpu, tp))
+    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp)
+
+
+GPUS_PER_NODE = 8          # HGX / DGX baseboards
+NODE_NIC_BYTES_PER_S = 50e9  # one 400 Gb/s NIC per GPU (DGX H100: 8 x ConnectX-7 400 Gb/s)
+
+
+def pipeline_link_bytes_per_s(s: Scenario, gpu: GPUSpec, tp: int) -> float:
+    """Stage-to-stage bandwidth per GPU: ``cluster.pipeline_link_gb_per_s`` when given; else
+    the GPU's NVLink when the replica fits one 8-GPU node, one 400 Gb/s NIC per GPU when not.
+    NOTE: replicas are assumed laid out node by node, stages in consecutive GPUs."""
+    if s.cluster.pipeline_link_gb_per_s is not None:
+        return s.cluster.pipeline_link_gb_per_s * 1e9
+    if tp * s.cluster.pipeline_parallel_size <= GPUS_PER_NODE:
+        return gpu.nvlink_bw_bytes_per_s
+    return min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s)
 
 
 def engine_profile(e):

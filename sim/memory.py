@@ -113,5 +113,5 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
             f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave "
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
-    return MemoryPlan(gpu.memory_bytes, usable, weights, reserve, block_bytes, num_blocks, block_size,
+    return MemoryPlan(gpu.memory_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,
                       layers, stage_w)

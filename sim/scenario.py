@@ -58,6 +58,10 @@ class Hardware(_Strict):
 class Cluster(_Strict):
     replicas: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)           # stages of tensor_parallel_size GPUs each
+    pipeline_link_gb_per_s: Optional[float] = Field(None, gt=0)  # stage-to-stage link, one direction
+    enable_expert_parallel: bool = False                   # MoE experts spread over the TP ranks
+    expert_load_imbalance: float = Field(1.0, ge=1)        # busiest rank's routed tokens / mean
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = "least_outstanding"
 
 

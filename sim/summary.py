@@ -69,7 +69,7 @@ def num_gpus(s) -> int:
 
         d = s.disaggregation or Disaggregation()
         return d.prefill.replicas * d.prefill.tensor_parallel_size + d.decode.replicas * d.decode.tensor_parallel_size
-    return s.cluster.replicas * s.cluster.tensor_parallel_size
+    return s.cluster.replicas * s.cluster.tensor_parallel_size * s.cluster.pipeline_parallel_size
 
 
 def summarize(result) -> dict:
@@ -127,6 +127,7 @@ def summarize(result) -> dict:
         "simsrv_gpu": _gpus(result),
         "simsrv_replicas": s.cluster.replicas,
         "simsrv_tensor_parallel_size": s.cluster.tensor_parallel_size,
+        "simsrv_pipeline_parallel_size": s.cluster.pipeline_parallel_size,
         "simsrv_num_gpus": num_gpus(s),
         "simsrv_router": s.cluster.router,
         "simsrv_seed": s.seed,

@@ -57,10 +57,14 @@ def test_same_seed_gives_identical_requests_parquet(tmp_path):
 def test_explain_json_keys():
     p = simsrv("explain", "scenarios/chat.yaml", "--json", "--context", "4096", "--batch", "8")
     assert p.returncode == 0, p.stderr
-    assert list(json.loads(p.stdout)) == [
+    keys = list(json.loads(p.stdout))
+    assert keys[:10] == [
         "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens", "max_seqs_at_context",
         "ridge_flops_per_byte", "prefill_intensity_flops_per_byte", "decode_intensity_flops_per_byte",
         "decode_step_floor_ms", "prefill_floor_ms"]
+    from sim.explain import EXPLAIN_KEYS
+
+    assert tuple(keys) == EXPLAIN_KEYS  # issue 11's figures follow (README "explain")
 
 
 def _one_error_line(p, *needles):

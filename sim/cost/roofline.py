@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from sim.batch import Batch
+from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
@@ -65,8 +66,11 @@ class RooflineCostModel:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
                  eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
-                 calibration: Calibration | None = None, engine: EngineProfile | None = None):
+                 calibration: Calibration | None = None, engine: EngineProfile | None = None,
+                 enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0):
         self.model, self.gpu, self.tp = model, gpu, tp
+        self.ep = tp if enable_expert_parallel and model.num_experts > 1 else 1
+        self.expert_load_imbalance = expert_load_imbalance
         # Host-side step cost of the serving engine (sim/cost/engine_profile.py).
         self.engine = engine or get_profile()
         # Largest / smallest scheduled-sequence count whose overhead used the per-sequence term
@@ -89,6 +93,7 @@ class RooflineCostModel:
         self._up = (h, 2 * self.mlp_dim)     # fused gate+up of a gated MLP
         self._down = (self.mlp_dim, h)
         self._lm = (h, m.vocab_size / tp)
+        arch_shapes(self, m, h, tp)
         # KV bytes per cached token per layer per GPU (PagedAttention: K and V).
         self.kv_layer_bytes = 2 * self.kv_dim * self.kv_dtype_bytes
         # Elementwise bytes per token per layer: 2 RMSNorms (read+write h), 2 residual adds
@@ -142,19 +147,16 @@ class RooflineCostModel:
         if hit is not None:
             return hit
         m, L = self.model, self.model.num_layers
-        if m.num_experts > 1:
-            # MoE: each token runs top-k experts (FLOPs); the weights read are those of the
-            # experts touched, E * (1 - (1 - k/E)^T) in expectation under uniform routing
-            # (Jiang et al. 2024, "Mixtral of Experts").
-            k, E = m.num_experts_per_tok, m.num_experts
-            touched = E * (1.0 - (1.0 - k / E) ** tokens)
-            up = self._linear_s(tokens, self._up, touched, k, name="up")
-            down = self._linear_s(tokens, self._down, touched, k, name="down")
-        else:
-            up = self._linear_s(tokens, self._up, name="up")
-            down = self._linear_s(tokens, self._down, name="down")
+        Lm = m.num_moe_layers  # MoE layers; the others (all of a dense model) have a dense MLP
+        up = down = 0.0
+        if Lm:
+            eu, ed = moe_mlp_s(self, tokens)
+            up, down = Lm * eu, Lm * ed
+        if L - Lm:
+            up += (L - Lm) * self._linear_s(tokens, self._up, name="up")
+            down += (L - Lm) * self._linear_s(tokens, self._down, name="down")
         out = (L * self._linear_s(tokens, self._qkv, name="qkv"), L * self._linear_s(tokens, self._o, name="o"),
-               L * up, L * down)
+               up, down)
         self._gemm_cache[tokens] = out
         return out
 
@@ -215,6 +217,8 @@ class RooflineCostModel:
         shape only, so a fast-forwarded run costs what its single steps cost (``run_cost``)."""
         if not num_seqs:
             return 0.0
+        if self._slide is not None:  # sliding-window layers read at most the window (sim/cost/arch.py)
+            context_tokens = windowed_context(self, num_seqs, context_tokens)
         if self.cops is not None and self.cops.decode_grid is not None:
             key = (num_seqs, context_tokens)
             hit = self._decode_cache.get(key)

@@ -1,0 +1,68 @@
+"""Cost-model shapes of architectures beyond the Llama layout, and expert parallelism.
+
+Why: kept apart from ``roofline.py`` (which calls these on its own instance, ``cm`` here) so the
+generic roofline stays one concept: each function reads and sets the attributes named in its
+docstring.
+"""
+
+from __future__ import annotations
+
+from sim.models import ModelSpec
+
+
+def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
+    """Shapes of architectures beyond the Llama layout (sim/hf_config.py), and expert
+    parallelism. A non-gated MLP has one up matrix. MoE experts have their own width and
+    shared experts run on every token (Dai et al. 2024, "DeepSeekMoE"). MLA (DeepSeek-V2
+    paper, section 2.1.2) replaces q/k/v by down-projections q_a, kv_a (replicated on every
+    TP rank in vLLM) and up-projections q_b, kv_b (split by heads); its cache is the
+    (kv_lora_rank + rope) latent, whole on every rank: kv_dim is half of it (K and V slots).
+    With ``enable_expert_parallel`` (vLLM FusedMoE, EP size = TP size at data_parallel_size
+    1) each rank holds E/ep whole experts instead of 1/tp of every expert.
+    """
+    up = 2 if m.mlp_gated else 1
+    cm._up = (h, up * cm.mlp_dim)
+    ep = cm.ep
+    e_dim = (m.moe_intermediate_size or m.intermediate_size) / (1 if ep > 1 else tp)
+    cm._eup, cm._edown = (h, up * e_dim), (e_dim, h)
+    s_dim = m.shared_expert_intermediate_size / tp
+    cm._shared = ((h, up * s_dim), (s_dim, h)) if s_dim else None
+    if m.is_mla:
+        qh = m.num_heads * m.head_dim
+        q = (h * m.q_lora_rank + m.q_lora_rank * qh / tp) if m.q_lora_rank else h * qh / tp
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * m.num_heads * (
+            m.head_dim - m.qk_rope_head_dim + m.v_head_dim) / tp
+        cm._qkv = (h, (q + kv) / h)
+        cm._o = (m.num_heads * m.v_head_dim / tp, h)
+        cm.kv_dim = (m.kv_lora_rank + m.qk_rope_head_dim) / 2
+    # fraction of layers whose attention reads at most the window (sliding-window layers)
+    cm._slide = (m.num_sliding_layers / m.num_layers, m.sliding_window) if m.sliding_window else None
+
+
+def windowed_context(cm, num_seqs: int, context: float) -> float:
+    """Decode context summed over sequences, averaged over layers: sliding-window layers
+    read at most ``window`` tokens per sequence. NOTE: per-sequence context taken as the
+    batch mean."""
+    frac, w = cm._slide
+    if not num_seqs:
+        return context
+    return context * (1.0 - frac) + frac * num_seqs * min(context / num_seqs, w)
+
+
+def moe_mlp_s(cm, tokens: int) -> tuple[float, float]:
+    """(up, down) seconds of one MoE layer: each token runs top-k experts (FLOPs); the
+    weights read are those of the experts touched, E * (1 - (1 - k/E)^T) in expectation
+    under uniform routing (Jiang et al. 2024, "Mixtral of Experts"). Under expert
+    parallelism the slowest rank holds E/ep experts and gets ``expert_load_imbalance``
+    times the mean share k*T/ep of the routed tokens (the knob is max/mean rank load)."""
+    m = cm.model
+    k, E = m.num_experts_per_tok, m.num_experts
+    touched = E * (1.0 - (1.0 - k / E) ** tokens)
+    if cm.ep > 1:
+        touched, k = touched / cm.ep, k * cm.expert_load_imbalance / cm.ep
+    up = cm._linear_s(tokens, cm._eup, touched, k, name="up")
+    down = cm._linear_s(tokens, cm._edown, touched, k, name="down")
+    if cm._shared is not None:
+        up += cm._linear_s(tokens, cm._shared[0], name="up")
+        down += cm._linear_s(tokens, cm._shared[1], name="down")
+    return up, down
