@@ -27,7 +27,7 @@ def _gpus(points) -> tuple[str, ...]:
     gpus = set()
     for p in points:
         s = scenario_from_dict(dict(p.raw), "grid", base_dir=p.base_dir)
-        gpus.add(s.hardware.gpu)
+        gpus.add(f"custom:{s.hardware.custom.name or 'custom'}" if s.hardware.custom is not None else s.hardware.gpu)
         if s.disaggregation is not None:
             gpus |= {pool.gpu for pool in (s.disaggregation.prefill, s.disaggregation.decode) if pool.gpu}
     return tuple(sorted(gpus))
