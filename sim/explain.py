@@ -63,7 +63,7 @@ def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | i
     ep = getattr(dep.cost, "ep", 1)
     return {
         "active_params": m.num_active_params,
-        "gpu_memory_bytes": dep.gpu.memory_bytes,
+        "gpu_memory_bytes": dep.gpu.cuda_total_bytes,
         "usable_memory_bytes": dep.memory.usable_bytes,
         "kv_bytes_per_token_per_gpu": m.kv_bytes_per_token_per_gpu(tp, dep.kv_dtype_bytes) / pp,
         "kv_bytes_per_seq_at_context": m.kv_bytes_for_context(context_tokens, dep.kv_dtype_bytes),

@@ -33,6 +33,13 @@ class GPUSpec:
     source: str = ""
     int8_ops_per_s: float | None = None
     num_sms: int | None = None
+    driver_reserved_bytes: int = 0
+
+    @property
+    def cuda_total_bytes(self) -> int:
+        """What CUDA reports as the device's total (``cudaMemGetInfo``, vLLM's
+        ``total_gpu_memory``): nvidia-smi's Total less the driver's Reserved."""
+        return self.memory_bytes - self.driver_reserved_bytes
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -43,7 +50,11 @@ class GPUSpec:
 # Fields a catalogue entry or ``hardware.custom`` gives; the first three are required.
 REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
 OPTIONAL = ("fp8_flops_per_s", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
-            "num_sms")
+            "num_sms", "driver_reserved_bytes")
+# NOTE: nvidia-smi -q "FB Memory Usage / Reserved" on H100 80GB is 328-551 MiB across drivers; with
+# 551 MiB, 81,559 - 551 = 81,008 MiB = 79.11 GiB, the total_gpu_memory vLLM logs on that part
+# (kernels_profile/hardware.md). Used for NVIDIA parts without their own figure.
+DEFAULT_NVIDIA_RESERVED_BYTES = 551 * 2**20
 
 
 @lru_cache(maxsize=1)
@@ -76,10 +87,12 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
             source=str(d.get("source", "")),
             int8_ops_per_s=_opt(d, "int8_ops_per_s"),
             num_sms=_opt(d, "num_sms", int),
+            driver_reserved_bytes=int(d["driver_reserved_bytes"]) if d.get("driver_reserved_bytes") is not None
+            else DEFAULT_NVIDIA_RESERVED_BYTES,
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: bad value ({e})") from None
-    for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s"):
+    for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "cuda_total_bytes"):
         if not getattr(spec, k) > 0:
             raise UserError(f"{where}.{k}: must be > 0, got {getattr(spec, k)}")
     return spec

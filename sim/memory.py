@@ -2,8 +2,8 @@
 
 Why: vLLM sizes its KV cache as ``gpu_memory_utilization * memory - weights - peak
 activations - non-torch memory`` and divides by the block size (vLLM ``determine_num_available_blocks``);
-that block count, not the weights, caps concurrency. ``memory`` is the driver's total
-(``torch.cuda.mem_get_info()[1]``, nvidia-smi memory.total; ``catalog/gpus.yaml``). Under
+that block count, not the weights, caps concurrency. ``memory`` is the total CUDA reports
+(``torch.cuda.mem_get_info()[1]``: nvidia-smi's Total less its Reserved; ``GPUSpec.cuda_total_bytes``). Under
 pipeline parallelism each stage holds its layers' weights and KV; every worker profiles its own
 memory and the engine takes the smallest block count (vLLM ``determine_available_memory`` per
 worker, ``min`` over workers in the engine core).
@@ -94,7 +94,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     per_token = (2 * h + q + 2 * kv_dim + 3 * I) * b
     activation = max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4
     reserve = activation + NON_TORCH_BYTES
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    usable = gpu.cuda_total_bytes * gpu_memory_utilization
     kv_layer_gpu = model.kv_bytes_per_token_per_gpu(tp, kvb) / model.num_layers
     best = None
     for s, (w, n) in enumerate(zip(stage_w, layers)):
@@ -109,9 +109,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
         raise UserError(
             f"{where}: {model.name} does not fit on {gpu.key} with tensor_parallel_size={tp}"
             f"{f', pipeline_parallel_size={pp}' if pp > 1 else ''}: "
-            f"{gpu_memory_utilization:g} x {gpu.memory_bytes / GIB:.1f} GiB = {usable / GIB:.1f} GiB usable, "
+            f"{gpu_memory_utilization:g} x {gpu.cuda_total_bytes / GIB:.2f} GiB = {usable / GIB:.1f} GiB usable, "
             f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave "
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
-    return MemoryPlan(gpu.memory_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,
+    return MemoryPlan(gpu.cuda_total_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,
                       layers, stage_w)

@@ -41,6 +41,7 @@ class CustomGPU(_Strict):
     pcie_bw_bytes_per_s: Optional[float] = Field(None, gt=0)
     tdp_w: Optional[float] = Field(None, gt=0)
     num_sms: Optional[int] = Field(None, ge=1)
+    driver_reserved_bytes: Optional[int] = Field(None, ge=0)  # nvidia-smi -q Reserved (default 551 MiB)
 
 
 class Hardware(_Strict):

@@ -28,11 +28,13 @@ def test_memory_is_what_the_driver_exposes(key, mib):
     assert get_gpu(key).memory_bytes == mib * MIB
 
 
-def test_h100_usable_kv_memory_from_driver_total():
-    # 0.9 x 81,559 MiB = 73,403.1 MiB; Llama-3-8B bf16 weights 8,030,261,248 params x 2 B
+def test_h100_usable_kv_memory_from_cuda_total():
+    # CUDA total = nvidia-smi Total 81,559 MiB - Reserved 551 MiB = 81,008 MiB = 79.11 GiB, the
+    # total_gpu_memory vLLM logs; usable 0.9 x that. Llama-3-8B bf16: 8,030,261,248 params x 2 B
     m, g = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    assert g.cuda_total_bytes == 81_008 * MIB and round(g.cuda_total_bytes / 2**30, 2) == 79.11
     p = plan_memory(m, g, 1, 16, 0.9, 8192, 256)
-    assert p.usable_bytes == pytest.approx(0.9 * 81_559 * MIB)
+    assert p.usable_bytes == pytest.approx(0.9 * 81_008 * MIB)
     assert p.weight_bytes_per_gpu == 2 * 8_030_261_248
 
 

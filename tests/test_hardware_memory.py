@@ -21,7 +21,7 @@ def test_kv_blocks_from_leftover_memory():
     m, g = get_model("llama-3-8b"), get_gpu("h100-sxm")
     p = plan_memory(m, g, 1, 16, 0.9, 8192, 256)
     block = 16 * m.kv_bytes_per_token()
-    assert p.num_kv_blocks == int((g.memory_bytes * 0.9 - p.weight_bytes_per_gpu - p.activation_reserve_bytes) // block)
+    assert p.num_kv_blocks == int((g.cuda_total_bytes * 0.9 - p.weight_bytes_per_gpu - p.activation_reserve_bytes) // block)
     # about 58 GB left for KV on an 80 GiB H100: ~440k tokens
     assert 400_000 < p.kv_capacity_tokens < 480_000
 
@@ -37,4 +37,4 @@ def test_model_that_does_not_fit_names_the_numbers():
     with pytest.raises(UserError) as e:
         plan_memory(get_model("llama-3-70b"), get_gpu("h100-sxm"), 1, 16, 0.9, 8192, 256)
     msg = str(e.value)
-    assert "does not fit" in msg and "weights 131.4 GiB" in msg and "71.7 GiB usable" in msg  # 0.9 x 81,559 MiB (nvidia-smi)
+    assert "does not fit" in msg and "weights 131.4 GiB" in msg and "71.2 GiB usable" in msg  # 0.9 x 79.11 GiB (CUDA total)
