@@ -274,6 +274,13 @@ class Scenario(_Strict):
         e = self.engine
         if self.hardware.custom is not None and "gpu" in self.hardware.model_fields_set:
             raise ValueError("give hardware.gpu or hardware.custom, not both")
+        c = self.cluster
+        if c.pipeline_parallel_size > 1 and e.policy == "disaggregated":
+            raise ValueError("cluster.pipeline_parallel_size applies to colocated replicas; disaggregation "
+                             "pools take tensor_parallel_size only")
+        if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
+            raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
+                             "(without it every rank holds a slice of every expert and does equal work)")
         if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
             raise ValueError(
                 f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "

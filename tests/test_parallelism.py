@@ -120,3 +120,11 @@ def test_explain_shows_parallelism_and_architecture():
     e = explain(build_deployment(_scn("gemma-2-9b")), 8192, 1)
     assert (e["num_sliding_layers"], e["sliding_window_tokens"]) == (21, 4096)
     assert e["kv_bytes_per_seq_at_context"] == (21 * 8192 + 21 * 4096) * 2 * 8 * 256 * 2
+
+
+def test_parallelism_keys_that_would_be_ignored_are_errors():
+    with pytest.raises(UserError, match="needs cluster.enable_expert_parallel"):
+        _scn("mixtral-8x7b", expert_load_imbalance=1.3)
+    with pytest.raises(UserError, match="colocated replicas"):
+        scenario_from_dict({"cluster": {"pipeline_parallel_size": 2}, "engine": {"policy": "disaggregated"},
+                            "workload": {"synthetic": {}}})
