@@ -232,8 +232,8 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
 
     if isinstance(ref, dict):
         path = Path(ref["hf_config"])
-        if base_dir is not None and not path.is_absolute():
-            path = base_dir / path
+        if base_dir is not None and not path.is_absolute() and not path.exists():
+            path = base_dir / path  # the current directory first, then the scenario's (README)
         try:
             cfg = json.loads(path.read_text())
         except FileNotFoundError:

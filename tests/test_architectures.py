@@ -103,3 +103,11 @@ def test_unmodelled_architectures_are_refused_in_one_line(tmp_path):
     p.write_text('{"model_type": "t5", "is_encoder_decoder": true}')
     with pytest.raises(UserError, match="encoder-decoder"):
         get_model({"hf_config": str(p)})
+
+
+def test_relative_hf_config_looked_up_from_cwd_then_scenario_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(HF.parent.parent.parent)  # the repository root
+    m = get_model({"hf_config": "tests/fixtures/hf/gpt2/config.json"}, base_dir=tmp_path)
+    assert m.architecture == "gpt2"
+    monkeypatch.chdir(tmp_path)
+    assert get_model({"hf_config": "gpt2/config.json"}, base_dir=HF).architecture == "gpt2"
