@@ -61,16 +61,18 @@ def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | i
     experts each GPU holds under expert parallelism."""
     m, tp, pp = dep.model, dep.tp, dep.pp
     ep = getattr(dep.cost, "ep", 1)
+    max_layers = max(dep.memory.stage_layers or (m.num_layers,))
     return {
         "active_params": m.num_active_params,
         "gpu_memory_bytes": dep.gpu.cuda_total_bytes,
         "usable_memory_bytes": dep.memory.usable_bytes,
-        "kv_bytes_per_token_per_gpu": m.kv_bytes_per_token_per_gpu(tp, dep.kv_dtype_bytes) / pp,
+        # this GPU's heads of the largest stage's layers
+        "kv_bytes_per_token_per_gpu": m.kv_bytes_per_token_per_gpu(tp, dep.kv_dtype_bytes) / m.num_layers * max_layers,
         "kv_bytes_per_seq_at_context": m.kv_bytes_for_context(context_tokens, dep.kv_dtype_bytes),
         "num_sliding_layers": m.num_sliding_layers if m.sliding_window else 0,
         "sliding_window_tokens": m.sliding_window or 0,
         "pipeline_parallel_size": pp,
-        "max_layers_per_stage": max(dep.memory.stage_layers or (m.num_layers,)),
+        "max_layers_per_stage": max_layers,
         "pp_send_bytes_per_token_per_gpu": 2 * m.hidden_size * m.dtype_bytes / tp if pp > 1 else 0,
         "expert_parallel_size": ep,
         "experts_per_gpu": m.num_experts / ep if m.num_experts > 1 else 0,
