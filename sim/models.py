@@ -167,6 +167,25 @@ class ModelSpec:
     def num_params(self) -> int:
         return self._total(self.mlp_params_per_layer)
 
+    @property
+    def linear_params(self) -> int:
+        """Weights of the linear layers (attention projections, every MLP and expert matrix;
+        no norms, biases, routers or embeddings): those weight quantization stores narrower."""
+        h = self.hidden_size
+        if self.is_mla:
+            nope = self.head_dim - self.qk_rope_head_dim
+            qh = self.num_heads * self.head_dim
+            attn = (h * self.q_lora_rank + self.q_lora_rank * qh) if self.q_lora_rank else h * qh
+            attn += h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            attn += self.kv_lora_rank * self.num_heads * (nope + self.v_head_dim) + self.num_heads * self.v_head_dim * h
+        else:
+            attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        mats = 3 if self.mlp_gated else 2
+        dense = mats * h * self.intermediate_size
+        moe = mats * h * (self.num_experts * (self.moe_intermediate_size or self.intermediate_size)
+                          + self.shared_expert_intermediate_size)
+        return self.num_layers * attn + (self.num_layers - self.num_moe_layers) * dense + self.num_moe_layers * moe
+
     def layer_params(self, i: int) -> int:
         """Weights of decoder layer ``i`` (a leading dense layer of an MoE model has a dense MLP)."""
         moe = self.num_experts > 1 and i >= self.num_dense_layers

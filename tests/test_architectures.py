@@ -111,3 +111,10 @@ def test_relative_hf_config_looked_up_from_cwd_then_scenario_dir(tmp_path, monke
     assert m.architecture == "gpt2"
     monkeypatch.chdir(tmp_path)
     assert get_model({"hf_config": "gpt2/config.json"}, base_dir=HF).architecture == "gpt2"
+
+
+def test_linear_params_leave_out_embeddings_norms_and_routers():
+    m = get_model("llama-3-8b")
+    assert m.num_params - m.linear_params == 2 * 128_256 * 4096 + (2 * 32 + 1) * 4096
+    x = get_model("mixtral-8x7b")  # routers: 32 layers x 4096 x 8
+    assert x.num_params - x.linear_params == 32_000 * 4096 * 2 + (2 * 32 + 1) * 4096 + 32 * 4096 * 8
