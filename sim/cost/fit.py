@@ -260,8 +260,8 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     """The first-principles step terms for ``gpu``, chosen on ``df`` (the fit's own rows) by
     ``_inner_p90``: the GEMM output tile of the wave term (``GEMM_TILES``, None included) and,
     for FA2 decode kernels, the cost of the split-KV combine kernel (``COMBINE_S``, 0 included).
-    GPUs without an SM count in ``NUM_SMS`` get neither."""
-    sms = NUM_SMS.get(gpu.key)
+    GPUs without an SM count (``NUM_SMS``, else the catalogue's ``num_sms``) get neither."""
+    sms = NUM_SMS.get(gpu.key) or gpu.num_sms
     terms: dict = {}
     if sms is None:
         return terms
