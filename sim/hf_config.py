@@ -154,6 +154,14 @@ def _gptj(c: _Cfg, f: dict, _: str) -> dict:
     return f
 
 
+def _phi(c: _Cfg, f: dict, _: str) -> dict:
+    """Phi-1/1.5/2 (HF modeling_phi.py): one LayerNorm feeding attention and MLP in parallel,
+    biased q/k/v/dense, biased GELU MLP (fc1, fc2), biased untied LM head, partial RoPE."""
+    f.update(intermediate_size=int(c.need("intermediate_size")), mlp_gated=False, mlp_bias=True, attention_bias=True,
+             o_bias=True, norm_bias=True, norms_per_layer=1, parallel_attn_mlp=True, lm_head_bias=True)
+    return f
+
+
 def _gpt_neox(c: _Cfg, f: dict, _: str) -> dict:
     """GPT-NeoX / Pythia (HF modeling_gpt_neox.py): biased attention and GELU MLP, two
     LayerNorms, parallel residual by default, untied output embedding, (partial) RoPE."""
@@ -203,7 +211,7 @@ READERS = {
     "gemma": (_llama, True), "gemma2": (_llama, True), "gemma3_text": (_llama, True),
     "gpt_oss": (_gpt_oss, False), "deepseek_v2": (_deepseek, False), "deepseek_v3": (_deepseek, False),
     "falcon": (_falcon, True), "RefinedWeb": (_falcon, True), "RefinedWebModel": (_falcon, True),
-    "gptj": (_gptj, False), "gpt_neox": (_gpt_neox, False), "opt": (_opt, True), "bloom": (_bloom, True),
+    "gptj": (_gptj, False), "phi": (_phi, False), "gpt_neox": (_gpt_neox, False), "opt": (_opt, True), "bloom": (_bloom, True),
     "gpt2": (_gpt2, True),
 }
 

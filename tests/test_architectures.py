@@ -23,6 +23,7 @@ def hf(name):
     ("falcon-7b", 6_921_720_704),  # parallel attn+MLP, multi-query (1 KV head), one LayerNorm
     ("gpt2", 124_439_808),         # learned positions, tied
     ("pythia-1b", 1_011_781_632),  # GPT-NeoX: parallel residual, untied, biased
+    ("phi-2", 2_779_683_840),      # parallel attn+MLP, one LayerNorm, biased LM head
 ])
 def test_hf_architectures_count_exactly(name, params):
     assert hf(name).num_params == params
