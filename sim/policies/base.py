@@ -152,28 +152,19 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         budget = self.limits.max_num_batched_tokens
         plan = StepPlan(1, 0, 0, 0)
-        if self.prefilling and not self._everyone_fits(budget):
+        fast = self._running_without_conflict(budget)
+        if fast is None:
             budget = self._schedule_running(plan, budget, now)
-        elif self.prefilling:  # all running requests get their tokens: order cannot matter
+        else:  # the loop would give every decode its token and these chunks, in this order
             plan.decode_blocks = ds.blocks_next_step()
             kv.allocate_blocks(plan.decode_blocks)
             budget -= ds.num_seqs
-            thr = self.limits.long_prefill_token_threshold
-            for req in self.prefilling.values():
-                n = req.prefill_target - req.num_computed
-                if 0 < thr < n:
-                    n = thr
+            for req, n in fast:
                 kv.allocate(req, req.num_computed + n)
                 kv.cache(req, req.num_computed + n)
                 plan.chunks.append((req, n))
                 plan.chunk_contexts.append(req.num_computed)
                 budget -= n
-        elif ds.num_seqs > budget or ds.blocks_next_step() > kv.num_free:
-            budget = self._schedule_running(plan, budget, now)
-        elif ds.num_seqs:  # only decodes, all fitting: all of them, as the loop would
-            plan.decode_blocks = ds.blocks_next_step()
-            kv.allocate_blocks(plan.decode_blocks)
-            budget -= ds.num_seqs
         if plan.preempted:
             self.wait_clocks.kv_blocked = True  # V1 admits nothing in a step that preempted
         elif self.waiting:
@@ -192,18 +183,37 @@ class Scheduler:
         kv.allocate_blocks(plan.decode_blocks)
         return plan
 
-    def _everyone_fits(self, budget: int) -> bool:
-        """Whether every running request's tokens and blocks for the next step fit at once."""
-        ds, bs = self.decode, self.kv.block_size
+    def _running_without_conflict(self, budget: int) -> list[tuple[Request, int]] | None:
+        """The chunks of the running prompts when the ordered loop cannot preempt or leave a
+        decode out (None otherwise): every decode and chunk gets its blocks, and either
+        everything fits the budget or the prompts in progress are the last admitted (so the
+        decodes come first and the prompts share what is left, in order)."""
+        ds, kv = self.decode, self.kv
+        if ds.num_seqs > budget:
+            return None
+        blocks = ds.blocks_next_step()
+        if not self.prefilling:
+            return [] if blocks <= kv.num_free else None
+        bs = kv.block_size
         thr = self.limits.long_prefill_token_threshold
-        tokens, blocks = ds.num_seqs, ds.blocks_next_step()
+        tail = reversed(self.running)
+        in_order = all(next(tail) in self.prefilling for _ in range(len(self.prefilling)))
+        left = budget - ds.num_seqs
+        chunks = []
         for req in self.prefilling.values():
             n = req.prefill_target - req.num_computed
             if 0 < thr < n:
                 n = thr
-            tokens += n
+            if n > left:
+                if not in_order:
+                    return None
+                n = left
+            if n <= 0:
+                break
+            chunks.append((req, n))
+            left -= n
             blocks += blocks_for(req.num_computed + n, bs) - req.num_blocks
-        return tokens <= budget and blocks <= self.kv.num_free
+        return chunks if blocks <= kv.num_free else None
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         """The running requests one by one (vLLM's loop over ``self.running``); returns the
