@@ -51,8 +51,10 @@ def test_multi_turn_reuses_previous_context():
         lens = w.input_tokens[idx].tolist()
         assert lens == [40, 100, 160][: len(idx)]  # previous prompt + answer + new message
         for a, b in zip(idx[:-1], idx[1:]):
-            k = w.input_tokens[a] // 16
-            assert np.array_equal(w.hash_ids[b][:k], w.hash_ids[a][:k])
+            # a turn's ids describe its prompt and its answer; the next prompt repeats them all
+            k = -(-(w.input_tokens[a] + w.output_tokens[a]) // 16)
+            assert len(w.hash_ids[a]) == k
+            assert np.array_equal(w.hash_ids[b][:k], w.hash_ids[a])
             assert not np.isin(w.hash_ids[b][k:], w.hash_ids[a]).any()
 
 
