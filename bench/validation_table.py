@@ -30,7 +30,10 @@ def main() -> None:
         print(f"- {line}")
     skipped = [r for r in rows if r.simulated is None]
     if skipped:
-        print(f"- not reproduced ({len(skipped)} rows): " + "; ".join(f"{r.id} ({r.reason})" for r in skipped))
+        from collections import Counter
+
+        why = Counter(r.reason for r in skipped)
+        print(f"- not reproduced ({len(skipped)} rows): " + "; ".join(f"{n} x {reason}" for reason, n in why.items()))
 
 
 if __name__ == "__main__":

@@ -146,8 +146,13 @@ def _metric(summary: dict, metric: str) -> float:
         return summary["output_throughput"] / summary["simsrv_num_gpus"]
     v = summary.get(metric)
     if v is None:
-        raise UserError(f"validation metric {metric}: not in the run's summary")
+        why = ", ".join(f"{n} x {k}" for k, n in summary.get("simsrv_failed_reasons", {}).items())
+        raise MetricMissing(f"the simulated run has no {metric}" + (f" (failed: {why})" if why else ""))
     return float(v)
+
+
+class MetricMissing(Exception):
+    """The run produced no value for the row's metric."""
 
 
 class Runner:
@@ -202,7 +207,10 @@ def run_validation(case: str | None = None, directory: Path | None = None, progr
     runner = Runner(directory)
     todo = [r for r in rows if r.id in needed and r.level != "ordering" and r.status == "ok"]
     for i, r in enumerate(todo):
-        r.simulated = runner.simulate(r)
+        try:
+            r.simulated = runner.simulate(r)
+        except MetricMissing as e:  # e.g. every request failed: listed with the reason, not counted
+            r.status, r.reason = "not-reproducible", str(e)
         if progress is not None:
             progress(i + 1, len(todo), r.id)
     for r in chosen:

@@ -86,3 +86,13 @@ def test_html_page_lists_cases_and_not_reproduced_rows(tmp_path):
         assert word in text
     assert "ordering: 1 of 1 right (target: all)" in summary_lines(rows)
     assert page.specs  # the simulated-vs-measured chart
+
+
+def test_a_row_whose_requests_all_fail_is_listed_with_the_reason(tmp_path):
+    _case(tmp_path, ["T/128", "T/1024"])
+    d = yaml.safe_load((tmp_path / "T.yaml").read_text())
+    d["rows"][1]["scenario"]["engine"] = {"max_model_len": 512}  # the 1024-token prompt cannot be served
+    (tmp_path / "T.yaml").write_text(yaml.safe_dump(d))
+    rows = {r.id: r for r in run_validation(None, tmp_path)}
+    assert rows["T/1024"].simulated is None and "max_model_len 512" in rows["T/1024"].reason
+    assert rows["T/order"].simulated is None  # it ranks a row that did not run
