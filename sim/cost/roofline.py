@@ -380,7 +380,8 @@ class RooflineCostModel:
         # the step's total is max(gpu, knee) (+ serial CPU): it bends where gpu crosses the knee
         launch = 0.0 if eng.graphed(n, has_prefill) else L * eng.eager_launch_per_layer_s
         knee = max(launch, eng.cpu_s(n, has_prefill, tp)) if eng.overlap_cpu else launch
-        step_s.kinked = lambda c: rest + self._attn_decode_s(n, c) >= knee
+        # the GPU time is at least the other kernels': no knee to find when they alone reach it
+        step_s.kinked = None if rest >= knee else (lambda c: rest + self._attn_decode_s(n, c) >= knee)
         return step_s
 
     def _pieces(self, b: Batch, f, f0: float):
