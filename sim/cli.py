@@ -22,8 +22,22 @@ err_console = Console(stderr=True)
 _verbose = {"on": False}
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("simsrv")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            v = "unknown (not installed)"
+        out_console.print(f"simsrv {v}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors.")):
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors."),
+          _v: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                  help="Print simsrv's version and exit.")):
     _verbose["on"] = verbose
 
 
@@ -68,10 +82,11 @@ def run(
     chunk: Optional[int] = typer.Option(None, "--chunk", help="Policy chunked with this max_num_batched_tokens."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default reports/runs/NAME-POLICY)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and warnings."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the run directory if it already exists."),
 ):
     """Simulate one scenario; print a summary table and write the run directory."""
-    from sim.output import write_run
+    from sim.output import check_new_run_dir, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
     from sim.summary import summarize
@@ -79,6 +94,9 @@ def run(
     from sim.workload.build import should_stream
 
     s = load_scenario(scenario, _overrides(policy, chunk, set_))
+    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
+    out = out or Path("reports/runs") / f"{s.name}-{tag}"
+    check_new_run_dir(out, force)
     if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
         with err_console.status("simulating (streaming the trace)"):
             result = run_scenario(s)
@@ -88,8 +106,8 @@ def run(
         with progress:
             result = run_scenario(s, progress=cb, workload=arrays)
     summary = summarize(result)
-    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
-    out_dir = write_run(result, summary, out or Path("reports/runs") / f"{s.name}-{tag}")
+    out_dir = write_run(result, summary, out)
+    print_warnings(summary)
     if quiet:
         return
     out_console.print(_summary_table(summary))
@@ -105,8 +123,14 @@ def run(
         + f"  (simulated in {summary['simsrv_wall_s']:.1f} s wall)"
     )
     for reason, n in summary["simsrv_failed_reasons"].items():
-        out_console.print(f"failed: {n} x {reason}")
+        out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/")
+
+
+def print_warnings(summary: dict) -> None:
+    """The run's warnings (result.json simsrv_warnings), one line each on stderr."""
+    for w in summary.get("simsrv_warnings", []):
+        err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import polars as pl
+
+from sim.errors import UserError
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
@@ -20,8 +25,29 @@ STEP_COLUMNS = (
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    result.requests.select(REQUEST_COLUMNS).write_parquet(out / "requests.parquet", statistics=False)
+    (out / "result.json").write_text(json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
+    # a time that never happened (a failed request's first token) is null, not NaN
+    requests = result.requests.select(REQUEST_COLUMNS).with_columns(pl.col(pl.Float64).fill_nan(None))
+    requests.write_parquet(out / "requests.parquet", statistics=False)
     result.steps.select(STEP_COLUMNS).write_parquet(out / "steps.parquet", statistics=False)
     (out / "scenario.resolved.yaml").write_text(result.scenario.to_yaml())
     return out
+
+
+def _json_safe(v):
+    """NaN and infinities become null: JSON has no such numbers, and a figure that does not exist is null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def check_new_run_dir(path: str | Path, force: bool, flag: str = "--force") -> None:
+    """Refuse to write into a directory that already holds files, unless ``force``: a second run
+    must not silently replace the first one's results."""
+    p = Path(path)
+    if not force and p.is_dir() and any(p.iterdir()):
+        raise UserError(f"{p}: already exists and is not empty; pass {flag} to overwrite it, or --out another directory")

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections import Counter
-
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
 from sim.policies import get_policy
+from sim.run_warnings import failure_kinds, run_warnings
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -95,7 +94,7 @@ def summarize(result) -> dict:
     good = int(goodput_mask(cols, ok, s.slo).sum()) if has_slo else None
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     model_id = s.model if isinstance(s.model, str) else (s.model.name or s.model.hf_config)
-    reasons = Counter(rq.filter(~rq["status"].eq("completed"))["fail_reason"].to_list())
+    reasons = failure_kinds(rq.filter(~rq["status"].eq("completed"))["fail_reason"].to_list())
     dep = result.deployment
     out: dict = {
         "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -119,6 +118,8 @@ def summarize(result) -> dict:
     out.update(_ms(plain_stats(cols["ttft_s"][ok]), "ttft"))
     out.update(_ms(plain_stats(cols["tpot_s"][ok]), "tpot"))
     out.update(_ms(weighted_stats(gaps, counts), "itl"))
+    out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = _itl_tail_ms(gaps, counts)
+    out["simsrv_num_itl_samples"] = int(counts[counts > 0].sum()) if len(counts) else 0
     out.update(_ms(plain_stats(cols["e2el_s"][ok]), "e2el"))
     q = plain_stats(cols["queue_s"][ok])
     out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
@@ -132,7 +133,7 @@ def summarize(result) -> dict:
         "simsrv_router": s.cluster.router,
         "simsrv_seed": s.seed,
         "simsrv_num_preemptions": int(cols["num_preemptions"].sum()),
-        "simsrv_failed_reasons": dict(sorted(reasons.items())),
+        "simsrv_failed_reasons": reasons,
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
         "simsrv_peak_kv_usage": result.peak_kv_usage,
@@ -158,4 +159,22 @@ def summarize(result) -> dict:
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
     })
+    out["simsrv_warnings"] = run_warnings(out, rq["arrival_s"].to_numpy()[ok], cols["queue_s"][ok],
+                                          (cols["e2el_s"] - cols["queue_s"])[ok])
     return out
+
+
+def _itl_tail_ms(gaps: np.ndarray, counts: np.ndarray) -> tuple[float | None, float | None]:
+    """p99.9 (numpy's linear method on the expanded multiset) and max ITL, in ms: the rare
+    long stalls (a long prefill sharing a step with decodes) that p99 hides."""
+    keep = counts > 0
+    gaps, counts = gaps[keep], counts[keep].astype(np.int64)
+    if not len(gaps):
+        return None, None
+    order = np.argsort(gaps, kind="stable")
+    v, cum = gaps[order], np.cumsum(counts[order])
+    pos = 0.999 * (int(cum[-1]) - 1)
+    lo = int(np.floor(pos))
+    a = float(v[np.searchsorted(cum, lo + 1)])
+    b = float(v[np.searchsorted(cum, min(lo + 2, int(cum[-1])))])
+    return (a + (b - a) * (pos - lo)) * 1e3, float(v[-1]) * 1e3

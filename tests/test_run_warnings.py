@@ -1,0 +1,74 @@
+"""What a run says beyond its figures: saturation, failures by kind, null times, no silent
+overwrite of a run directory, ``--version``."""
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import yaml
+
+from sim.run import run_scenario
+from sim.run_warnings import failure_kinds
+from sim.scenario import scenario_from_dict
+from sim.summary import summarize
+from tests.conftest import ROOT, small_scenario
+
+
+def simsrv(*args):
+    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+
+
+def _saturating(rate: float, max_model_len: int = 1200) -> dict:
+    raw = small_scenario()
+    raw["engine"]["max_model_len"] = max_model_len
+    raw["workload"]["synthetic"].update(num_requests=400, request_rate=rate)
+    return raw
+
+
+def test_failure_reasons_are_grouped_by_kind():
+    reasons = [f"prompt+output {n} tokens > max_model_len 8192" for n in range(9000, 14000)]
+    reasons += ["needs 900 KV blocks for 14000 tokens; replica has 800"] * 3
+    assert failure_kinds(reasons) == {"prompt+output 9000-13999 tokens > max_model_len 8192": 5000,
+                                      "needs 900 KV blocks for 14000 tokens; replica has 800": 3}
+
+
+def test_saturation_is_warned_and_a_stable_run_is_not():
+    """Llama-3-8B on one H100 serves ~30 req/s of these requests: 200 req/s offered saturates it,
+    20 req/s does not."""
+    hot = summarize(run_scenario(scenario_from_dict(_saturating(200.0, 8192), "t")))
+    cold = summarize(run_scenario(scenario_from_dict(_saturating(20.0, 8192), "t")))
+    assert hot["failed"] == cold["failed"] == 0
+    assert len(hot["simsrv_warnings"]) == 1 and hot["simsrv_warnings"][0].startswith("saturated: served ")
+    assert "of 200.00 req/s offered" in hot["simsrv_warnings"][0]
+    assert cold["simsrv_warnings"] == []
+
+
+def test_run_cli_warns_refuses_overwrite_and_writes_null_times(tmp_path):
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(_saturating(200.0)))
+    out = tmp_path / "run"
+    p = simsrv("run", s, "--out", out)
+    assert p.returncode == 0, p.stderr
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2 and "saturated" in warnings[0] and "(12%) failed" in warnings[1]
+    failed_lines = [line for line in p.stdout.splitlines() if line.startswith("failed: ")]
+    assert failed_lines == ["failed: 46 x prompt+output 1208-4017 tokens > max_model_len 1200"]
+    result = json.loads((out / "result.json").read_text())
+    assert result["simsrv_warnings"] == [w.removeprefix("warning: ") for w in warnings]
+    assert result["simsrv_max_itl_ms"] >= result["p99.9_itl_ms"] >= result["p99_itl_ms"] > 0
+    req = pl.read_parquet(out / "requests.parquet").filter(pl.col("status") == "failed")
+    assert req.height == 46
+    for col in ("ttft_s", "tpot_s", "e2el_s", "first_token_s", "first_scheduled_s", "queue_s"):
+        assert req[col].null_count() == 46 and req[col].is_nan().sum() == 0, col
+    before = (out / "result.json").read_bytes()
+    again = simsrv("run", s, "--out", out, "--set", "seed=2")
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--force" in again.stderr
+    assert (out / "result.json").read_bytes() == before
+    assert simsrv("run", s, "--out", out, "--set", "seed=2", "--force", "-q").returncode == 0
+    assert (out / "result.json").read_bytes() != before
+
+
+def test_version():
+    p = simsrv("--version")
+    assert p.returncode == 0 and p.stdout.startswith("simsrv ") and p.stdout.split()[1][0].isdigit()
