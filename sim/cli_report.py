@@ -21,6 +21,7 @@ def compare(
     chunk: Optional[int] = typer.Option(None, "--chunk", help="max_num_batched_tokens of the chunked run."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key for every run: dotted.key=value."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/compare/NAME)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the run directories if they already exist."),
 ):
     """Same workload and seed through each policy; one self-contained HTML report."""
     from sim.compare import parse_policies, run_compare
@@ -33,9 +34,11 @@ def compare(
     def on_run(label: str, s: dict) -> None:
         console.print(f"{label:>16}: TTFT p50 {s['p50_ttft_ms']:,.1f} / p99 {s['p99_ttft_ms']:,.1f} ms, "
                       f"TPOT p99 {s['p99_tpot_ms'] or 0:,.1f} ms, {s['request_throughput']:.2f} req/s, "
-                      f"{s['failed']} failed")
+                      f"{s['failed']} failed", markup=False, highlight=False)
+        for w in s.get("simsrv_warnings", []):
+            console.print(f"{'':>16}  warning: {w}", markup=False, highlight=False)
 
-    report = run_compare(scenario, pols, chunk, set_, out_dir, on_run)
+    report = run_compare(scenario, pols, chunk, set_, out_dir, on_run, force)
     console.print(f"wrote {report}")
 
 
@@ -62,16 +65,18 @@ def diagnose(
                                             "(default scenarios/chat.yaml: Llama-3-8B, one H100)."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/diagnose/TRACE)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the output directory's run if it exists."),
 ):
     """Replay a production trace and explain its p99 TTFT: cause, evidence, ranked fixes."""
     from sim.diagnose import diagnose as run_diagnose
-    from sim.output import write_run
+    from sim.output import check_new_run_dir, write_run
     from sim.reporting.diagnose_page import build_diagnose_page
 
     if not trace.exists():
         raise UserError(f"{trace}: trace file not found")
-    d = run_diagnose(trace, scenario, set_)
     out_dir = out or Path("reports/diagnose") / trace.stem
+    check_new_run_dir(out_dir / "run", force)
+    d = run_diagnose(trace, scenario, set_)
     run_dir = write_run(d.result, d.summary, out_dir / "run")
     page = build_diagnose_page(d, run_dir)
     page.write(out_dir / "report.html")

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.output import write_run
-from sim.policies import policy_names
+from sim.output import check_new_run_dir, write_run
+from sim.policies import get_policy, policy_names
 from sim.reporting.compare_page import build_compare_page
 from sim.reporting.rundata import load_run
 from sim.run import run_scenario
@@ -31,16 +31,45 @@ def parse_policies(text: str) -> list[str]:
     return policies
 
 
-def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str], out_dir: Path,
-                on_run: Callable[[str, dict], None] | None = None) -> Path:
-    """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    labels = []
+def policy_scenarios(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str]) -> list:
+    """Every policy's scenario, loaded and its deployment built, before any run: a key, a chunk
+    size or a deployment that one policy cannot use fails here, not after the other runs."""
+    scenarios = []
     for policy in policies:
         overrides = [*sets, f"engine.policy={policy}"]
         if policy == "chunked" and chunk is not None:
             overrides.append(f"engine.max_num_batched_tokens={chunk}")
-        s = load_scenario(scenario_path, overrides)
+        try:
+            s = load_scenario(scenario_path, overrides)
+            check_deployment(s)
+        except UserError as e:
+            raise UserError(f"policy {policy}: {e}") from None
+        scenarios.append(s)
+    return scenarios
+
+
+def check_deployment(s) -> None:
+    """Build the deployment(s) a run of ``s`` would use (the model must fit, TP must divide...)."""
+    from sim.deployment import build_deployment
+    from sim.scenario import Disaggregation
+
+    if get_policy(s.engine.policy).pools:
+        d = s.disaggregation or Disaggregation()
+        build_deployment(s, d.prefill.gpu, d.prefill.tensor_parallel_size, "disaggregation.prefill")
+        build_deployment(s, d.decode.gpu, d.decode.tensor_parallel_size, "disaggregation.decode")
+    else:
+        build_deployment(s)
+
+
+def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str], out_dir: Path,
+                on_run: Callable[[str, dict], None] | None = None, force: bool = False) -> Path:
+    """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``."""
+    scenarios = policy_scenarios(scenario_path, policies, chunk, sets)
+    for policy in policies:
+        check_new_run_dir(out_dir / policy, force)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labels = []
+    for policy, s in zip(policies, scenarios):
         result = run_scenario(s)
         summary = summarize(result)
         label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")

@@ -11,50 +11,8 @@ import yaml
 from sim.notes import notes_for
 from sim.reporting import charts
 from sim.reporting.html import Page
+from sim.reporting.metrics_table import metrics_table
 from sim.reporting.rundata import RunData, scenario_differences
-
-# (row label, result.json key, better: "min", "max" or None)
-ROWS = [
-    ("GPUs", "simsrv_num_gpus", None),
-    *[(f"TTFT {p} (ms)", f"{p}_ttft_ms", "min") for p in ("p50", "p90", "p99")],
-    *[(f"TPOT {p} (ms)", f"{p}_tpot_ms", "min") for p in ("p50", "p90", "p99")],
-    *[(f"ITL {p} (ms)", f"{p}_itl_ms", "min") for p in ("p50", "p90", "p99")],
-    *[(f"E2E latency {p} (ms)", f"{p}_e2el_ms", "min") for p in ("p50", "p90", "p99")],
-    *[(f"queue time {p} (ms)", f"simsrv_{p}_queue_time_ms", "min") for p in ("p50", "p90", "p99")],
-    ("requests / s", "request_throughput", "max"),
-    ("output tokens / s", "output_throughput", "max"),
-    ("total tokens / s", "total_token_throughput", "max"),
-    ("goodput (req / s meeting the SLO)", "request_goodput", "max"),
-    ("completed", "completed", "max"),
-    ("failed", "failed", "min"),
-    ("preemptions", "simsrv_num_preemptions", "min"),
-    ("peak KV use", "simsrv_peak_kv_usage", "min"),
-]
-
-
-def _fmt(key: str, v) -> str:
-    if v is None:
-        return "-"
-    if key == "simsrv_peak_kv_usage":
-        return f"{v:.0%}"
-    if isinstance(v, float):
-        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
-    return f"{v:,}"
-
-
-def metrics_table(page: Page, runs: list[RunData]) -> None:
-    rows, best = [], set()
-    for i, (label, key, better) in enumerate(ROWS):
-        values = [r.summary.get(key) for r in runs]
-        rows.append([label, *(_fmt(key, v) for v in values)])
-        present = [v for v in values if v is not None]
-        if better and len(present) > 1 and len(set(present)) > 1:
-            target = min(present) if better == "min" else max(present)
-            best |= {(i, j + 1) for j, v in enumerate(values) if v == target}
-    page.table(["metric", *(r.label for r in runs)], rows, best)
-    page.paragraph("Best value per row highlighted. Latencies follow vLLM bench definitions; goodput counts "
-                   "completed requests meeting every SLO of the scenario.", cls="note")
-
 
 def build_compare_page(runs: list[RunData], title: str) -> Page:
     page = Page(title)

@@ -8,7 +8,7 @@ import polars as pl
 import yaml
 
 from sim.reporting import charts
-from sim.reporting.compare_page import metrics_table
+from sim.reporting.metrics_table import metrics_table
 from sim.reporting.html import Page
 from sim.reporting.rundata import RunData
 
