@@ -82,11 +82,11 @@ def diagnose(
     page.write(out_dir / "report.html")
     for s in d.sentences:
         console.print(f"- {s}", markup=False, highlight=False)
-    console.print("candidates, best first:")
+    console.print("candidates (each a full simulation of every request), best per GPU added first:")
     for c in d.candidates:
-        console.print(f"  {c.name:<18} p99 TTFT {c.p99_ttft_ms or 0:>10,.1f} ms (gain {c.ttft_gain_ms or 0:+,.1f}), "
-                      f"p99 TPOT {c.p99_tpot_ms or 0:,.1f} ms ({c.tpot_cost_ms or 0:+.1f})  [{c.change}]",
-                      markup=False, highlight=False)
+        console.print(f"  {c.name:<20} +{c.gpus_added} GPU ({c.gpus} in all)  p99 TTFT {c.p99_ttft_ms or 0:>10,.1f} ms "
+                      f"(gain {c.ttft_gain_ms or 0:+,.1f}), p99 TPOT {c.p99_tpot_ms or 0:,.1f} ms "
+                      f"({c.tpot_cost_ms or 0:+.1f}), {c.failed:,} failed  [{c.change}]", markup=False, highlight=False)
     console.print(f"wrote {out_dir / 'report.html'}")
 
 

@@ -4,8 +4,8 @@ Why: users come with "p99 TTFT is 13x the median" and need the cause and the fix
 is read from the exact TTFT decomposition of the slowest 1% (sim/ttft.py) and from the
 signature the serving literature uses: a p99/p50 TTFT ratio far above what prompt-length
 variance explains (each prompt's prefill alone) means queueing. Fixes are not guessed: the
-trace is re-run with each candidate change and the candidates are ranked by p99 TTFT gained
-and p99 TPOT paid.
+trace's every request is re-run with each candidate change (sim/diagnose_fixes.py) and the
+candidates are ranked by p99 TTFT gained per GPU added, then p99 TPOT paid.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import numpy as np
 import polars as pl
 
 from sim.batch import Batch
+from sim.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, setup_sentence
+from sim.diagnose_fixes import Candidate, evaluate
 from sim.errors import UserError
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.summary import summarize
 from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
-from sim.policies import get_policy
 
 CAUSES = {
     "queueing": ("ttft_wait_batch_s",),
@@ -32,18 +33,6 @@ CAUSES = {
     "interference": ("ttft_interference_s", "ttft_overhead_s"),
 }
 QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
-
-
-@dataclass
-class Candidate:
-    name: str
-    change: str
-    p99_ttft_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    p50_ttft_ms: float | None = None
-    ttft_gain_ms: float | None = None
-    tpot_cost_ms: float | None = None
-    note: str = ""
 
 
 @dataclass
@@ -61,6 +50,7 @@ class Diagnosis:
     tail_arrivals_s: np.ndarray
     floor: dict[str, float]
     measured: dict[str, float] = field(default_factory=dict)
+    prefix_reuse: float | None = None   # the trace's prefix-block reuse (an infinite cache's hit rate)
 
 
 def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> Scenario:
@@ -107,43 +97,6 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
             "tpot_ms": tpot, "bandwidth_fraction": floor_ms / tpot}
 
 
-def _candidates(s: Scenario, arrays: RequestArrays) -> list[tuple[Candidate, list[str], RequestArrays | None]]:
-    e = s.engine
-    out: list[tuple[Candidate, list[str], RequestArrays | None]] = []
-    if e.policy in ("static", "continuous"):
-        budget = min(e.max_num_batched_tokens, 2048)
-        out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
-                    ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"], None))
-    if get_policy(e.policy).pools:
-        n = (s.disaggregation.prefill.replicas if s.disaggregation else 1) + 1
-        out.append((Candidate("add capacity", f"one more prefill replica ({n})"),
-                    [f"disaggregation.prefill.replicas={n}"], None))
-    else:
-        n = s.cluster.replicas + 1
-        out.append((Candidate("add capacity", f"one more replica ({n})"), [f"cluster.replicas={n}"], None))
-    cap = int(np.percentile(arrays.input_tokens, 95))
-    keep = np.flatnonzero(arrays.input_tokens <= cap)
-    if 0 < len(keep) < len(arrays):
-        out.append((Candidate("cap prompt length", f"prompts > {cap:,} tokens (the longest 5%) routed to a "
-                              "separate pool", note="p99 over the requests this pool still serves"),
-                    [], arrays.take(keep)))
-    if arrays.hash_ids is not None and not e.enable_prefix_caching:
-        out.append((Candidate("prefix caching", "engine.enable_prefix_caching=true"),
-                    ["engine.enable_prefix_caching=true"], None))
-    if e.kv_cache_dtype == "auto":
-        out.append((Candidate("fp8 KV cache", "engine.kv_cache_dtype=fp8"), ["engine.kv_cache_dtype=fp8"], None))
-    return out
-
-
-def _rerun(s: Scenario, sets: list[str], arrays: RequestArrays) -> dict:
-    raw = s.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-    from sim.scenario import parse_override, set_dotted
-
-    for text in sets:
-        set_dotted(raw, *parse_override(text))
-    return summarize(run_scenario(scenario_from_dict(raw, "candidate", s.base_dir), workload=arrays))
-
-
 def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = ()) -> Diagnosis:
     s = _trace_scenario(trace, scenario_path, list(sets))
     arrays = build_workload(s)
@@ -163,7 +116,10 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     prompt_ratio = _solo_prefill_ratio(result)
     total_tail = sum(tail_ms.values()) or 1.0
 
-    sentences = [
+    reuse, router_hint, reuse_text = reuse_check(s, arrays, summary)
+    sentences = [setup_sentence(s, summary)]
+    sentences += [x for x in (failure_sentence(summary), grid_sentence(s, arrays)) if x]
+    sentences += [
         f"p99 TTFT is {p99 * 1e3:,.0f} ms, {ttft_ratio:.1f}x the median ({p50 * 1e3:,.0f} ms). Prompt lengths alone "
         f"(each prompt's prefill with nothing else running) explain a p99/p50 of {prompt_ratio:.1f}x.",
         f"In the slowest 1% ({tail.height} requests), {shares[cause] / total_tail:.0%} of TTFT is {cause}: "
@@ -174,8 +130,9 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
                          "and tail requests spend their time waiting for a batch slot or token budget. Add capacity "
                          "or admission control; chunked prefill helps only if long prefills hold the queue.")
     elif cause == "queueing":
-        sentences.append("Tail requests mostly wait for admission, but the tail ratio is close to what prompt lengths "
-                         "explain: long prompts ahead of them hold the queue.")
+        sentences.append(f"Tail requests mostly wait for admission, and the tail ratio ({ttft_ratio:.1f}x) is "
+                         f"{ratio_words(ttft_ratio, prompt_ratio)} what prompt lengths explain ({prompt_ratio:.1f}x): "
+                         "long prompts ahead of them hold the queue.")
     elif cause == "memory pressure":
         sentences.append("Tail requests wait for KV blocks or are preempted: KV capacity is the bottleneck "
                          "(fp8 KV, more memory per replica, or lower max_num_seqs).")
@@ -189,20 +146,19 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
         sentences.append(f"KV cache use peaked at {summary['simsrv_peak_kv_usage']:.0%} with "
                          f"{summary['simsrv_num_preemptions']} preemptions.")
 
-    cands = []
-    for cand, sets_, arr in _candidates(s, arrays):
-        r = _rerun(s, sets_, arr if arr is not None else arrays)
-        cand.p99_ttft_ms, cand.p99_tpot_ms, cand.p50_ttft_ms = r["p99_ttft_ms"], r["p99_tpot_ms"], r["p50_ttft_ms"]
-        cand.ttft_gain_ms = summary["p99_ttft_ms"] - r["p99_ttft_ms"]
-        if r["p99_tpot_ms"] is not None and summary["p99_tpot_ms"] is not None:
-            cand.tpot_cost_ms = r["p99_tpot_ms"] - summary["p99_tpot_ms"]
-        cands.append(cand)
-    cands.sort(key=lambda c: (-(c.ttft_gain_ms or 0.0), c.tpot_cost_ms or 0.0))
-    if cands:
+    if reuse_text:
+        sentences.append(reuse_text)
+    cands = evaluate(s, arrays, summary, router_hint)
+    if cands and cands[0].ttft_gain_ms is not None and cands[0].ttft_gain_ms > 0:
         best = cands[0]
-        sentences.append(f"Best fix found: {best.name} ({best.change}) takes p99 TTFT from "
+        gpus = ("no extra GPU" if best.gpus_added <= 0 else
+                f"+{best.gpus_added} GPU{'s' if best.gpus_added > 1 else ''}, {best.gpus} in all, "
+                f"{best.gain_per_gpu_ms:,.0f} ms per GPU added")
+        sentences.append(f"Best fix per GPU added: {best.name} ({best.change}; {gpus}) takes p99 TTFT from "
                          f"{summary['p99_ttft_ms']:,.0f} to {best.p99_ttft_ms:,.0f} ms"
                          + (f", p99 TPOT {best.tpot_cost_ms:+.1f} ms." if best.tpot_cost_ms is not None else "."))
+    elif cands:
+        sentences.append("None of the candidate fixes lowers p99 TTFT by more than 2%.")
 
     floor = _decode_floor(result, summary)
     if floor:
@@ -217,7 +173,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
                          f"{summary['median_ttft_ms']:,.0f} simulated; per-request median absolute error "
                          f"{measured['ttft_median_abs_pct_error']:.0f}%.")
     return Diagnosis(s, result, summary, cause, tail_ms, med_ms, ttft_ratio, prompt_ratio, sentences, cands,
-                     tail["arrival_s"].to_numpy(), floor, measured)
+                     tail["arrival_s"].to_numpy(), floor, measured, reuse)
 
 
 def _measured(result: RunResult, arrays: RequestArrays) -> dict[str, float]:

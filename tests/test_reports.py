@@ -125,7 +125,13 @@ def test_diagnose_bursty_trace_is_queueing(bursty):
     assert d.ttft_ratio > 3 * d.prompt_ratio
     assert any("queueing signature" in x for x in d.sentences)
     order = [c.name for c in d.candidates]
-    assert min(order.index("add capacity"), order.index("chunked prefill")) < order.index("cap prompt length")
+    assert order[0] == "chunked prefill" and d.candidates[0].gpus_added == 0  # a gain with no extra GPU first
+    assert order.index("add capacity") < order.index("long-prompt pool +1")
+    pools = [c for c in d.candidates if c.name.startswith("long-prompt pool")]
+    # every candidate simulates every request, and the long-prompt pools count their GPUs (TP 4 each)
+    assert {c.num_requests for c in d.candidates} == {s["num_prompts"]}
+    assert sorted(c.gpus_added for c in pools) == [4, 8, 12] and {c.gpus - c.gpus_added for c in pools} == {4}
+    assert "llama-3-70b" in d.sentences[0] and "4 GPUs" in d.sentences[0]
     assert d.floor["floor_ms"] < d.floor["tpot_ms"]
 
 
