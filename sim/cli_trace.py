@@ -79,10 +79,12 @@ def inspect(
     t = Table(title=f"{file}")
     t.add_column("figure")
     t.add_column("value", justify="right")
+    from sim.trace_report import CHARTS, _fmt
+
     for k, v in stats.items():
-        if k in ("rate_per_minute", "file", "notes"):
+        if k in (*CHARTS, "file", "notes"):
             continue
-        t.add_row(k, "-" if v is None else f"{v:,.4g}" if isinstance(v, float) else f"{v:,}")
+        t.add_row(k, "-" if v is None else _fmt(v))
     _out.print(t)
     _out.print(f"rate per minute (peak {stats['peak_minute_rate_per_s']:.3g} req/s):")
     _out.print(sparkline(stats["rate_per_minute"]), markup=False, highlight=False)

@@ -74,5 +74,5 @@ def capacity_page(records: list[dict], probes: list[dict], title: str, notes: li
         if knees.height:
             layers.append(alt.Chart(knees.rename({"label": "configuration"})).mark_rule(strokeDash=[2, 2]).encode(
                 x="knee_rate_per_s:Q", color=alt.Color("configuration:N")))
-        page.chart(alt.layer(*layers).resolve_scale(color="shared").properties(width=560, height=320))
+        page.chart(alt.layer(*layers).resolve_scale(color="shared").properties(width="container", height=320))
     return page

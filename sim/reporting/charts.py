@@ -10,10 +10,12 @@ import altair as alt
 import numpy as np
 import polars as pl
 
+from sim.reporting.html import PAGE_CHART_WIDTH
 from sim.ttft import TTFT_PARTS
 
 CDF_POINTS = 200
 TIME_BINS = 240
+SCALE_RATIO = 10.0   # series whose maxima differ more than this get one panel each (own y scale)
 PART_LABELS = {
     "ttft_wait_batch_s": "wait: batch/budget full", "ttft_wait_kv_s": "wait: KV blocks full",
     "ttft_prefill_s": "own prefill", "ttft_interference_s": "interference (shared steps)",
@@ -36,8 +38,8 @@ def cdf_chart(frame: pl.DataFrame, title: str, unit: str) -> alt.Chart:
     return alt.Chart(frame, title=title).mark_line().encode(
         x=alt.X("value:Q", title=unit, scale=alt.Scale(type="log")),
         y=alt.Y("fraction:Q", title="fraction of requests"),
-        color=alt.Color("run:N", title="run"),
-    ).properties(width=520, height=260)
+        color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=300)),
+    ).properties(width="container", height=260)
 
 
 def time_frame(steps: pl.DataFrame, label: str, span_s: float) -> pl.DataFrame:
@@ -61,16 +63,37 @@ def time_frame(steps: pl.DataFrame, label: str, span_s: float) -> pl.DataFrame:
     return agg.with_columns((pl.col("bin") * width).alias("time_s"), pl.lit(label).alias("run")).sort("time_s")
 
 
+def scales_differ(frame: pl.DataFrame, fields: list[str], by: str = "run") -> bool:
+    """Whether the series' maxima (per ``by``) differ by more than SCALE_RATIO: one series
+    would then flatten the others near zero on a shared axis."""
+    if frame.height == 0 or frame[by].n_unique() < 2:
+        return False
+    peaks = frame.group_by(by).agg(pl.max_horizontal(*[pl.col(f).max() for f in fields]).alias("peak"))["peak"]
+    peaks = peaks.fill_null(0.0).to_numpy()
+    top, low = float(peaks.max()), float(peaks[peaks > 0].min()) if (peaks > 0).any() else 0.0
+    return top > 0 and (low == 0 or top / low > SCALE_RATIO)
+
+
 def time_chart(frame: pl.DataFrame, field: str, title: str, unit: str) -> alt.Chart:
-    return alt.Chart(frame, title=title).mark_line(interpolate="step-after").encode(
-        x=alt.X("time_s:Q", title="simulated time (s)"),
+    """One line per run; when the runs' scales differ by more than SCALE_RATIO, one panel per
+    run with its own y scale (small multiples) so no run collapses onto zero."""
+    base = alt.Chart(frame).mark_line(interpolate="step-after").encode(
+        x=alt.X("time_s:Q", title="simulated time (s)", scale=alt.Scale(nice=False)),
         y=alt.Y(f"{field}:Q", title=unit),
-        color=alt.Color("run:N", title="run"),
-    ).properties(width=520, height=200)
+        color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=300)),
+    )
+    if not scales_differ(frame, [field]):
+        return base.properties(width="container", height=200, title=title)
+    n = frame["run"].n_unique()
+    return base.properties(width=PAGE_CHART_WIDTH, height=max(70, 200 // n)).facet(
+        row=alt.Row("run:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelLimit=200)),
+        title=f"{title} (one panel per run, each with its own scale)",
+    ).resolve_scale(y="independent")
 
 
 def decomposition_frame(requests: pl.DataFrame, label: str) -> pl.DataFrame:
-    """Mean TTFT parts (ms) of requests around the median TTFT (p45-p55) and in the p99 tail."""
+    """Mean TTFT parts (ms) of requests around the median TTFT (p45-p55) and in the p99 tail;
+    ``label`` carries each group's mean TTFT, as the chart shows shares."""
     done = requests.filter(pl.col("status") == "completed")
     if done.height == 0:
         return pl.DataFrame()
@@ -79,18 +102,21 @@ def decomposition_frame(requests: pl.DataFrame, label: str) -> pl.DataFrame:
     rows = []
     for group, mask in (("p50", (t >= p45) & (t <= p55)), ("p99 tail", t >= p99)):
         sel = done.filter(pl.Series(mask))
+        total = sum(float(sel[p].mean()) * 1e3 for p in TTFT_PARTS if p in sel.columns)
         for part in TTFT_PARTS:
             if part in sel.columns:
                 rows.append({"run": label, "group": group, "part": PART_LABELS[part],
-                             "ms": float(sel[part].mean()) * 1e3})
+                             "ms": float(sel[part].mean()) * 1e3, "label": f"{label} ({total:,.0f} ms)"})
     return pl.DataFrame(rows)
 
 
 def decomposition_chart(frame: pl.DataFrame, title: str) -> alt.Chart:
-    return alt.Chart(frame, title=title).mark_bar().encode(
-        x=alt.X("ms:Q", title="mean TTFT (ms)", stack="zero"),
-        y=alt.Y("run:N", title=None),
+    """Each run's TTFT as shares of its parts (runs' TTFTs can differ 100x: absolute bars would
+    flatten the fast runs); the mean TTFT is in each bar's label."""
+    return alt.Chart(frame, title=f"{title} (share of mean TTFT; the mean in brackets)").mark_bar().encode(
+        x=alt.X("ms:Q", title="share of mean TTFT", stack="normalize", axis=alt.Axis(format="%")),
+        y=alt.Y("label:N", title=None, axis=alt.Axis(labelLimit=300)),
         color=alt.Color("part:N", title="TTFT part", sort=list(PART_LABELS.values())),
-        row=alt.Row("group:N", title=None),
-        tooltip=["run", "group", "part", alt.Tooltip("ms:Q", format=".1f")],
-    ).properties(width=460, height=alt.Step(22))
+        row=alt.Row("group:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
+        tooltip=["run", "group", "part", alt.Tooltip("ms:Q", format=",.1f")],
+    ).properties(width=PAGE_CHART_WIDTH - 200, height=alt.Step(22)).resolve_scale(y="independent")

@@ -47,11 +47,19 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
         page.chart(charts.time_chart(tf, "running", "Running batch size", "sequences per step"))
         page.chart(charts.time_chart(tf, "kv_blocks", "KV blocks in use", "blocks"))
         tok = tf.unpivot(on=["prefill_tok_step", "decode_tok_step"], index=["time_s", "run"],
-                         variable_name="kind", value_name="tokens")
-        page.chart(alt.Chart(tok, title="Prefill vs decode tokens per engine step").mark_line(
-            interpolate="step-after").encode(
-            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("tokens:Q", title="tokens per step"),
-            color=alt.Color("run:N"), strokeDash=alt.StrokeDash("kind:N")).properties(width=520, height=200))
+                         variable_name="kind", value_name="tokens").with_columns(
+            pl.col("kind").replace({"prefill_tok_step": "prefill", "decode_tok_step": "decode"}))
+        independent = charts.scales_differ(tf, ["prefill_tok_step", "decode_tok_step"])
+        n = tok["run"].n_unique()
+        chart = alt.Chart(tok).mark_line(interpolate="step-after").encode(
+            x=alt.X("time_s:Q", title="simulated time (s)", scale=alt.Scale(nice=False)),
+            y=alt.Y("tokens:Q", title="tokens per step"),
+            color=alt.Color("kind:N", title="tokens")).properties(width=charts.PAGE_CHART_WIDTH,
+                                                                  height=max(70, 240 // n)).facet(
+            row=alt.Row("run:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelLimit=200)),
+            title="Prefill and decode tokens per engine step, one panel per run"
+                  + (" (each with its own scale)" if independent else ""))
+        page.chart(chart.resolve_scale(y="independent") if independent else chart)
 
     page.heading("Where TTFT goes")
     dec = [charts.decomposition_frame(r.requests, r.label) for r in runs]

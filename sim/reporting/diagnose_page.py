@@ -34,7 +34,7 @@ def build_diagnose_page(d, run_dir) -> Page:
     good = d.candidates and (d.candidates[0].ttft_gain_ms or 0) > 0
     page.table(["candidate", "change", "GPUs", "GPUs added", "p50 TTFT ms", "p99 TTFT ms", "p99 TTFT gained ms",
                 "gained per GPU added ms", "p99 TPOT ms", "p99 TPOT cost ms", "failed", "note"], rows,
-               {(1, 6)} if good else set())
+               {(1, 7 if d.candidates[0].gpus_added > 0 else 6)} if good else set())
     page.paragraph("Each candidate is a full simulation of every request of the trace with that one change (the "
                    "long-prompt pools: the deployment as is serves the other requests, a second pool of 1-3 more "
                    "replicas the longest 5% of prompts, and the figures pool both). Ranked: gains that need no "
@@ -50,10 +50,11 @@ def build_diagnose_page(d, run_dir) -> Page:
         if len(tail) > MAX_TAIL_MARKS:
             tail = tail[np.linspace(0, len(tail) - 1, MAX_TAIL_MARKS).astype(int)]
         q = alt.Chart(tf).mark_line(interpolate="step-after").encode(
-            x=alt.X("time_s:Q", title="simulated time (s)"), y=alt.Y("waiting:Q", title="waiting requests"))
+            x=alt.X("time_s:Q", title="simulated time (s)", scale=alt.Scale(nice=False)),
+            y=alt.Y("waiting:Q", title="waiting requests"))
         rules = alt.Chart(pl.DataFrame({"arrival_s": tail})).mark_rule(color="#d62728", opacity=0.35).encode(
             x="arrival_s:Q")
-        page.chart((q + rules).properties(width=900, height=220,
+        page.chart((q + rules).properties(width="container", height=220,
                                           title="Queue depth over time; red: arrivals of the slowest 1% (TTFT)"))
     done = d.result.requests.filter(pl.col("status") == "completed")
     p99 = np.percentile(done["ttft_s"].to_numpy(), 99)

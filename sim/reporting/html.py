@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -28,13 +29,30 @@ body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; marg
        color: #222; padding: 0 1em; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.best { background: #e3f4e1; font-weight: 600; }
-.chart { margin: 1em 0; } .note { color: #555; font-size: 0.9em; }
+.chart { margin: 1em 0; width: 100%; } .note { color: #555; font-size: 0.9em; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 .grid { display: flex; flex-wrap: wrap; gap: 1em; }
 """
+
+
+_NUMBER = re.compile(r"^[-+]?[\d,.]+(%| ms| s)?( \[[-+\d,. ]+\])?$|^[<>]=? ?[\d,.]+.*$")
+PAGE_CHART_WIDTH = 880   # px: the page's 1,200 px less margins and a legend, for charts that cannot use "container"
+
+
+def _numeric(v) -> bool:
+    """A number, "-" (no value), or a number with a unit or an interval: right-aligned."""
+    if isinstance(v, (int, float)):
+        return True
+    text = str(v).strip()
+    return text in ("-", "") or bool(_NUMBER.match(text))
+
+
+def _cls(num: bool, best: bool = False) -> str:
+    names = [n for n, on in (("num", num), ("best", best)) if on]
+    return f' class="{" ".join(names)}"' if names else ""
 
 
 @dataclass
@@ -59,19 +77,27 @@ class Page:
         self.parts.append(f"<pre>{html.escape(text)}</pre>")
 
     def table(self, header: list[str], rows: list[list], best: set[tuple[int, int]] = frozenset()) -> None:
-        """``best`` holds (row, column) cells to highlight."""
-        out = ["<table><tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>"]
+        """``best`` holds (row, column) cells to highlight. Columns of numbers are right-aligned,
+        text columns left-aligned."""
+        num = [j > 0 and all(_numeric(row[j]) for row in rows if j < len(row)) for j in range(len(header))]
+        out = ["<table><tr>" + "".join(f"<th{_cls(num[j])}>{html.escape(str(h))}</th>"
+                                       for j, h in enumerate(header)) + "</tr>"]
         for i, row in enumerate(rows):
             cells = []
             for j, v in enumerate(row):
-                cls = ' class="best"' if (i, j) in best else ""
+                cls = _cls(j < len(num) and num[j], (i, j) in best)
                 cells.append(f"<td{cls}>{html.escape(str(v))}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         self.parts.append("".join(out) + "</table>")
 
     def chart(self, chart: alt.TopLevelMixin) -> None:
         cid = f"chart{len(self.specs)}"
-        self.specs[cid] = chart.to_dict()
+        spec = chart.to_dict()
+        # labels never overlap or touch: drop the ones that would (every axis, nominal ones too)
+        axis = spec.setdefault("config", {}).setdefault("axis", {})
+        axis.setdefault("labelOverlap", True)
+        axis.setdefault("labelSeparation", 6)
+        self.specs[cid] = spec
         self.parts.append(f'<div class="chart" id="{cid}"></div>')
 
     def render(self) -> str:

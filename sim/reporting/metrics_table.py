@@ -170,5 +170,5 @@ def metrics_table(page: Page, runs: list) -> None:
         page.paragraph("The runs use different numbers of GPUs ("
                        + ", ".join(f"{r.label}: {r.summary.get('simsrv_num_gpus')}" for r in runs)
                        + "): compare their costs on the per-GPU rows.", cls="note")
-    page.paragraph(NOISE_NOTE + " Latencies follow vLLM bench definitions; goodput counts completed requests "
+    page.paragraph((NOISE_NOTE + " " if len(runs) > 1 else "") + "Latencies follow vLLM bench definitions; goodput counts completed requests "
                    "meeting every SLO of the scenario.", cls="note")

@@ -14,6 +14,7 @@ import polars as pl
 
 from sim.reporting.html import Page
 
+LOG_RATIO = 10.0
 CURVES = (
     ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "p99 TPOT (ms)"), ("p99_e2el_ms", "p99 E2E latency (ms)"),
     ("mean_ttft_ms", "mean TTFT (ms)"), ("request_throughput", "throughput (req/s)"),
@@ -24,13 +25,15 @@ CURVES = (
 def band_chart(frame: pl.DataFrame, x: str, y: str, lo: str, hi: str, color: str, title: str, x_title: str,
                y_title: str, x_nominal: bool = False, y_log: bool = False) -> alt.LayerChart:
     """Mean as a line with points, its 95% interval as a translucent band, one colour per ``color``."""
-    xe = alt.X(f"{x}:N" if x_nominal else f"{x}:Q", title=x_title)
+    xe = alt.X(f"{x}:N" if x_nominal else f"{x}:Q", title=x_title,
+               axis=alt.Axis(labelAngle=-30, labelLimit=260, labelOverlap=True) if x_nominal else alt.Axis())
     base = alt.Chart(frame, title=title)
     col = alt.Color(f"{color}:N", title="configuration", legend=alt.Legend(labelLimit=400))
     tip = [alt.Tooltip(f"{color}:N"), alt.Tooltip(x), alt.Tooltip(y, format=",.2f"),
            alt.Tooltip(lo, format=",.2f"), alt.Tooltip(hi, format=",.2f")]
     if x_nominal:
-        bars = base.mark_errorbar().encode(xe, alt.Y(f"{lo}:Q", title=y_title), alt.Y2(hi), col)
+        ys = alt.Scale(type="log") if y_log else alt.Scale(zero=False)
+        bars = base.mark_errorbar().encode(xe, alt.Y(f"{lo}:Q", title=y_title, scale=ys), alt.Y2(hi), col)
         return alt.layer(bars, base.mark_point(filled=True).encode(xe, alt.Y(f"{y}:Q"), col, tooltip=tip))
     scale = alt.Scale(type="log") if y_log else alt.Scale(zero=False)
     band = base.mark_area(opacity=0.2).encode(xe, alt.Y(f"{lo}:Q", title=y_title, scale=scale), alt.Y2(hi), col)
@@ -66,8 +69,12 @@ def sweep_page(agg: pl.DataFrame, x: str | None, x_title: str, title: str, notes
         frame = agg.select(list(dict.fromkeys(cols))).drop_nulls(f"{m}_mean")
         if x:
             frame = frame.sort(x)
+        # curves spanning more than 10x (a saturated configuration next to a healthy one) on a log axis
+        vals = frame[f"{m}_mean"].to_numpy()
+        y_log = bool((vals > 0).all() and vals.max() > LOG_RATIO * vals.min())
         page.chart(band_chart(frame, x or "label", f"{m}_mean", f"{m}_ci95_low", f"{m}_ci95_high", "configuration",
-                              label, x_title, label, x_nominal=x is None).properties(width=520, height=300))
+                              label, x_title, label + (" (log scale)" if y_log else ""), x_nominal=x is None,
+                              y_log=y_log).properties(width="container", height=300))
     page.heading("Points (mean [95% CI] over seeds)")
     header = ["point", "seeds", "p99 TTFT ms", "p99 TPOT ms", "p99 E2E ms", "req/s", "utilisation", "errors"]
     rows = []

@@ -82,6 +82,7 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
         for p in PERCENTILES:
             stats[f"p{p}_{name}"] = float(np.percentile(col, p))
         stats[f"max_{name}"] = int(col.max())
+    stats["input_tokens_histogram"] = log2_histogram(inp_all)
     if blocks.total:
         stats["hash_block_size"] = block_size
         stats["num_prefix_blocks"] = blocks.total
@@ -89,6 +90,17 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
         # share of prompt blocks already seen earlier in the trace: the hit ratio of an infinite cache
         stats["prefix_block_reuse_ratio"] = 1.0 - len(blocks.seen) / blocks.total
     return stats
+
+
+def log2_histogram(values: np.ndarray) -> list[dict]:
+    """Counts in power-of-two bins [2^k, 2^(k+1)): a length distribution spanning 1 to 10^6 tokens
+    in about 20 bins."""
+    if not len(values):
+        return []
+    k = np.floor(np.log2(np.maximum(values, 1))).astype(np.int64)
+    counts = np.bincount(k - k.min())
+    return [{"from_tokens": int(2 ** (k.min() + i)), "to_tokens": int(2 ** (k.min() + i + 1)), "count": int(c)}
+            for i, c in enumerate(counts)]
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
