@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
