@@ -38,7 +38,7 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 """
 
 
-_NUMBER = re.compile(r"^[-+]?[\d,.]+(%| ms| s)?( \[[-+\d,. ]+\])?$|^[<>]=? ?[\d,.]+.*$")
+_NUMBER = re.compile(r"^[-+]?[\d,.]+(%| ms| s)?( \[[-+\d,. ]+\]| - [\d,.]+)?$|^[<>]=? ?[\d,.]+.*$")
 PAGE_CHART_WIDTH = 880   # px: the page's 1,200 px less margins and a legend, for charts that cannot use "container"
 
 
