@@ -60,7 +60,8 @@ class CalibratedOps:
         if self.wave is not None and tokens >= 1:
             sms, tm, tn = self.wave
             tiles = math.ceil(tokens / tm) * math.ceil(n / tn)
-            flops *= math.ceil(tiles / sms) * sms * tm * tn / (tokens * n)
+            waves = max(1.0, tiles / sms) if tokens < tm else math.ceil(tiles / sms)  # as fit.wave_factor
+            flops *= waves * sms * tm * tn / (tokens * n)
         e, out_m = curve.eff(tokens)
         b = flops / self.peak
         m = bytes_ / self.bw

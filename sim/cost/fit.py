@@ -48,10 +48,21 @@ def equivalent_prefill_tokens(pairs):
 def wave_factor(m, n, sms: int, tile) -> np.ndarray | float:
     """Wave quantization of a GEMM's output tiles (NVIDIA, "Matrix Multiplication Background
     User's Guide"): tiles = ceil(m/Tm) ceil(n/Tn) run in waves = ceil(tiles / SMs), so the GPU
-    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1)."""
+    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1). It
+    multiplies the compute bound only (``bounds_s``): padded tiles cost tensor-core time, never
+    weight bytes.
+    A skinny GEMM (m < Tm: one row of tiles, decode batches) is charged a partial last wave for
+    the tiles it has (waves = max(1, tiles / SMs)), not a whole one: its tiles stream weights,
+    so a tail wave of 4 tiles on 108 SMs does not cost a full wave of tensor-core work.
+    NOTE: with a whole last wave, Llama-3-8B's gate+up (n = 28,672 = 112 tiles of 256) at one
+    token became compute bound at twice the weight-read time, where the measured neighbours
+    (n = 16,384 and 65,536) stream weights at 67-78% of HBM bandwidth."""
     tm, tn = tile
-    tiles = np.ceil(np.asarray(m, dtype=float) / tm) * np.ceil(np.asarray(n, dtype=float) / tn)
-    return np.ceil(tiles / sms) * sms * tm * tn / (np.asarray(m, dtype=float) * np.asarray(n, dtype=float))
+    m = np.maximum(np.asarray(m, dtype=float), 1.0)
+    n = np.asarray(n, dtype=float)
+    tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    waves = np.where(m < tm, np.maximum(1.0, tiles / sms), np.ceil(tiles / sms))
+    return waves * sms * tm * tn / (m * n)
 
 
 def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:
