@@ -26,6 +26,7 @@ from sim.cost.runs import RunCost, affine_steps, run_sum_s
 from sim.cost.shapes import prefill_pairs
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
+from sim.quantization import get_quantization
 
 OPS = (
     "gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "attn_prefill", "attn_decode",
@@ -81,6 +82,15 @@ class RooflineCostModel:
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes or m.dtype_bytes
         self.flops_s = gpu.bf16_flops_per_s
+        # Weight quantization (sim/quantization.py): the linear layers' weight bytes, and the
+        # tensor-core peak their GEMMs run at, as a factor on their FLOPs so the calibrated
+        # bf16 efficiency tables apply to the quantized bound (NOTE: fp8/int8 GEMM kernels are
+        # assumed to reach the same fraction of their peak at a shape as bf16 ones do).
+        q = get_quantization(m.quantization)
+        self.quant = q
+        self.linear_weight_bytes = m.linear_weight_bytes_per_param
+        qpeak = self.flops_s if q is None else q.gemm_peak_flops_per_s(gpu)
+        self.quant_flop_mult = 1.0 if qpeak == self.flops_s else self.flops_s / qpeak
         self.mem_bw = gpu.hbm_bw_bytes_per_s * e.memory
         self.heads = m.num_heads / tp
         self.q_dim = m.q_size / tp
@@ -125,21 +135,51 @@ class RooflineCostModel:
         self._lm_cache: dict[int, tuple[float, bool]] = {}
         self._decode_cache: dict[tuple[int, int], tuple[float, bool]] = {}
 
+    @classmethod
+    def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
+              bound: str = "both") -> "RooflineCostModel":
+        """The same operators at 100% of the vendor peaks, no engine overhead, no latency terms:
+        each operator's time is its pure roofline bound. ``bound="compute"`` gives FLOPs / peak
+        only (bandwidths made unlimited), ``"memory"`` bytes / HBM bandwidth only (peaks made
+        unlimited). ``simsrv explain`` reads its floors from these, so they count exactly what
+        the simulator's steps count (e.g. the LM head on sampled positions only)."""
+        from dataclasses import replace as _replace
+
+        inf = float("inf")
+        if bound == "compute":
+            gpu = _replace(gpu, hbm_bw_bytes_per_s=inf, nvlink_bw_bytes_per_s=inf)
+        elif bound == "memory":
+            gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf,
+                           nvlink_bw_bytes_per_s=inf)
+        eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
+                           step_overhead_s=0.0, per_seq_overhead_s=0.0)
+        return cls(model, gpu, tp, kv_dtype_bytes, eff)
+
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
                   flop_mult: float = 1.0, name: str | None = None) -> float:
-        """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes."""
+        """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes.
+        A quantized linear layer (not the LM head) costs the bf16 GEMM of its shape times the
+        ratio of its roofline bound to the bf16 one (fewer weight bytes; fp8/int8 peak for
+        W8A8). NOTE: the quantized kernel is assumed to reach the fraction of its roofline that
+        the measured bf16 kernel reaches at that shape."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
-        bytes_ = (fin * fout * weight_reads + tokens * (fin + fout) * flop_mult) * self.dtype_bytes
+        act_bytes = tokens * (fin + fout) * flop_mult * self.dtype_bytes
+        bytes_ = fin * fout * weight_reads * self.dtype_bytes + act_bytes
         if name is not None and self._gemm_cal:
             # Calibrated: the raw bound (vendor peaks) over the efficiency measured at this
             # weight shape and token count. NOTE: an MoE expert GEMM uses the efficiency of
             # the whole batch's token count.
             t, out = self.cops.linear_s(name, tokens, flops, bytes_)
             self._flag |= out
-            return t
-        return max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
+        else:
+            t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
+        if name != "lm" and self.quant is not None:
+            bw, peak = self.gpu.hbm_bw_bytes_per_s, self.flops_s
+            q_bytes = fin * fout * weight_reads * self.linear_weight_bytes + act_bytes
+            t *= max(flops * self.quant_flop_mult / peak, q_bytes / bw) / max(flops / peak, bytes_ / bw)
+        return t
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
         """(qkv, o, mlp_up, mlp_down) seconds for all layers; cached by token count."""
