@@ -118,3 +118,98 @@ def test_explain_floors_are_the_cost_models():
     q = explain(_dep(quantization="fp8"), context_tokens=n, batch=1)
     assert q["weight_bytes_per_gpu"] == _dep(quantization="fp8").memory.weight_bytes_per_gpu
     assert 0.5 < q["decode_step_floor_ms"] / e["decode_step_floor_ms"] < 0.6
+
+
+# -- all-reduce: vLLM's custom kernel for small buffers ----------------------------------------------
+
+def test_small_allreduces_take_vllms_custom_kernel():
+    """Llama-3-8B at TP8 on H100, batch 1: each all-reduce of 8 KiB costs the measured custom
+    all-reduce under CUDA graphs (5.3 us at 8 KiB, aiconfigurator), not NCCL's ring (16.6 us);
+    a 4,096-token prefill (32 MiB, above vLLM's 8 MiB max_size) stays on NCCL."""
+    from sim.cost.fit import custom_allreduce_link_bytes, uses_custom_allreduce
+    m = get_model("llama-3-8b")
+    cm = _cm("llama-3-8b", "h100-sxm", tp=8)
+    ar = cm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=16, num_logits=1)).ops_s["allreduce"]
+    assert ar / (2 * m.num_layers) == pytest.approx(5.3e-6, rel=0.1)
+    big = cm.step_time(Batch(prefill_chunks=((4096, 0),), num_logits=1)).ops_s["allreduce"] / (2 * m.num_layers)
+    assert big > 100e-6
+    assert not uses_custom_allreduce(8, 32 * 2**20, True) and uses_custom_allreduce(8, 8192, True)
+    assert not uses_custom_allreduce(4, 8192, False) and uses_custom_allreduce(2, 8192, False)  # PCIe: 2 GPUs only
+    assert not uses_custom_allreduce(3, 8192, True)
+    # one-shot: every rank reads all peers' buffers; two-shot past 256 KiB at 8 GPUs
+    assert float(custom_allreduce_link_bytes(8, 8192)) == 7 * 8192
+    assert float(custom_allreduce_link_bytes(8, 2**20)) == pytest.approx(2 * 7 / 8 * 2**20)
+
+
+def test_roofline_allreduce_uses_the_custom_kernel_too():
+    """Uncalibrated (mi300x, roofline): a batch-1 all-reduce costs the custom kernel's
+    latency plus one-shot bytes, under NCCL's latency."""
+    from sim.cost.roofline import Efficiencies
+    m = get_model("llama-3-8b")
+    cm = RooflineCostModel(m, get_gpu("mi300x"), 8)
+    one = cm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=16, num_logits=1)).ops_s["allreduce"] / (2 * m.num_layers)
+    link = get_gpu("mi300x").nvlink_bw_bytes_per_s * Efficiencies().link
+    assert one == pytest.approx(Efficiencies().custom_allreduce_latency_s + 7 * m.hidden_size * 2 / link)
+
+
+# -- decode attention without GQA -------------------------------------------------------------------
+
+def test_mha_decode_latency_floor_is_the_kernels():
+    """Llama-2-7B (32 query = 32 KV heads) at batch 1, context 16 on A100: the kernel's latency
+    floor (about what Llama-3-8B's GQA decode costs, 13 us per layer), not the 32/8 table's
+    floor scaled by 4x the KV bytes (44 us); at long context the cost follows the KV bytes
+    (4x Llama-3-8B's)."""
+    mha, gqa = _cm("llama-2-7b", "a100-80g"), _cm("llama-3-8b", "a100-80g")
+    def per_layer(cm, ctx, b=1):
+        return cm.step_time(Batch(num_decode_seqs=b, decode_context_tokens=b * ctx, num_logits=b)).ops_s["attn_decode"] / 32
+    assert per_layer(mha, 16) < 1.2 * per_layer(gqa, 16)
+    assert per_layer(mha, 16) < 15e-6
+    assert 2.5 < per_layer(mha, 8192, 32) / per_layer(gqa, 8192, 32) < 4.5
+    assert mha.cops.describe()["attn_decode_heads_table"] == [8, 8]
+
+
+# -- every GPU gets every operator class ---------------------------------------------------------------
+
+def test_gpus_without_elementwise_measurements_carry_h100s_by_bandwidth():
+    """H200/B200/L40S have no elementwise profile: they carry H100's measured curves, looked up
+    at the bytes of equal roofline bound, so batch 1 keeps the measured launch-latency floor
+    (0.6 ms for Llama-3-8B's 225 kernels, not a 0.002 ms roofline) and a large batch scales with
+    bandwidth; result.json names the donor."""
+    dec = Batch(num_decode_seqs=1, decode_context_tokens=16, num_logits=1)
+    big = Batch(prefill_chunks=((8192, 0),), num_logits=1)
+    h100, h200, l40s = _cm("llama-3-8b", "h100-sxm"), _cm("llama-3-8b", "h200"), _cm("llama-3-8b", "l40s")
+    assert h200.carried_from == {"elementwise": "h100-sxm"} and h100.carried_from == {}
+    e = lambda cm, b: cm.step_time(b).ops_s["elementwise"]  # noqa: E731
+    assert e(h200, dec) == pytest.approx(e(h100, dec), rel=0.15) and e(h200, dec) > 0.3e-3
+    bw = lambda g: get_gpu(g).hbm_bw_bytes_per_s  # noqa: E731
+    assert e(h200, big) / e(h100, big) == pytest.approx(bw("h100-sxm") / bw("h200"), rel=0.1)
+    assert e(l40s, big) / e(h100, big) == pytest.approx(bw("h100-sxm") / bw("l40s"), rel=0.1)
+
+
+def test_result_json_names_the_carried_calibration(tmp_path):
+    import json
+
+    from tests.conftest import small_scenario
+    from tests.test_cli import simsrv
+    import yaml
+    sc = small_scenario(hardware={"gpu": "h200"})
+    sc["workload"]["synthetic"]["num_requests"] = 5
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    r = simsrv("run", str(p), "--out", str(tmp_path / "run"), "-q")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert res["simsrv_calibration_carried_from"] == {"elementwise": "h100-sxm"}
+    assert "carried: elementwise from h100-sxm" in res["simsrv_cost_model"]
+
+
+def test_roofline_kernels_have_a_launch_floor():
+    """Uncalibrated GPU (mi300x) at batch 1: every kernel takes at least the 2 us launch floor;
+    the elementwise kernels of Llama-3-8B (7 per layer + embedding) no longer cost ~0.002 ms."""
+    from sim.cost.roofline import Efficiencies
+    cm = RooflineCostModel(get_model("llama-3-8b"), get_gpu("mi300x"), 1)
+    c = cm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=16, num_logits=1)).ops_s
+    fl = Efficiencies().kernel_floor_s
+    assert c["elementwise"] == pytest.approx((7 * 32 + 1) * fl)
+    assert c["attn_decode"] >= 32 * fl  # latency + streaming
+    assert c["sampling"] >= fl

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sim.cost.tables import Axis, Curve, Grid2, bracket
 
-CALIBRATED_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise", "overhead")
+CALIBRATED_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 
 def gemm_axis(n: float, k: float, peaks: dict) -> Axis:
@@ -90,10 +90,21 @@ class HeadTables:
                              attention_axis(op, t["num_heads"], t["num_kv_heads"], peaks), op == "attn_prefill")
                        for t in d["tables"]}
 
-    def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int]]:
-        key = min(self.tables, key=lambda hk: (abs(math.log(hk[1] / kv_heads)) + abs(math.log(hk[0] / heads)),
-                                               abs(math.log(hk[0] / heads))))
-        return self.tables[key], key
+    def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int], float]:
+        """(grid, its (heads, KV heads), batch scale). The measured configuration with the
+        nearest query-group size heads / kv_heads (it sets the kernel's shape: FA2/FA3/FlashInfer
+        fold a KV head's query group into one tile), then the nearest KV-head count. An
+        attention kernel's grid runs batch x KV heads independent (sequence, KV head) tiles, so
+        a model with kv_heads KV heads at batch b does the work of the table's KVH at batch
+        b * kv_heads / KVH: the lookup takes that batch (``batch scale``), so both the bytes
+        and the latency floor are the measured kernel's, never a floor scaled by bytes.
+        NOTE: an MHA model (Llama-2-7B, 32/32) uses the 8/8 table at 4x the batch; it used to
+        borrow 32/8 at equal context, its short-context latency then scaled 4x with its KV
+        bytes (44 us against 13 us per layer at context 16 on A100)."""
+        ratio = heads / kv_heads
+        key = min(self.tables, key=lambda hk: (round(abs(math.log(hk[0] / hk[1] / ratio)), 6),
+                                               abs(math.log(hk[1] / kv_heads)), abs(math.log(hk[0] / heads))))
+        return self.tables[key], key, kv_heads / key[1]
 
 
 class Calibration:
@@ -108,6 +119,8 @@ class Calibration:
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
         self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"]) for t in d["allreduce"]["tables"]}
                           if "allreduce" in d else None)
+        self.custom_allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"])
+                                  for t in d["custom_allreduce"]["tables"]} if "custom_allreduce" in d else None)
         self.elementwise = ({kind: Curve(t["bytes"], t["log_eff"]) for kind, t in d["elementwise"]["tables"].items()}
                             if "elementwise" in d else None)
         self.overhead = d.get("overhead")
@@ -130,11 +143,14 @@ class Calibration:
         # overhead comes from the scenario's engine profile (sim/cost/engine_profile.py).
         return tuple(op for op in CALIBRATED_OPS if op in self.raw and op != "overhead")
 
-    def allreduce_curve(self, tp: int) -> Curve | None:
-        if not self.allreduce:
+    def allreduce_curve(self, tp: int, custom: bool = False) -> Curve | None:
+        """The measured curve of the nearest measured world size: NCCL's ring, or with
+        ``custom`` vLLM's custom all-reduce."""
+        tabs = self.custom_allreduce if custom else self.allreduce
+        if not tabs:
             return None
-        key = min(self.allreduce, key=lambda t: abs(math.log(t / tp)))
-        return self.allreduce[key]
+        key = min(tabs, key=lambda t: abs(math.log(t / tp)))
+        return tabs[key]
 
 
 def calibration_dir() -> Path:
@@ -154,10 +170,39 @@ def load_calibration(gpu_key: str, path: Path | None = None) -> Calibration | No
     return _load(str(p.resolve()))
 
 
-def describe(cal: Calibration | None) -> str:
-    """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated."""
+# Calibrated GPUs that lend an operator's table to a GPU whose profile lacks it, in order of
+# preference (H100: the newest GPU with every table; A100 next).
+DONORS = ("h100-sxm", "a100-80g")
+# Operators carried: bandwidth-bound ones, whose measured curve transfers by the bandwidth ratio
+# (``carry_elementwise``). NOTE: vidur profiled elementwise kernels on A100 and H100 only.
+CARRIED_OPS = ("elementwise",)
+
+
+def carried_from(cal: Calibration | None) -> dict[str, str]:
+    """{operator: donor GPU} for each carried operator this calibration lacks."""
     if cal is None:
-        return "roofline (default efficiencies, uncalibrated)"
-    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op != "overhead"]
+        return {}
+    out = {}
+    for op in CARRIED_OPS:
+        if op in cal.raw:
+            continue
+        for donor in DONORS:
+            d = load_calibration(donor)
+            if donor != cal.gpu and d is not None and op in d.raw:
+                out[op] = donor
+                break
+    return out
+
+
+def describe(cal: Calibration | None, carried: dict[str, str] | None = None) -> str:
+    """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated, and
+    which carry another GPU's measured curve (``carried``: {operator: donor GPU})."""
+    if cal is None:
+        return "roofline (default efficiencies, uncalibrated; per-kernel launch floor)"
+    carried = carried or {}
+    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op not in carried
+            and op != "overhead"]
     s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
+    if carried:
+        s += "; carried: " + ", ".join(f"{op} from {g} (bandwidth ratio)" for op, g in carried.items())
     return s + (f"; roofline only: {', '.join(rest)}" if rest else "")

@@ -15,7 +15,8 @@ import numpy as np
 import polars as pl
 
 from sim.cost.calibration import Calibration
-from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, fa2_num_splits, fa2_split_kv, prefill_pairs  # noqa: F401
+from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
+                             fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce)
 from sim.hardware import GPUSpec
 
 ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add": "add", "attn_rope": "rope",
@@ -35,7 +36,13 @@ GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
 FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
 HOLDOUT_KEY = {"gemm": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
-               "allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
+               "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
+
+
+def custom_allreduce_link_bytes_np(tp, size_bytes) -> np.ndarray:
+    """``shapes.custom_allreduce_link_bytes`` over arrays (the fit's rows)."""
+    return np.array([custom_allreduce_link_bytes(t, z) for t, z in zip(np.atleast_1d(tp), np.atleast_1d(size_bytes))],
+                    dtype=float)
 
 
 def equivalent_prefill_tokens(pairs):
@@ -114,6 +121,8 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
     a = op == "allreduce"
     with np.errstate(divide="ignore", invalid="ignore"):
         out[a] = (2 * (tp - 1) / tp * size / gpu.nvlink_bw_bytes_per_s)[a]
+        ca = op == "custom_allreduce"
+        out[ca] = custom_allreduce_link_bytes_np(tp[ca], size[ca]) / gpu.nvlink_bw_bytes_per_s
     e = op == "elementwise"
     if e.any():
         per_w = np.array([ELEM_BYTES_PER_WIDTH.get(ELEM_KIND.get(x, ""), np.nan) for x in df["detail"].fill_null("")])
@@ -186,7 +195,7 @@ def overhead_coefs(tot: pl.DataFrame) -> tuple[float, float, float]:
 def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     """The JSON table of one operator from rows already carrying ``log_eff``."""
     rows = df.filter(pl.col("op") == op)
-    if op in ("gemm", "attn_prefill", "attn_decode", "allreduce", "overhead"):
+    if op in ("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
         src = primary_source(df, op)
         if src is None:
             return None
@@ -211,7 +220,7 @@ def fit_op(df: pl.DataFrame, op: str) -> dict | None:
         for (h, kvh), part in sorted(rows.group_by("num_heads", "num_kv_heads"), key=lambda t: t[0]):
             tables.append({"num_heads": h, "num_kv_heads": kvh, **_grid(part, "batch", axis)})
         return {"sources": srcs, "tables": tables}
-    if op == "allreduce":
+    if op in ("allreduce", "custom_allreduce"):
         tables = []
         for (tp,), part in sorted(rows.group_by("tp"), key=lambda t: t[0]):
             g = part.group_by("size_bytes").agg(pl.col("log_eff").median()).sort("size_bytes")
@@ -294,8 +303,8 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     return terms
 
 
-def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise",
-                                           "overhead"), terms: dict | None = None) -> dict:
+def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+                                           "elementwise", "overhead"), terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
     if terms is None:
@@ -327,12 +336,13 @@ def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
         tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode
         for i, (b, s, x, h, kvh) in enumerate(rows.select("batch", "seq_tokens", "context_tokens", "num_heads",
                                                           "num_kv_heads").iter_rows()):
-            grid, _ = tab.pick(h, kvh)
+            grid, _, scale = tab.pick(h, kvh)
+            b = b * scale
             shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if op == "attn_prefill" else x + s
             out[i] = grid.eff(b, float(shape))[0]
-    elif op == "allreduce":
+    elif op in ("allreduce", "custom_allreduce"):
         for i, (tp, size) in enumerate(rows.select("tp", "size_bytes").iter_rows()):
-            out[i] = cal.allreduce_curve(tp).eff(size)[0]
+            out[i] = cal.allreduce_curve(tp, custom=op == "custom_allreduce").eff(size)[0]
     elif op == "elementwise":
         nbytes = bounds_s(rows, _UNIT_BW)
         for i, (det, nb) in enumerate(zip(rows["detail"].to_list(), nbytes)):

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from sim.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
 from sim.cost.calibrated import CalibratedOps
-from sim.cost.calibration import Calibration
+from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import RunCost, affine_steps, run_sum_s
-from sim.cost.shapes import prefill_pairs
+from sim.cost.shapes import custom_allreduce_link_bytes, prefill_pairs, uses_custom_allreduce
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
 from sim.quantization import get_quantization
@@ -49,6 +49,14 @@ class Efficiencies:
     memory: float = 0.8
     link: float = 0.8
     allreduce_latency_s: float = 10e-6  # aiconfigurator p2p_latency, NCCL launch + sync
+    # vLLM custom all-reduce under CUDA graphs: the measured small-buffer floor at 8 GPUs is
+    # 5.7 us on A100, 4.7 us on H100 (aiconfigurator custom_allreduce_perf, kernels_profile/)
+    custom_allreduce_latency_s: float = 5e-6
+    # Shortest time of one kernel on the roofline path (launch, ramp-up, tail under CUDA
+    # graphs): the shortest kernels measured on every catalogue GPU take 1.7-2.5 us
+    # (aiconfigurator GEMMs at m = 1 on tiny weights; vidur residual adds 1-2 us; kernels_profile/).
+    # NOTE: applied per kernel to operators without a calibrated table.
+    kernel_floor_s: float = 2e-6
 
 
 @dataclass(frozen=True)
@@ -112,11 +120,18 @@ class RooflineCostModel:
         self.elem_layer_bytes = self.dtype_bytes * (
             4 * h + 6 * h + 2 * (self.q_dim + self.kv_dim) + 3 * self.mlp_dim + 2 * self.kv_dim
         )
+        # the same traffic per kernel (bytes per token): norm, norm, add, add, rotary, activation, KV write
+        self._elem_kernel_bytes = tuple(self.dtype_bytes * x for x in (
+            2 * h, 2 * h, 3 * h, 3 * h, 2 * (self.q_dim + self.kv_dim), 3 * self.mlp_dim, 2 * self.kv_dim))
         self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
         self._tok_cache: dict[int, tuple[float, float, bool]] = {}
         self.calibration = calibration
+        # Operators this GPU's profile lacks, carried from another GPU's measured curve
+        # ({operator: donor GPU}; ``simsrv_calibration_carried_from`` in result.json).
+        self.carried_from = carried_from(calibration)
+        donor = load_calibration(self.carried_from["elementwise"]) if "elementwise" in self.carried_from else None
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
@@ -152,7 +167,7 @@ class RooflineCostModel:
             gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf,
                            nvlink_bw_bytes_per_s=inf)
         eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
-                           step_overhead_s=0.0, per_seq_overhead_s=0.0)
+                           custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
         return cls(model, gpu, tp, kv_dtype_bytes, eff)
 
     # -- operators ------------------------------------------------------------------------------
@@ -174,7 +189,7 @@ class RooflineCostModel:
             t, out = self.cops.linear_s(name, tokens, flops, bytes_)
             self._flag |= out
         else:
-            t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
+            t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
         if name != "lm" and self.quant is not None:
             bw, peak = self.gpu.hbm_bw_bytes_per_s, self.flops_s
             q_bytes = fin * fout * weight_reads * self.linear_weight_bytes + act_bytes
@@ -247,7 +262,7 @@ class RooflineCostModel:
         new_tokens = sum(c for c, _ in chunks)
         flops = 4.0 * self.heads * self.model.head_dim * pairs
         bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
-        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
@@ -270,7 +285,10 @@ class RooflineCostModel:
             return hit[0]
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
-        return self.model.num_layers * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+        # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
+        # affine in the growing context, so fast-forwarded runs stay exact.
+        return self.model.num_layers * (max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+                                        + self.eff.kernel_floor_s)
 
     def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
@@ -284,14 +302,22 @@ class RooflineCostModel:
         t = max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e + self.cops.decode_combine_s(n, ctx)
         return self.model.num_layers * t, out
 
+    def _uses_custom_ar(self, tokens: int) -> bool:
+        return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
+                                     self.gpu.full_nvlink)
+
     def _allreduce_s(self, tokens: int) -> float:
         """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
-        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth)."""
+        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth);
+        small buffers take vLLM's custom one-/two-shot kernel instead (sim/cost/fit.py)."""
         if self.tp == 1:
             return 0.0
         size = tokens * self.model.hidden_size * self.dtype_bytes
         link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
-        one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
+        if self._uses_custom_ar(tokens):
+            one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
+        else:
+            one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
         return 2 * self.model.num_layers * one
 
     def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
@@ -303,10 +329,19 @@ class RooflineCostModel:
         if self.cops is not None and self.cops.elem_ops:
             elem, flag = self.cops.elementwise_s(tokens)
         else:
-            # Embedding lookup (read+write h per token) joins the per-layer elementwise traffic.
-            elem = tokens * (self.model.num_layers * self.elem_layer_bytes
-                             + 2 * self.model.hidden_size * self.dtype_bytes) / self.mem_bw
-        if self.cops is not None and self.cops.allreduce_curve is not None:
+            # Per layer: 2 norms, 2 residual adds, rotary, the activation, the KV-cache write
+            # (the calibrated path's 7 kernels), plus the embedding lookup (read+write h per
+            # token); each kernel takes at least the launch floor.
+            fl = self.eff.kernel_floor_s
+            L = self.model.num_layers
+            h, b = self.model.hidden_size, self.dtype_bytes
+            layer = sum(max(tokens * nb / self.mem_bw, fl) for nb in self._elem_kernel_bytes)
+            elem = L * layer + max(tokens * 2 * h * b / self.mem_bw, fl)
+        custom = self.tp > 1 and self._uses_custom_ar(tokens)
+        if custom and self.cops is not None and self.cops.custom_curve is not None:
+            ar, out = self.cops.allreduce_s(tokens, custom=True)
+            flag |= out
+        elif not custom and self.cops is not None and self.cops.allreduce_curve is not None:
             ar, out = self.cops.allreduce_s(tokens)
             flag |= out
         else:
@@ -335,6 +370,8 @@ class RooflineCostModel:
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
+        if b.num_logits:
+            sampling = max(sampling, self.eff.kernel_floor_s)
         parts = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
                  self._attn_decode_s(b.num_decode_seqs, decode_context), elem, ar, lm, sampling)
         overhead = self._step_overhead_s(sum(parts), b) if tokens else 0.0

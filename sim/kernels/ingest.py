@@ -61,6 +61,15 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
                                     pl.col("latency").alias("time_ms"))
                            .with_columns(gpu=pl.lit(gpu), op=pl.lit("allreduce"), detail=pl.lit("nccl"),
                                          source=pl.lit(tag(f)))))
+        # vLLM's custom all-reduce, timed under CUDA graphs (how vLLM runs it); L40S has none.
+        hits = sorted((root / "comm").rglob("custom_allreduce_perf.parquet"))
+        if hits:
+            f = hits[0]
+            c = pl.read_parquet(f).filter((pl.col("backend") == "vllm_graph") & (pl.col("allreduce_dtype") == "bfloat16"))
+            out.append(conform(c.select(pl.col("num_gpus").alias("tp"), (pl.col("message_size") * 2).alias("size_bytes"),
+                                        pl.col("latency").alias("time_ms"))
+                               .with_columns(gpu=pl.lit(gpu), op=pl.lit("custom_allreduce"), detail=pl.lit("vllm_graph"),
+                                             source=pl.lit(tag(f)))))
     return out
 
 
