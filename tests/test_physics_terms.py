@@ -60,18 +60,35 @@ def test_quantized_weights_shrink_memory_and_grow_kv():
 
 
 def test_fp8_gemms_run_at_the_fp8_peak_where_the_gpu_has_one():
-    """H100 (FP8 tensor cores, 1,979 TFLOP/s): a 4,096-token prefill's GEMMs take half the bf16
-    time (compute bound), a batch-1 decode's about half (half the weight bytes). A100 (no FP8:
-    FP8 Marlin, weight-only): prefill GEMMs unchanged, decode faster; int8 W8A8 on A100 runs at
-    the 624 TOPS INT8 peak."""
+    """A100 (no FP8: FP8 Marlin, weight-only): prefill GEMMs unchanged, a batch-1 decode's
+    about half (half the weight bytes); int8 W8A8 on A100 runs at the 624 TOPS INT8 peak (half
+    the bf16 time, compute bound)."""
     pre = Batch(prefill_chunks=((4096, 0),), num_logits=1)
     dec = Batch(num_decode_seqs=1, decode_context_tokens=512, num_logits=1)
-    for gpu, q, pre_ratio in (("h100-sxm", "fp8", 0.5), ("a100-80g", "fp8", 1.0), ("a100-80g", "int8", 0.5)):
+    for gpu, q, pre_ratio in (("a100-80g", "fp8", 1.0), ("a100-80g", "int8", 0.5)):
         base, quant = _dep(gpu=gpu).cost, _dep(gpu=gpu, quantization=q).cost
         assert _gemm_s(quant.step_time(pre)) / _gemm_s(base.step_time(pre)) == pytest.approx(pre_ratio, rel=0.03), (gpu, q)
         assert 0.45 < _gemm_s(quant.step_time(dec)) / _gemm_s(base.step_time(dec)) < 0.75, (gpu, q)
-        lm = Batch(num_decode_seqs=1, decode_context_tokens=512, num_logits=1)
-        assert quant.step_time(lm).ops_s["lm_head"] == base.step_time(lm).ops_s["lm_head"]  # LM head stays bf16
+        assert quant.step_time(dec).ops_s["lm_head"] == base.step_time(dec).ops_s["lm_head"]  # LM head stays bf16
+
+
+def test_fp8_gemms_follow_the_measured_fp8_table():
+    """H100 has measured fp8 W8A8 GEMMs (vLLM's CUTLASS scaled_mm, aiconfigurator): Llama-3-8B's
+    O projection (4096 x 4096) at 1,024 tokens costs the measured fp8 time, per layer; the
+    measured kernel is far from 2x the bf16 one (0.039 against 0.043 ms), which a peak ratio
+    alone would predict."""
+    import polars as pl
+
+    from sim.kernels.schema import read_profiles
+    from tests.conftest import ROOT
+    rows = read_profiles(ROOT / "kernels_profile").filter(
+        (pl.col("gpu") == "h100-sxm") & (pl.col("op") == "gemm_fp8") & (pl.col("m") == 1024)
+        & (pl.col("n") == 4096) & (pl.col("k") == 4096))
+    cm = _dep(gpu="h100-sxm", quantization="fp8").cost
+    o = cm.step_time(Batch(prefill_chunks=((1024, 0),))).ops_s["gemm_o"] / 32
+    assert o * 1e3 == pytest.approx(rows["time_ms"].median(), rel=0.02)
+    base = _dep(gpu="h100-sxm").cost.step_time(Batch(prefill_chunks=((1024, 0),))).ops_s["gemm_o"] / 32
+    assert 0.7 < o / base < 1.0
 
 
 def test_awq_is_weight_only_int4():

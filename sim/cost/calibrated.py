@@ -33,6 +33,10 @@ class CalibratedOps:
             w = cal.gemm.wave
             if w:
                 self.wave = (w["sms"], w["tile"][0], w["tile"][1])
+        self.fp8_curves = None
+        if cal.gemm_fp8 is not None:
+            self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
+            self.fp8_curves = {name: (*cal.gemm_fp8.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
@@ -77,6 +81,13 @@ class CalibratedOps:
         b = flops / self.peak
         m = bytes_ / self.bw
         return (b if b > m else m) / e, out or out_m
+
+    def linear_fp8_s(self, name: str, tokens: int, flops: float, bytes_: float) -> tuple[float, bool]:
+        """An fp8 W8A8 GEMM: its own raw bound (FP8 peak, 1-byte inputs) over the efficiency
+        measured for fp8 GEMMs at this weight shape and token count."""
+        curve, out, _ = self.fp8_curves[name]
+        e, out_m = curve.eff(tokens)
+        return max(flops / self.fp8_peak, bytes_ / self.bw) / e, out or out_m
 
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:
         """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes)."""

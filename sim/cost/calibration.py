@@ -17,12 +17,15 @@ from pathlib import Path
 
 from sim.cost.tables import Axis, Curve, Grid2, bracket
 
-CALIBRATED_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 
-def gemm_axis(n: float, k: float, peaks: dict) -> Axis:
-    """The roofline axis of x[m,k] @ W[k,n] along m: max(2mnk / peak, 2 (mk + kn + mn) / bw)."""
+def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False) -> Axis:
+    """The roofline axis of x[m,k] @ W[k,n] along m: max(2mnk / peak, 2 (mk + kn + mn) / bw);
+    ``fp8`` (W8A8): max(2mnk / fp8 peak, (mk + kn + 2 mn) / bw)."""
     bw = peaks["hbm_bw_bytes_per_s"]
+    if fp8:
+        return Axis(a=2.0 * n * k / peaks["fp8_flops_per_s"], b=k * n / bw, c=(k + 2.0 * n) / bw)
     return Axis(a=2.0 * n * k / peaks["bf16_flops_per_s"], b=2.0 * k * n / bw, c=2.0 * (k + n) / bw)
 
 
@@ -31,15 +34,15 @@ class GemmTable:
     efficiency against m for one weight shape (interpolated along its roofline bound),
     bilinear in (log n, log k) between the four measured weight shapes around it."""
 
-    def __init__(self, d: dict, peaks: dict):
+    def __init__(self, d: dict, peaks: dict, fp8: bool = False):
         self.m, self.n, self.k = d["m"], d["n"], d["k"]
-        self.peaks = peaks
+        self.peaks, self.fp8 = peaks, fp8
         # Wave quantization term (sim/cost/fit.py ``wave_factor``): the efficiencies are relative
         # to the bound of the padded waves; None when the fit found no tile that helps.
         self.wave = d.get("wave")
         self.ln = [math.log(x) for x in self.n]
         self.lk = [math.log(x) for x in self.k]
-        self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks))
+        self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks, fp8))
                         for j in range(len(self.k))] for i in range(len(self.n))]
 
     def curve(self, n: float, k: float) -> tuple[Curve, bool]:
@@ -58,7 +61,7 @@ class GemmTable:
             corners = [(1.0, self.curves[ii][jj])]
         tot = sum(w for w, _ in corners)
         ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
-        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks))
+        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8))
         return out, on or ok
 
     def eff(self, m: float, n: float, k: float) -> tuple[float, bool]:
@@ -115,6 +118,8 @@ class Calibration:
         self.gpu = d["gpu"]
         peaks = d["peaks"]
         self.gemm = GemmTable(d["gemm"], peaks) if "gemm" in d else None
+        # fp8 W8A8 GEMMs (CUTLASS scaled_mm), measured where the GPU has FP8 tensor cores
+        self.gemm_fp8 = GemmTable(d["gemm_fp8"], peaks, fp8=True) if "gemm_fp8" in d else None
         self.attn_prefill = HeadTables(d["attn_prefill"], "attn_prefill", peaks) if "attn_prefill" in d else None
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
         self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"]) for t in d["allreduce"]["tables"]}

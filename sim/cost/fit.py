@@ -35,7 +35,7 @@ GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
 # (Hopper, ``vllm_flash_attn_fa3``) has its own heuristic and is not modelled.
 FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
-HOLDOUT_KEY = {"gemm": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
+HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
 
 
@@ -110,6 +110,11 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
     gw = (terms or {}).get("gemm_wave")
     wf = wave_factor(np.maximum(m, 1), np.maximum(n, 1), gw["sms"], gw["tile"]) if gw else 1.0
     out[g] = np.maximum(2 * m * n * k * wf / peak, 2 * (m * k + k * n + m * n) / bw)[g]
+    g8 = op == "gemm_fp8"
+    if g8.any():
+        # fp8 W8A8: 1-byte activations in and weights, bf16 out, at the FP8 tensor-core peak
+        peak8 = getattr(gpu, "fp8_flops_per_s", None) or peak
+        out[g8] = np.maximum(2 * m * n * k / peak8, (m * k + k * n + 2 * m * n) / bw)[g8]
     p = op == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
@@ -195,7 +200,7 @@ def overhead_coefs(tot: pl.DataFrame) -> tuple[float, float, float]:
 def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     """The JSON table of one operator from rows already carrying ``log_eff``."""
     rows = df.filter(pl.col("op") == op)
-    if op in ("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
+    if op in ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
         src = primary_source(df, op)
         if src is None:
             return None
@@ -206,7 +211,7 @@ def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     if len(rows) < 4:
         return None
     srcs = sorted(rows["source"].unique().to_list())
-    if op == "gemm":
+    if op in ("gemm", "gemm_fp8"):
         g = rows.group_by("m", "n", "k").agg(pl.col("log_eff").median())
         mv, nv, kv = (sorted(g[c].unique().to_list()) for c in "mnk")
         look = {(r["m"], r["n"], r["k"]): r["log_eff"] for r in g.iter_rows(named=True)}
@@ -303,7 +308,7 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     return terms
 
 
-def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
                                            "elementwise", "overhead"), terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
@@ -321,16 +326,19 @@ def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decod
             if op == "attn_decode" and terms.get("decode_split"):
                 t["split_kv"] = terms["decode_split"]
             out[op] = t
+    if "gemm_fp8" in out:
+        out["peaks"]["fp8_flops_per_s"] = gpu.fp8_flops_per_s
     return out
 
 
 def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
     """Calibrated efficiency at each row's shape (plain lookups, as the cost model does)."""
     out = np.full(len(rows), np.nan)
-    if op in ("gemm", "linear"):
+    if op in ("gemm", "linear", "gemm_fp8"):
         cache = {}
+        tab = cal.gemm_fp8 if op == "gemm_fp8" else cal.gemm
         for i, (m, n, k) in enumerate(rows.select("m", "n", "k").iter_rows()):
-            c = cache.get((n, k)) or cache.setdefault((n, k), cal.gemm.curve(n, k)[0])
+            c = cache.get((n, k)) or cache.setdefault((n, k), tab.curve(n, k)[0])
             out[i] = c.eff(m)[0]
     elif op in ("attn_prefill", "attn_decode"):
         tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode

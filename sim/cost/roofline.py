@@ -138,6 +138,9 @@ class RooflineCostModel:
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
+        # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
+        self._fp8_cal = (self.cops is not None and self.cops.fp8_curves is not None and q is not None
+                         and q.compute == "fp8" and bool(gpu.fp8_flops_per_s))
         # NOTE: the model is pure: a public call returns its flags with its durations. These two
         # are scratch registers of one synchronous call (reset on entry, never read afterwards):
         # an operator outside the measured range of its table sets them.
@@ -180,6 +183,12 @@ class RooflineCostModel:
         the measured bf16 kernel reaches at that shape."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
+        if self._fp8_cal and name != "lm":
+            # fp8 W8A8 with a measured fp8 GEMM table: 1-byte activations in and weights, bf16 out
+            b8 = fin * fout * weight_reads + tokens * (fin + 2 * fout) * flop_mult
+            t, out = self.cops.linear_fp8_s(name, tokens, flops, b8)
+            self._flag |= out
+            return t
         act_bytes = tokens * (fin + fout) * flop_mult * self.dtype_bytes
         bytes_ = fin * fout * weight_reads * self.dtype_bytes + act_bytes
         if name is not None and self._gemm_cal:

@@ -39,6 +39,12 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
         g = pl.read_parquet(f).filter(pl.col("gemm_dtype") == "bfloat16")
         out.append(conform(g.select("m", "n", "k", pl.col("latency").alias("time_ms"))
                            .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm"), source=pl.lit(tag(f)))))
+        # fp8 W8A8 (per-tensor scales, vLLM CutlassFP8ScaledMMLinearKernel) where measured (not A100)
+        g8 = pl.read_parquet(f).filter(pl.col("gemm_dtype") == "fp8")
+        if len(g8):
+            out.append(conform(g8.select("m", "n", "k", pl.col("latency").alias("time_ms"))
+                               .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm_fp8"), detail=pl.lit("fp8"),
+                                             source=pl.lit(tag(f)))))
         for kind, op in (("context", "attn_prefill"), ("generation", "attn_decode")):
             f = _one(root / "attention", f"{kind}_attention_perf.parquet")
             a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("kv_cache_dtype") == "bfloat16"))
