@@ -4,7 +4,7 @@ skinny GEMM waves, launch floors and carried calibrations, explain reading the c
 import pytest
 
 from sim.batch import Batch
-from sim.cost.calibration import default_efficiencies, load_calibration
+from sim.cost.calibration import load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.hardware import get_gpu
 from sim.models import get_model
@@ -12,8 +12,7 @@ from sim.models import get_model
 
 def _cm(model, gpu, tp=1, **kw):
     cal = load_calibration(gpu)
-    return RooflineCostModel(get_model(model), get_gpu(gpu), tp, None, default_efficiencies(cal, Efficiencies(), tp),
-                             calibration=cal, **kw)
+    return RooflineCostModel(get_model(model), get_gpu(gpu), tp, None, Efficiencies(), calibration=cal, **kw)
 
 
 def test_a100_skinny_gemm_is_not_padded_into_compute():
