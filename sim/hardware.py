@@ -25,7 +25,6 @@ class GPUSpec:
     name: str
     bf16_flops_per_s: float
     fp8_flops_per_s: float | None
-    int8_ops_per_s: float | None
     memory_bytes: int
     hbm_bw_bytes_per_s: float
     nvlink_bw_bytes_per_s: float
