@@ -162,7 +162,7 @@ def explain(
     out_console.print(t)
     from sim.cost.calibration import describe
 
-    out_console.print(f"cost model: {describe(dep.cost.calibration)}")
+    out_console.print(f"cost model: {describe(dep.cost.calibration, dep.cost.carried_from)}")
 
 
 from sim.cli_kernels import calibrate, profile  # noqa: E402

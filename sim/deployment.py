@@ -15,7 +15,7 @@ from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.hardware import GPUSpec, scenario_gpu
 from sim.memory import MemoryPlan, plan_memory
-from sim.models import ModelSpec, get_model
+from sim.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.kv import KVBlockManager
 from sim.scenario import Scenario
@@ -51,6 +51,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     """The replica of ``s`` (or of one of its disaggregated pools: ``gpu_key``, ``tp``)."""
     e = s.engine
     model = get_model(s.model if isinstance(s.model, str) else s.model.model_dump(), Path(s.base_dir))
+    model = with_quantization(model, e.quantization, "engine.quantization")
     gpu = scenario_gpu(s.hardware, gpu_key)
     tp = tp or s.cluster.tensor_parallel_size
     # vLLM shards attention heads over TP ranks: heads must divide evenly, and KV heads must

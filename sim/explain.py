@@ -1,11 +1,17 @@
 """``simsrv explain``: the roofline and memory arithmetic of a deployment, per GPU.
 
 Why: users should be able to check the simulator's key figures by hand; these are the
-numbers behind every step time (DESIGN.md section 4).
+numbers behind every step time (DESIGN.md section 4). The floors and intensities are read
+from the simulator's own cost model at 100% of peak (``RooflineCostModel.ideal``) and the
+memory figures from its memory plan, so they cannot drift from what a run costs.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from sim.batch import Batch
+from sim.cost.roofline import RooflineCostModel
 from sim.deployment import Deployment
 from sim.kv import blocks_for
 
@@ -19,36 +25,44 @@ EXPLAIN_KEYS = (
     "kv_bytes_per_seq_at_context", "num_sliding_layers", "sliding_window_tokens", "pipeline_parallel_size",
     "max_layers_per_stage", "pp_send_bytes_per_token_per_gpu", "expert_parallel_size", "experts_per_gpu",
 )
+# Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
+# engine overhead is host time.
+_NOT_ROOFLINE = ("allreduce", "overhead")
+
+
+def _floor_s(cm: RooflineCostModel, batch: Batch) -> float:
+    return sum(t for op, t in cm.step_time(batch).ops_s.items() if op not in _NOT_ROOFLINE)
 
 
 def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float | int]:
+    """Per GPU of the tensor-parallel group: a prefill of one ``context_tokens`` prompt (its
+    LM head on the one sampled position, as the simulator runs it) and a decode step of
+    ``batch`` sequences at ``context_tokens`` each."""
     m, g, tp = dep.model, dep.gpu, dep.tp
     n, b = context_tokens, batch
-    weight_bytes = dep.memory.weight_bytes_per_gpu  # the most loaded pipeline stage's GPU
     kv_tok = m.kv_bytes_per_token(dep.kv_dtype_bytes)
-    kv_tok_gpu = m.kv_bytes_per_token_per_gpu(tp, dep.kv_dtype_bytes)  # summed over stages
-    # Forward-pass FLOPs per token: 2 per active weight (Kaplan et al. 2020, section 2.1), plus
-    # attention QK^T and PV, 4 * L * H * d_head per (query, key) pair.
-    attn_pair_flops = 4 * m.num_layers * m.num_heads * m.head_dim
-    prefill_flops = 2 * m.num_active_params * n + attn_pair_flops * n * (n + 1) / 2  # causal
-    prefill_bytes = m.num_params * m.dtype_bytes + n * kv_tok
-    decode_flops = b * (2 * m.num_active_params + attn_pair_flops * n)
-    # a decode step reads the weights its b tokens touch (all but the embedding table; for an
-    # MoE only the experts routed to) plus every cached K and V of the batch
-    read_bytes = m.params_read(b) * m.dtype_bytes
-    decode_bytes = read_bytes + b * n * kv_tok
-    decode_bytes_gpu = read_bytes / tp + b * n * kv_tok_gpu
+    prefill = Batch(prefill_chunks=((n, 0),), num_logits=1)
+    decode = Batch(num_decode_seqs=b, decode_context_tokens=b * n, num_logits=b)
+    mem = RooflineCostModel.ideal(m, g, tp, dep.kv_dtype_bytes, "memory")
+    # FLOPs do not depend on how weights are stored: the intensities count them at the bf16
+    # peak; the prefill floor runs at the quantized GEMM peak (fp8 / int8 W8A8).
+    flops_cm = RooflineCostModel.ideal(replace(m, quantization=None), g, tp, dep.kv_dtype_bytes, "compute")
+    peak = g.bf16_flops_per_s
+
+    def intensity(bt: Batch) -> float:
+        return _floor_s(flops_cm, bt) * peak / (_floor_s(mem, bt) * g.hbm_bw_bytes_per_s)
+
     return {
         "params": m.num_params,
-        "weight_bytes_per_gpu": weight_bytes,
+        "weight_bytes_per_gpu": dep.memory.weight_bytes_per_gpu,
         "kv_bytes_per_token": kv_tok,
         "kv_capacity_tokens": dep.memory.kv_capacity_tokens,
         "max_seqs_at_context": dep.memory.num_kv_blocks // blocks_for(n, dep.memory.block_size),
         "ridge_flops_per_byte": g.ridge_flops_per_byte,
-        "prefill_intensity_flops_per_byte": prefill_flops / prefill_bytes,
-        "decode_intensity_flops_per_byte": decode_flops / decode_bytes,
-        "decode_step_floor_ms": decode_bytes_gpu / g.hbm_bw_bytes_per_s * 1e3,
-        "prefill_floor_ms": prefill_flops / tp / g.bf16_flops_per_s * 1e3,
+        "prefill_intensity_flops_per_byte": intensity(prefill),
+        "decode_intensity_flops_per_byte": intensity(decode),
+        "decode_step_floor_ms": _floor_s(mem, decode) * 1e3,
+        "prefill_floor_ms": _floor_s(RooflineCostModel.ideal(m, g, tp, dep.kv_dtype_bytes, "compute"), prefill) * 1e3,
         **breadth_figures(dep, n),
     }
 

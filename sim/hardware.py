@@ -34,6 +34,9 @@ class GPUSpec:
     int8_ops_per_s: float | None = None
     num_sms: int | None = None
     driver_reserved_bytes: int = 0
+    # every GPU pair linked directly (NVLink/NVSwitch, Infinity Fabric): vLLM's custom
+    # all-reduce needs it beyond two GPUs (custom_all_reduce.py ``full_nvlink``)
+    full_nvlink: bool = True
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -50,7 +53,7 @@ class GPUSpec:
 # Fields a catalogue entry or ``hardware.custom`` gives; the first three are required.
 REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
 OPTIONAL = ("fp8_flops_per_s", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
-            "num_sms", "driver_reserved_bytes")
+            "num_sms", "driver_reserved_bytes", "full_nvlink")
 # NOTE: nvidia-smi -q "FB Memory Usage / Reserved" on H100 80GB is 328-551 MiB across drivers; with
 # 551 MiB, 81,559 - 551 = 81,008 MiB = 79.11 GiB, the total_gpu_memory vLLM logs on that part
 # (kernels_profile/hardware.md). Used for NVIDIA parts without their own figure.
@@ -87,6 +90,9 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
             source=str(d.get("source", "")),
             int8_ops_per_s=_opt(d, "int8_ops_per_s"),
             num_sms=_opt(d, "num_sms", int),
+            # a GPU-GPU link no faster than the host link is PCIe, not an NVLink/NVSwitch fabric
+            full_nvlink=bool(d["full_nvlink"]) if d.get("full_nvlink") is not None
+            else float(d.get("nvlink_bw_bytes_per_s") or pcie) > pcie,
             driver_reserved_bytes=int(d["driver_reserved_bytes"]) if d.get("driver_reserved_bytes") is not None
             else DEFAULT_NVIDIA_RESERVED_BYTES,
         )

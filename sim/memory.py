@@ -84,7 +84,10 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
-    stage_w = tuple(p * b / tp for p in stage_weight_params(model, pp))
+    # quantized linear layers at their own width: the model's mean bytes per weight
+    # (NOTE: a pipeline stage is assumed to hold the model's mix of linear and other weights)
+    b_w = model.weight_bytes() / model.num_params
+    stage_w = tuple(p * b_w / tp for p in stage_weight_params(model, pp))
     layers = stage_layers(model.num_layers, pp)
     # Peak activations of a profiling forward pass of max_num_batched_tokens tokens: the widest
     # live tensors of one layer (hidden in and out, q/k/v, gate+up and its activation), plus

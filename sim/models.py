@@ -65,6 +65,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     q_lora_rank: int = 0
     v_head_dim: int = 0
+    quantization: str | None = None  # linear-layer weights (sim/quantization.py); None = dtype
 
     @property
     def dtype_bytes(self) -> int:
@@ -196,6 +197,28 @@ class ModelSpec:
     def num_active_params(self) -> int:
         return self._total(self.active_mlp_params_per_layer)
 
+    @property
+    def linear_weight_bytes_per_param(self) -> float:
+        """Bytes per linear-layer weight: the quantization's (scales included) or the dtype's."""
+        from sim.quantization import get_quantization
+
+        q = get_quantization(self.quantization)
+        return float(self.dtype_bytes) if q is None else q.weight_bytes
+
+    def weight_bytes(self) -> float:
+        """Bytes of all weights: the linear layers at the quantized width (when quantized), the
+        rest (embedding, LM head, norms, biases, routers) in the model dtype."""
+        lin = self.linear_params
+        return lin * self.linear_weight_bytes_per_param + (self.num_params - lin) * self.dtype_bytes
+
+    def bytes_read(self, num_tokens: int) -> float:
+        """Bytes of the weights ``params_read(num_tokens)`` counts: the experts not touched are
+        linear weights, so they leave at the linear width."""
+        untouched = self.num_params - self.embedding_params - self.params_read(num_tokens)
+        lin = self.linear_params - untouched
+        other = self.num_params - self.embedding_params - self.linear_params
+        return lin * self.linear_weight_bytes_per_param + other * self.dtype_bytes
+
     def params_read(self, num_tokens: int) -> float:
         """Weights a forward pass over ``num_tokens`` tokens reads, without the embedding table
         (only its looked-up rows): all of them for a dense model; for an MoE the experts touched,
@@ -249,6 +272,8 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
     """A catalogue name, or ``{hf_config: path}`` to a HuggingFace config.json."""
     from sim.hf_config import from_config
 
+    if isinstance(ref, dict) and not ref.get("hf_config"):
+        return with_quantization(get_model(ref["name"]), ref.get("quantization"), "model.quantization")
     if isinstance(ref, dict):
         path = Path(ref["hf_config"])
         if base_dir is not None and not path.is_absolute() and not path.exists():
@@ -261,8 +286,40 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
             raise UserError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(cfg, dict):
             raise UserError(f"{path}: a config.json is a JSON object")
-        return from_config(ref.get("name") or path.parent.name or path.stem, cfg, str(path))
+        spec = from_config(ref.get("name") or path.parent.name or path.stem, cfg, str(path))
+        spec = with_quantization(spec, _config_quantization(cfg, str(path)), str(path))
+        return with_quantization(spec, ref.get("quantization"), "model.quantization")
     cat = catalogue()
     if ref not in cat:
         raise UserError(f"model: unknown model {ref!r}; known: {', '.join(sorted(cat))}")
     return from_config(ref, cat[ref], f"catalog/models.yaml:{ref}")
+
+
+def _config_quantization(cfg: dict, where: str) -> str | None:
+    """A checkpoint's own ``quantization_config.quant_method`` (vLLM reads it the same way,
+    ``get_quant_config``): fp8, awq and gptq are modelled; another method is an error rather
+    than silently costed as bf16."""
+    qc = cfg.get("quantization_config")
+    if not qc:
+        return None
+    from sim.quantization import METHODS
+
+    method = str(qc.get("quant_method", "")).lower()
+    if method not in METHODS:
+        raise UserError(f"{where}: quantization_config.quant_method {method!r} is not modelled; "
+                        f"known: {', '.join(METHODS)}")
+    if method in ("awq", "gptq") and int(qc.get("bits", 4)) != 4:
+        raise UserError(f"{where}: quantization_config.bits {qc.get('bits')!r}: only 4-bit {method} is modelled")
+    return method
+
+
+def with_quantization(spec: ModelSpec, quantization: str | None, where: str) -> ModelSpec:
+    """``spec`` with linear weights quantized by ``quantization`` (None keeps the spec's own).
+    Two different methods (a checkpoint's and a scenario's) are a contradiction."""
+    if not quantization:
+        return spec
+    if spec.quantization and spec.quantization != quantization:
+        raise UserError(f"{where}: {quantization!r} contradicts the model's own quantization {spec.quantization!r}")
+    from dataclasses import replace
+
+    return replace(spec, quantization=quantization)

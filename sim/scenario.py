@@ -22,8 +22,19 @@ class _Strict(BaseModel):
 
 
 class HFConfigRef(_Strict):
-    hf_config: str
+    """``{hf_config: path}`` (a HuggingFace config.json), or ``{name: catalogue name}``; either
+    with ``quantization`` (sim/quantization.py; a config.json's ``quantization_config`` is
+    read too, as vLLM does)."""
+
+    hf_config: Optional[str] = None
     name: Optional[str] = None
+    quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "HFConfigRef":
+        if self.hf_config is None and self.name is None:
+            raise ValueError("model: give hf_config (a config.json) or name (a catalogue model)")
+        return self
 
 
 class CustomGPU(_Strict):
@@ -95,6 +106,8 @@ class Engine(_Strict):
     block_size: int = Field(16, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # vLLM's --quantization: weight quantization of the linear layers (same as model.quantization)
+    quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
     enable_prefix_caching: bool = True   # vLLM V1 default
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     long_prefill_token_threshold: int = Field(0, ge=0)
@@ -341,8 +354,9 @@ def _format_error(err: ValidationError, where: str) -> str:
         cls = _model_at(loc)
         valid = ", ".join(k for k in (cls.model_fields if cls else {}) if k != "base_dir")
         return f"{where}: unknown key '{key}'; valid keys here: {valid}"
-    if loc and loc[0] == "model":
-        return f"{where}: model: give a catalogue name or {{hf_config: path/to/config.json}}"
+    if loc and loc[0] == "model" and loc[-1] != "quantization":
+        return (f"{where}: model: give a catalogue name, {{hf_config: path/to/config.json}} or "
+                f"{{name: catalogue name}} (either mapping may add quantization: fp8 | int8 | awq | gptq)")
     msg = e["msg"].removeprefix("Value error, ")
     return f"{where}: {key}: {msg}"
 

@@ -51,10 +51,11 @@ def _costs(result) -> list:
 
 def _cost_models(result) -> str:
     pre = result.transfers.get("prefill_deployment")
-    decode = describe_cost_model(result.deployment.cost.calibration)
+    c = result.deployment.cost
+    decode = describe_cost_model(c.calibration, c.carried_from)
     if pre is None:
         return decode
-    return f"prefill: {describe_cost_model(pre.cost.calibration)}; decode: {decode}"
+    return f"prefill: {describe_cost_model(pre.cost.calibration, pre.cost.carried_from)}; decode: {decode}"
 
 
 def _outside(costs) -> list | None:
@@ -151,6 +152,8 @@ def summarize(result) -> dict:
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
         "simsrv_cost_model": _cost_models(result),
+        # {operator: GPU} whose measured curve an operator borrows (scaled by the bandwidth ratio)
+        "simsrv_calibration_carried_from": {k: v for c in _costs(result) for k, v in c.carried_from.items()},
         "simsrv_extrapolated_steps": sum(result.extrapolated_steps.values()),
         "simsrv_lm_head_extrapolated": result.lm_head_extrapolated,
         "simsrv_engine_profile": dep.cost.engine.describe(),

@@ -60,9 +60,12 @@ def test_every_step_of_a_run_costs_what_it_costs_alone(model, gpu, kv, n):
 
 @pytest.mark.parametrize("calibrated", [True, False])
 def test_batch1_decode_is_nearly_flat_in_context(calibrated):
-    """Llama-2-7B reads 13.5 GB of weights per step; the KV of 2,000 tokens is 1 GB more."""
+    """Llama-2-7B reads 13.5 GB of weights per step; the KV of 2,000 tokens is 1 GB more.
+    Calibrated, the MHA decode kernel reads it at its measured batch-1 efficiency (FA2, 32
+    heads x 1 sequence = the 8/8 table at batch 4: 57.5 us per layer at 2,047 tokens, about
+    28% of HBM bandwidth), so it adds up to 15%; at full bandwidth (roofline) under 10%."""
     cm = _cm("llama-2-7b", "a100-80g", calibrated)
-    assert 1.0 < _single_s(cm, 1, 2000) / _single_s(cm, 1, 5) < 1.10
+    assert 1.0 < _single_s(cm, 1, 2000) / _single_s(cm, 1, 5) < (1.15 if calibrated else 1.10)
 
 
 def _one_request(out: int, cost_model: str = "calibrated", **kw) -> dict:

@@ -14,12 +14,12 @@ import math
 from bisect import bisect_right
 
 from sim.cost.calibration import Calibration
-from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, fa2_split_kv
+from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
 from sim.cost.tables import bracket
 
 
 class CalibratedOps:
-    def __init__(self, cal: Calibration, *, linear_shapes: dict, heads: float, kv_heads: float, head_dim: int,
+    def __init__(self, cal: Calibration, *, linear_shapes: dict, elem_donor: Calibration | None = None, heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float):
         self.cal = cal
@@ -33,6 +33,10 @@ class CalibratedOps:
             w = cal.gemm.wave
             if w:
                 self.wave = (w["sms"], w["tile"][0], w["tile"][1])
+        self.fp8_curves = None
+        if cal.gemm_fp8 is not None:
+            self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
+            self.fp8_curves = {name: (*cal.gemm_fp8.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
@@ -40,12 +44,23 @@ class CalibratedOps:
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
+        # vLLM's custom all-reduce (small buffers, sim/cost/fit.py ``uses_custom_allreduce``)
+        self.custom_curve = cal.allreduce_curve(tp, custom=True) if (cal.custom_allreduce and tp > 1) else None
         # Elementwise ops per layer as (table kind, row width): 2 norms, 2 residual adds, rotary
         # on q and k, the gated activation (widths per GPU); the KV-cache write and the
         # embedding lookup move like a norm (read a row, write a row).
         self.elem_ops = ()
-        if cal.elementwise:
-            kinds = cal.elementwise
+        # A GPU without elementwise measurements carries the donor's curves by the bandwidth
+        # ratio: a kernel of B bytes here takes what the donor's kernel of B * bw_donor / bw
+        # bytes takes (equal roofline bound), so the launch-latency floor stays the measured
+        # one and the streaming regime scales with bandwidth.
+        self.elem_scale = 1.0
+        src = cal
+        if not cal.elementwise and elem_donor is not None and elem_donor.elementwise:
+            src = elem_donor
+            self.elem_scale = elem_donor.raw["peaks"]["hbm_bw_bytes_per_s"] / hbm_bw_bytes_per_s
+        if src.elementwise:
+            kinds = src.elementwise
             act = "act_gated" if "act_gated" in kinds else "act"
             ops = [("norm", hidden), ("norm", hidden), ("add", hidden), ("add", hidden), ("rope", q_dim + kv_dim),
                    (act, mlp_dim), ("norm", kv_dim)]
@@ -60,37 +75,51 @@ class CalibratedOps:
         if self.wave is not None and tokens >= 1:
             sms, tm, tn = self.wave
             tiles = math.ceil(tokens / tm) * math.ceil(n / tn)
-            flops *= math.ceil(tiles / sms) * sms * tm * tn / (tokens * n)
+            waves = max(1.0, tiles / sms) if tokens < tm else math.ceil(tiles / sms)  # as fit.wave_factor
+            flops *= waves * sms * tm * tn / (tokens * n)
         e, out_m = curve.eff(tokens)
         b = flops / self.peak
         m = bytes_ / self.bw
         return (b if b > m else m) / e, out or out_m
 
+    def linear_fp8_s(self, name: str, tokens: int, flops: float, bytes_: float) -> tuple[float, bool]:
+        """An fp8 W8A8 GEMM: its own raw bound (FP8 peak, 1-byte inputs) over the efficiency
+        measured for fp8 GEMMs at this weight shape and token count."""
+        curve, out, _ = self.fp8_curves[name]
+        e, out_m = curve.eff(tokens)
+        return max(flops / self.fp8_peak, bytes_ / self.bw) / e, out or out_m
+
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:
         """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes)."""
         total, flag = 0.0, False
+        sc = self.elem_scale
         for curve, per_token_bytes in self.elem_ops:
             nb = per_token_bytes * tokens
-            e, out = curve.eff(nb)
+            e, out = curve.eff(nb * sc)
             total += nb / self.bw / e
             flag |= out
         total *= self.L
         if self.embed is not None:
             nb = self.embed[1] * tokens
-            e, out = self.embed[0].eff(nb)
+            e, out = self.embed[0].eff(nb * sc)
             total += nb / self.bw / e
             flag |= out
         return total, flag
 
-    def allreduce_s(self, tokens: int) -> tuple[float, bool]:
-        """Two ring all-reduces of T x hidden per layer (Patarasuk & Yuan 2009), measured eff."""
+    def allreduce_s(self, tokens: int, custom: bool = False) -> tuple[float, bool]:
+        """Two all-reduces of T x hidden per layer, measured eff: NCCL's ring (Patarasuk & Yuan
+        2009), or with ``custom`` vLLM's one-/two-shot custom kernel (``custom_allreduce_link_bytes``)."""
         size = tokens * self.hidden * self.dtype_bytes
+        if custom:
+            e, out = self.custom_curve.eff(size)
+            return 2 * self.L * float(custom_allreduce_link_bytes(self.tp, size)) / self.link / e, out
         e, out = self.allreduce_curve.eff(size)
         return 2 * self.L * (2.0 * (self.tp - 1) / self.tp * size / self.link) / e, out
 
     # -- attention ----------------------------------------------------------------------------
     def prefill_eff(self, num_chunks: int, equivalent_tokens: float) -> tuple[float, bool]:
-        return self.prefill_grid[0].eff(num_chunks, max(1.0, equivalent_tokens))
+        """At the table's batch of equal work (``HeadTables.pick``: batch x KV heads tiles)."""
+        return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
 
     def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
         """``Grid2.eff`` of the decode table, in closed form per table cell: between two
@@ -98,6 +127,7 @@ class CalibratedOps:
         rows, blended linearly in log batch), so a cell is two numbers, memoised per (batch,
         cell); a step then costs one log and one exp (this runs for every decode step)."""
         grid = self.decode_grid[0]
+        num_seqs = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
         x = context_per_seq if context_per_seq > 1.0 else 1.0
         nodes = grid.b_nodes
         k = bisect_right(nodes, x) - 1

@@ -17,12 +17,15 @@ from pathlib import Path
 
 from sim.cost.tables import Axis, Curve, Grid2, bracket
 
-CALIBRATED_OPS = ("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise", "overhead")
+CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 
-def gemm_axis(n: float, k: float, peaks: dict) -> Axis:
-    """The roofline axis of x[m,k] @ W[k,n] along m: max(2mnk / peak, 2 (mk + kn + mn) / bw)."""
+def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False) -> Axis:
+    """The roofline axis of x[m,k] @ W[k,n] along m: max(2mnk / peak, 2 (mk + kn + mn) / bw);
+    ``fp8`` (W8A8): max(2mnk / fp8 peak, (mk + kn + 2 mn) / bw)."""
     bw = peaks["hbm_bw_bytes_per_s"]
+    if fp8:
+        return Axis(a=2.0 * n * k / peaks["fp8_flops_per_s"], b=k * n / bw, c=(k + 2.0 * n) / bw)
     return Axis(a=2.0 * n * k / peaks["bf16_flops_per_s"], b=2.0 * k * n / bw, c=2.0 * (k + n) / bw)
 
 
@@ -31,15 +34,15 @@ class GemmTable:
     efficiency against m for one weight shape (interpolated along its roofline bound),
     bilinear in (log n, log k) between the four measured weight shapes around it."""
 
-    def __init__(self, d: dict, peaks: dict):
+    def __init__(self, d: dict, peaks: dict, fp8: bool = False):
         self.m, self.n, self.k = d["m"], d["n"], d["k"]
-        self.peaks = peaks
+        self.peaks, self.fp8 = peaks, fp8
         # Wave quantization term (sim/cost/fit.py ``wave_factor``): the efficiencies are relative
         # to the bound of the padded waves; None when the fit found no tile that helps.
         self.wave = d.get("wave")
         self.ln = [math.log(x) for x in self.n]
         self.lk = [math.log(x) for x in self.k]
-        self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks))
+        self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks, fp8))
                         for j in range(len(self.k))] for i in range(len(self.n))]
 
     def curve(self, n: float, k: float) -> tuple[Curve, bool]:
@@ -58,7 +61,7 @@ class GemmTable:
             corners = [(1.0, self.curves[ii][jj])]
         tot = sum(w for w, _ in corners)
         ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
-        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks))
+        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8))
         return out, on or ok
 
     def eff(self, m: float, n: float, k: float) -> tuple[float, bool]:
@@ -90,10 +93,21 @@ class HeadTables:
                              attention_axis(op, t["num_heads"], t["num_kv_heads"], peaks), op == "attn_prefill")
                        for t in d["tables"]}
 
-    def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int]]:
-        key = min(self.tables, key=lambda hk: (abs(math.log(hk[1] / kv_heads)) + abs(math.log(hk[0] / heads)),
-                                               abs(math.log(hk[0] / heads))))
-        return self.tables[key], key
+    def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int], float]:
+        """(grid, its (heads, KV heads), batch scale). The measured configuration with the
+        nearest query-group size heads / kv_heads (it sets the kernel's shape: FA2/FA3/FlashInfer
+        fold a KV head's query group into one tile), then the nearest KV-head count. An
+        attention kernel's grid runs batch x KV heads independent (sequence, KV head) tiles, so
+        a model with kv_heads KV heads at batch b does the work of the table's KVH at batch
+        b * kv_heads / KVH: the lookup takes that batch (``batch scale``), so both the bytes
+        and the latency floor are the measured kernel's, never a floor scaled by bytes.
+        NOTE: an MHA model (Llama-2-7B, 32/32) uses the 8/8 table at 4x the batch; it used to
+        borrow 32/8 at equal context, its short-context latency then scaled 4x with its KV
+        bytes (44 us against 13 us per layer at context 16 on A100)."""
+        ratio = heads / kv_heads
+        key = min(self.tables, key=lambda hk: (round(abs(math.log(hk[0] / hk[1] / ratio)), 6),
+                                               abs(math.log(hk[1] / kv_heads)), abs(math.log(hk[0] / heads))))
+        return self.tables[key], key, kv_heads / key[1]
 
 
 class Calibration:
@@ -104,10 +118,14 @@ class Calibration:
         self.gpu = d["gpu"]
         peaks = d["peaks"]
         self.gemm = GemmTable(d["gemm"], peaks) if "gemm" in d else None
+        # fp8 W8A8 GEMMs (CUTLASS scaled_mm), measured where the GPU has FP8 tensor cores
+        self.gemm_fp8 = GemmTable(d["gemm_fp8"], peaks, fp8=True) if "gemm_fp8" in d else None
         self.attn_prefill = HeadTables(d["attn_prefill"], "attn_prefill", peaks) if "attn_prefill" in d else None
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
         self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"]) for t in d["allreduce"]["tables"]}
                           if "allreduce" in d else None)
+        self.custom_allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"])
+                                  for t in d["custom_allreduce"]["tables"]} if "custom_allreduce" in d else None)
         self.elementwise = ({kind: Curve(t["bytes"], t["log_eff"]) for kind, t in d["elementwise"]["tables"].items()}
                             if "elementwise" in d else None)
         self.overhead = d.get("overhead")
@@ -130,11 +148,14 @@ class Calibration:
         # overhead comes from the scenario's engine profile (sim/cost/engine_profile.py).
         return tuple(op for op in CALIBRATED_OPS if op in self.raw and op != "overhead")
 
-    def allreduce_curve(self, tp: int) -> Curve | None:
-        if not self.allreduce:
+    def allreduce_curve(self, tp: int, custom: bool = False) -> Curve | None:
+        """The measured curve of the nearest measured world size: NCCL's ring, or with
+        ``custom`` vLLM's custom all-reduce."""
+        tabs = self.custom_allreduce if custom else self.allreduce
+        if not tabs:
             return None
-        key = min(self.allreduce, key=lambda t: abs(math.log(t / tp)))
-        return self.allreduce[key]
+        key = min(tabs, key=lambda t: abs(math.log(t / tp)))
+        return tabs[key]
 
 
 def calibration_dir() -> Path:
@@ -154,10 +175,39 @@ def load_calibration(gpu_key: str, path: Path | None = None) -> Calibration | No
     return _load(str(p.resolve()))
 
 
-def describe(cal: Calibration | None) -> str:
-    """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated."""
+# Calibrated GPUs that lend an operator's table to a GPU whose profile lacks it, in order of
+# preference (H100: the newest GPU with every table; A100 next).
+DONORS = ("h100-sxm", "a100-80g")
+# Operators carried: bandwidth-bound ones, whose measured curve transfers by the bandwidth ratio
+# (``carry_elementwise``). NOTE: vidur profiled elementwise kernels on A100 and H100 only.
+CARRIED_OPS = ("elementwise",)
+
+
+def carried_from(cal: Calibration | None) -> dict[str, str]:
+    """{operator: donor GPU} for each carried operator this calibration lacks."""
     if cal is None:
-        return "roofline (default efficiencies, uncalibrated)"
-    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op != "overhead"]
+        return {}
+    out = {}
+    for op in CARRIED_OPS:
+        if op in cal.raw:
+            continue
+        for donor in DONORS:
+            d = load_calibration(donor)
+            if donor != cal.gpu and d is not None and op in d.raw:
+                out[op] = donor
+                break
+    return out
+
+
+def describe(cal: Calibration | None, carried: dict[str, str] | None = None) -> str:
+    """One line for ``result.json`` and ``simsrv explain``: which operators are calibrated, and
+    which carry another GPU's measured curve (``carried``: {operator: donor GPU})."""
+    if cal is None:
+        return "roofline (default efficiencies, uncalibrated; per-kernel launch floor)"
+    carried = carried or {}
+    rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op not in carried
+            and op != "overhead"]
     s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
+    if carried:
+        s += "; carried: " + ", ".join(f"{op} from {g} (bandwidth ratio)" for op, g in carried.items())
     return s + (f"; roofline only: {', '.join(rest)}" if rest else "")

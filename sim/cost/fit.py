@@ -15,7 +15,8 @@ import numpy as np
 import polars as pl
 
 from sim.cost.calibration import Calibration
-from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, fa2_num_splits, fa2_split_kv, prefill_pairs  # noqa: F401
+from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
+                             fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce)
 from sim.hardware import GPUSpec
 
 ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add": "add", "attn_rope": "rope",
@@ -34,8 +35,14 @@ GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
 # (Hopper, ``vllm_flash_attn_fa3``) has its own heuristic and is not modelled.
 FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
-HOLDOUT_KEY = {"gemm": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
-               "allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
+HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
+               "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
+
+
+def custom_allreduce_link_bytes_np(tp, size_bytes) -> np.ndarray:
+    """``shapes.custom_allreduce_link_bytes`` over arrays (the fit's rows)."""
+    return np.array([custom_allreduce_link_bytes(t, z) for t, z in zip(np.atleast_1d(tp), np.atleast_1d(size_bytes))],
+                    dtype=float)
 
 
 def equivalent_prefill_tokens(pairs):
@@ -48,10 +55,21 @@ def equivalent_prefill_tokens(pairs):
 def wave_factor(m, n, sms: int, tile) -> np.ndarray | float:
     """Wave quantization of a GEMM's output tiles (NVIDIA, "Matrix Multiplication Background
     User's Guide"): tiles = ceil(m/Tm) ceil(n/Tn) run in waves = ceil(tiles / SMs), so the GPU
-    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1)."""
+    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1). It
+    multiplies the compute bound only (``bounds_s``): padded tiles cost tensor-core time, never
+    weight bytes.
+    A skinny GEMM (m < Tm: one row of tiles, decode batches) is charged a partial last wave for
+    the tiles it has (waves = max(1, tiles / SMs)), not a whole one: its tiles stream weights,
+    so a tail wave of 4 tiles on 108 SMs does not cost a full wave of tensor-core work.
+    NOTE: with a whole last wave, Llama-3-8B's gate+up (n = 28,672 = 112 tiles of 256) at one
+    token became compute bound at twice the weight-read time, where the measured neighbours
+    (n = 16,384 and 65,536) stream weights at 67-78% of HBM bandwidth."""
     tm, tn = tile
-    tiles = np.ceil(np.asarray(m, dtype=float) / tm) * np.ceil(np.asarray(n, dtype=float) / tn)
-    return np.ceil(tiles / sms) * sms * tm * tn / (np.asarray(m, dtype=float) * np.asarray(n, dtype=float))
+    m = np.maximum(np.asarray(m, dtype=float), 1.0)
+    n = np.asarray(n, dtype=float)
+    tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    waves = np.where(m < tm, np.maximum(1.0, tiles / sms), np.ceil(tiles / sms))
+    return waves * sms * tm * tn / (m * n)
 
 
 def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:
@@ -92,6 +110,11 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
     gw = (terms or {}).get("gemm_wave")
     wf = wave_factor(np.maximum(m, 1), np.maximum(n, 1), gw["sms"], gw["tile"]) if gw else 1.0
     out[g] = np.maximum(2 * m * n * k * wf / peak, 2 * (m * k + k * n + m * n) / bw)[g]
+    g8 = op == "gemm_fp8"
+    if g8.any():
+        # fp8 W8A8: 1-byte activations in and weights, bf16 out, at the FP8 tensor-core peak
+        peak8 = getattr(gpu, "fp8_flops_per_s", None) or peak
+        out[g8] = np.maximum(2 * m * n * k / peak8, (m * k + k * n + 2 * m * n) / bw)[g8]
     p = op == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
@@ -103,6 +126,8 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
     a = op == "allreduce"
     with np.errstate(divide="ignore", invalid="ignore"):
         out[a] = (2 * (tp - 1) / tp * size / gpu.nvlink_bw_bytes_per_s)[a]
+        ca = op == "custom_allreduce"
+        out[ca] = custom_allreduce_link_bytes_np(tp[ca], size[ca]) / gpu.nvlink_bw_bytes_per_s
     e = op == "elementwise"
     if e.any():
         per_w = np.array([ELEM_BYTES_PER_WIDTH.get(ELEM_KIND.get(x, ""), np.nan) for x in df["detail"].fill_null("")])
@@ -175,7 +200,7 @@ def overhead_coefs(tot: pl.DataFrame) -> tuple[float, float, float]:
 def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     """The JSON table of one operator from rows already carrying ``log_eff``."""
     rows = df.filter(pl.col("op") == op)
-    if op in ("gemm", "attn_prefill", "attn_decode", "allreduce", "overhead"):
+    if op in ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
         src = primary_source(df, op)
         if src is None:
             return None
@@ -186,7 +211,7 @@ def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     if len(rows) < 4:
         return None
     srcs = sorted(rows["source"].unique().to_list())
-    if op == "gemm":
+    if op in ("gemm", "gemm_fp8"):
         g = rows.group_by("m", "n", "k").agg(pl.col("log_eff").median())
         mv, nv, kv = (sorted(g[c].unique().to_list()) for c in "mnk")
         look = {(r["m"], r["n"], r["k"]): r["log_eff"] for r in g.iter_rows(named=True)}
@@ -200,7 +225,7 @@ def fit_op(df: pl.DataFrame, op: str) -> dict | None:
         for (h, kvh), part in sorted(rows.group_by("num_heads", "num_kv_heads"), key=lambda t: t[0]):
             tables.append({"num_heads": h, "num_kv_heads": kvh, **_grid(part, "batch", axis)})
         return {"sources": srcs, "tables": tables}
-    if op == "allreduce":
+    if op in ("allreduce", "custom_allreduce"):
         tables = []
         for (tp,), part in sorted(rows.group_by("tp"), key=lambda t: t[0]):
             g = part.group_by("size_bytes").agg(pl.col("log_eff").median()).sort("size_bytes")
@@ -283,8 +308,8 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     return terms
 
 
-def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decode", "allreduce", "elementwise",
-                                           "overhead"), terms: dict | None = None) -> dict:
+def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+                                           "elementwise", "overhead"), terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
     if terms is None:
@@ -301,27 +326,31 @@ def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "attn_prefill", "attn_decod
             if op == "attn_decode" and terms.get("decode_split"):
                 t["split_kv"] = terms["decode_split"]
             out[op] = t
+    if "gemm_fp8" in out:
+        out["peaks"]["fp8_flops_per_s"] = gpu.fp8_flops_per_s
     return out
 
 
 def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
     """Calibrated efficiency at each row's shape (plain lookups, as the cost model does)."""
     out = np.full(len(rows), np.nan)
-    if op in ("gemm", "linear"):
+    if op in ("gemm", "linear", "gemm_fp8"):
         cache = {}
+        tab = cal.gemm_fp8 if op == "gemm_fp8" else cal.gemm
         for i, (m, n, k) in enumerate(rows.select("m", "n", "k").iter_rows()):
-            c = cache.get((n, k)) or cache.setdefault((n, k), cal.gemm.curve(n, k)[0])
+            c = cache.get((n, k)) or cache.setdefault((n, k), tab.curve(n, k)[0])
             out[i] = c.eff(m)[0]
     elif op in ("attn_prefill", "attn_decode"):
         tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode
         for i, (b, s, x, h, kvh) in enumerate(rows.select("batch", "seq_tokens", "context_tokens", "num_heads",
                                                           "num_kv_heads").iter_rows()):
-            grid, _ = tab.pick(h, kvh)
+            grid, _, scale = tab.pick(h, kvh)
+            b = b * scale
             shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if op == "attn_prefill" else x + s
             out[i] = grid.eff(b, float(shape))[0]
-    elif op == "allreduce":
+    elif op in ("allreduce", "custom_allreduce"):
         for i, (tp, size) in enumerate(rows.select("tp", "size_bytes").iter_rows()):
-            out[i] = cal.allreduce_curve(tp).eff(size)[0]
+            out[i] = cal.allreduce_curve(tp, custom=op == "custom_allreduce").eff(size)[0]
     elif op == "elementwise":
         nbytes = bounds_s(rows, _UNIT_BW)
         for i, (det, nb) in enumerate(zip(rows["detail"].to_list(), nbytes)):

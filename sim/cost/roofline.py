@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from sim.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
 from sim.cost.calibrated import CalibratedOps
-from sim.cost.calibration import Calibration
+from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import RunCost, affine_steps, run_sum_s
-from sim.cost.shapes import prefill_pairs
+from sim.cost.shapes import custom_allreduce_link_bytes, prefill_pairs, uses_custom_allreduce
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec
+from sim.quantization import get_quantization
 
 OPS = (
     "gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "attn_prefill", "attn_decode",
@@ -48,6 +49,14 @@ class Efficiencies:
     memory: float = 0.8
     link: float = 0.8
     allreduce_latency_s: float = 10e-6  # aiconfigurator p2p_latency, NCCL launch + sync
+    # vLLM custom all-reduce under CUDA graphs: the measured small-buffer floor at 8 GPUs is
+    # 5.7 us on A100, 4.7 us on H100 (aiconfigurator custom_allreduce_perf, kernels_profile/)
+    custom_allreduce_latency_s: float = 5e-6
+    # Shortest time of one kernel on the roofline path (launch, ramp-up, tail under CUDA
+    # graphs): the shortest kernels measured on every catalogue GPU take 1.7-2.5 us
+    # (aiconfigurator GEMMs at m = 1 on tiny weights; vidur residual adds 1-2 us; kernels_profile/).
+    # NOTE: applied per kernel to operators without a calibrated table.
+    kernel_floor_s: float = 2e-6
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,15 @@ class RooflineCostModel:
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes or m.dtype_bytes
         self.flops_s = gpu.bf16_flops_per_s
+        # Weight quantization (sim/quantization.py): the linear layers' weight bytes, and the
+        # tensor-core peak their GEMMs run at, as a factor on their FLOPs so the calibrated
+        # bf16 efficiency tables apply to the quantized bound (NOTE: fp8/int8 GEMM kernels are
+        # assumed to reach the same fraction of their peak at a shape as bf16 ones do).
+        q = get_quantization(m.quantization)
+        self.quant = q
+        self.linear_weight_bytes = m.linear_weight_bytes_per_param
+        qpeak = self.flops_s if q is None else q.gemm_peak_flops_per_s(gpu)
+        self.quant_flop_mult = 1.0 if qpeak == self.flops_s else self.flops_s / qpeak
         self.mem_bw = gpu.hbm_bw_bytes_per_s * e.memory
         self.heads = m.num_heads / tp
         self.q_dim = m.q_size / tp
@@ -102,17 +120,27 @@ class RooflineCostModel:
         self.elem_layer_bytes = self.dtype_bytes * (
             4 * h + 6 * h + 2 * (self.q_dim + self.kv_dim) + 3 * self.mlp_dim + 2 * self.kv_dim
         )
+        # the same traffic per kernel (bytes per token): norm, norm, add, add, rotary, activation, KV write
+        self._elem_kernel_bytes = tuple(self.dtype_bytes * x for x in (
+            2 * h, 2 * h, 3 * h, 3 * h, 2 * (self.q_dim + self.kv_dim), 3 * self.mlp_dim, 2 * self.kv_dim))
         self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
         self._tok_cache: dict[int, tuple[float, float, bool]] = {}
         self.calibration = calibration
+        # Operators this GPU's profile lacks, carried from another GPU's measured curve
+        # ({operator: donor GPU}; ``simsrv_calibration_carried_from`` in result.json).
+        self.carried_from = carried_from(calibration)
+        donor = load_calibration(self.carried_from["elementwise"]) if "elementwise" in self.carried_from else None
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
+        # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
+        self._fp8_cal = (self.cops is not None and self.cops.fp8_curves is not None and q is not None
+                         and q.compute == "fp8" and bool(gpu.fp8_flops_per_s))
         # NOTE: the model is pure: a public call returns its flags with its durations. These two
         # are scratch registers of one synchronous call (reset on entry, never read afterwards):
         # an operator outside the measured range of its table sets them.
@@ -125,21 +153,57 @@ class RooflineCostModel:
         self._lm_cache: dict[int, tuple[float, bool]] = {}
         self._decode_cache: dict[tuple[int, int], tuple[float, bool]] = {}
 
+    @classmethod
+    def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
+              bound: str = "both") -> "RooflineCostModel":
+        """The same operators at 100% of the vendor peaks, no engine overhead, no latency terms:
+        each operator's time is its pure roofline bound. ``bound="compute"`` gives FLOPs / peak
+        only (bandwidths made unlimited), ``"memory"`` bytes / HBM bandwidth only (peaks made
+        unlimited). ``simsrv explain`` reads its floors from these, so they count exactly what
+        the simulator's steps count (e.g. the LM head on sampled positions only)."""
+        from dataclasses import replace as _replace
+
+        inf = float("inf")
+        if bound == "compute":
+            gpu = _replace(gpu, hbm_bw_bytes_per_s=inf, nvlink_bw_bytes_per_s=inf)
+        elif bound == "memory":
+            gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf,
+                           nvlink_bw_bytes_per_s=inf)
+        eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
+                           custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
+        return cls(model, gpu, tp, kv_dtype_bytes, eff)
+
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
                   flop_mult: float = 1.0, name: str | None = None) -> float:
-        """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes."""
+        """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes.
+        A quantized linear layer (not the LM head) costs the bf16 GEMM of its shape times the
+        ratio of its roofline bound to the bf16 one (fewer weight bytes; fp8/int8 peak for
+        W8A8). NOTE: the quantized kernel is assumed to reach the fraction of its roofline that
+        the measured bf16 kernel reaches at that shape."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
-        bytes_ = (fin * fout * weight_reads + tokens * (fin + fout) * flop_mult) * self.dtype_bytes
+        if self._fp8_cal and name != "lm":
+            # fp8 W8A8 with a measured fp8 GEMM table: 1-byte activations in and weights, bf16 out
+            b8 = fin * fout * weight_reads + tokens * (fin + 2 * fout) * flop_mult
+            t, out = self.cops.linear_fp8_s(name, tokens, flops, b8)
+            self._flag |= out
+            return t
+        act_bytes = tokens * (fin + fout) * flop_mult * self.dtype_bytes
+        bytes_ = fin * fout * weight_reads * self.dtype_bytes + act_bytes
         if name is not None and self._gemm_cal:
             # Calibrated: the raw bound (vendor peaks) over the efficiency measured at this
             # weight shape and token count. NOTE: an MoE expert GEMM uses the efficiency of
             # the whole batch's token count.
             t, out = self.cops.linear_s(name, tokens, flops, bytes_)
             self._flag |= out
-            return t
-        return max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw)
+        else:
+            t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
+        if name != "lm" and self.quant is not None:
+            bw, peak = self.gpu.hbm_bw_bytes_per_s, self.flops_s
+            q_bytes = fin * fout * weight_reads * self.linear_weight_bytes + act_bytes
+            t *= max(flops * self.quant_flop_mult / peak, q_bytes / bw) / max(flops / peak, bytes_ / bw)
+        return t
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
         """(qkv, o, mlp_up, mlp_down) seconds for all layers; cached by token count."""
@@ -207,7 +271,7 @@ class RooflineCostModel:
         new_tokens = sum(c for c, _ in chunks)
         flops = 4.0 * self.heads * self.model.head_dim * pairs
         bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
-        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
@@ -230,7 +294,10 @@ class RooflineCostModel:
             return hit[0]
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
-        return self.model.num_layers * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+        # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
+        # affine in the growing context, so fast-forwarded runs stay exact.
+        return self.model.num_layers * (max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
+                                        + self.eff.kernel_floor_s)
 
     def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
@@ -244,14 +311,22 @@ class RooflineCostModel:
         t = max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e + self.cops.decode_combine_s(n, ctx)
         return self.model.num_layers * t, out
 
+    def _uses_custom_ar(self, tokens: int) -> bool:
+        return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
+                                     self.gpu.full_nvlink)
+
     def _allreduce_s(self, tokens: int) -> float:
         """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
-        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth)."""
+        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth);
+        small buffers take vLLM's custom one-/two-shot kernel instead (sim/cost/fit.py)."""
         if self.tp == 1:
             return 0.0
         size = tokens * self.model.hidden_size * self.dtype_bytes
         link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
-        one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
+        if self._uses_custom_ar(tokens):
+            one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
+        else:
+            one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
         return 2 * self.model.num_layers * one
 
     def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
@@ -263,10 +338,19 @@ class RooflineCostModel:
         if self.cops is not None and self.cops.elem_ops:
             elem, flag = self.cops.elementwise_s(tokens)
         else:
-            # Embedding lookup (read+write h per token) joins the per-layer elementwise traffic.
-            elem = tokens * (self.model.num_layers * self.elem_layer_bytes
-                             + 2 * self.model.hidden_size * self.dtype_bytes) / self.mem_bw
-        if self.cops is not None and self.cops.allreduce_curve is not None:
+            # Per layer: 2 norms, 2 residual adds, rotary, the activation, the KV-cache write
+            # (the calibrated path's 7 kernels), plus the embedding lookup (read+write h per
+            # token); each kernel takes at least the launch floor.
+            fl = self.eff.kernel_floor_s
+            L = self.model.num_layers
+            h, b = self.model.hidden_size, self.dtype_bytes
+            layer = sum(max(tokens * nb / self.mem_bw, fl) for nb in self._elem_kernel_bytes)
+            elem = L * layer + max(tokens * 2 * h * b / self.mem_bw, fl)
+        custom = self.tp > 1 and self._uses_custom_ar(tokens)
+        if custom and self.cops is not None and self.cops.custom_curve is not None:
+            ar, out = self.cops.allreduce_s(tokens, custom=True)
+            flag |= out
+        elif not custom and self.cops is not None and self.cops.allreduce_curve is not None:
             ar, out = self.cops.allreduce_s(tokens)
             flag |= out
         else:
@@ -295,6 +379,8 @@ class RooflineCostModel:
         # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
         # sampler (vLLM gathers the vocab shards before sampling).
         sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
+        if b.num_logits:
+            sampling = max(sampling, self.eff.kernel_floor_s)
         parts = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
                  self._attn_decode_s(b.num_decode_seqs, decode_context), elem, ar, lm, sampling)
         overhead = self._step_overhead_s(sum(parts), b) if tokens else 0.0

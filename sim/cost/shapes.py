@@ -50,3 +50,24 @@ def fa2_split_kv(batch: int, heads: float, kv_heads: float, kv_len: float, sms: 
         return False
     bnh = int(batch) * int(round(kv_heads)) * math.ceil(heads / kv_heads / 64.0)
     return fa2_num_splits(bnh, 2 * sms, math.ceil(kv_len / block)) > 1
+
+
+# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py): used for
+# world sizes 2, 4, 6, 8 (``_SUPPORTED_WORLD_SIZES``), buffers under ``max_size`` = 8 MiB, on
+# fully NVLink-connected GPUs (or any two GPUs); otherwise NCCL's ring.
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+
+
+def uses_custom_allreduce(tp: int, size_bytes: float, full_nvlink: bool) -> bool:
+    """Whether vLLM routes this all-reduce through its custom kernel (``should_custom_ar``)."""
+    return tp in CUSTOM_AR_WORLD_SIZES and size_bytes < CUSTOM_AR_MAX_BYTES and (full_nvlink or tp == 2)
+
+
+def custom_allreduce_link_bytes(tp: float, size_bytes: float) -> float:
+    """Bytes each GPU moves over its links in vLLM's custom all-reduce (csrc/custom_all_reduce.cuh
+    dispatch): one-shot (``cross_device_reduce_1stage``: every rank reads all tp - 1 peers'
+    whole buffers) for 2 GPUs, for <= 4 GPUs under 512 KiB and <= 8 GPUs under 256 KiB;
+    otherwise two-shot (reduce-scatter then all-gather: 2 (tp - 1) / tp of the buffer)."""
+    one = tp == 2 or (tp <= 4 and size_bytes < 512 * 1024) or (tp <= 8 and size_bytes < 256 * 1024)
+    return float((tp - 1) * size_bytes if one else 2.0 * (tp - 1) / tp * size_bytes)

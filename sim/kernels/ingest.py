@@ -39,6 +39,12 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
         g = pl.read_parquet(f).filter(pl.col("gemm_dtype") == "bfloat16")
         out.append(conform(g.select("m", "n", "k", pl.col("latency").alias("time_ms"))
                            .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm"), source=pl.lit(tag(f)))))
+        # fp8 W8A8 (per-tensor scales, vLLM CutlassFP8ScaledMMLinearKernel) where measured (not A100)
+        g8 = pl.read_parquet(f).filter(pl.col("gemm_dtype") == "fp8")
+        if len(g8):
+            out.append(conform(g8.select("m", "n", "k", pl.col("latency").alias("time_ms"))
+                               .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm_fp8"), detail=pl.lit("fp8"),
+                                             source=pl.lit(tag(f)))))
         for kind, op in (("context", "attn_prefill"), ("generation", "attn_decode")):
             f = _one(root / "attention", f"{kind}_attention_perf.parquet")
             a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("kv_cache_dtype") == "bfloat16"))
@@ -61,6 +67,15 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
                                     pl.col("latency").alias("time_ms"))
                            .with_columns(gpu=pl.lit(gpu), op=pl.lit("allreduce"), detail=pl.lit("nccl"),
                                          source=pl.lit(tag(f)))))
+        # vLLM's custom all-reduce, timed under CUDA graphs (how vLLM runs it); L40S has none.
+        hits = sorted((root / "comm").rglob("custom_allreduce_perf.parquet"))
+        if hits:
+            f = hits[0]
+            c = pl.read_parquet(f).filter((pl.col("backend") == "vllm_graph") & (pl.col("allreduce_dtype") == "bfloat16"))
+            out.append(conform(c.select(pl.col("num_gpus").alias("tp"), (pl.col("message_size") * 2).alias("size_bytes"),
+                                        pl.col("latency").alias("time_ms"))
+                               .with_columns(gpu=pl.lit(gpu), op=pl.lit("custom_allreduce"), detail=pl.lit("vllm_graph"),
+                                             source=pl.lit(tag(f)))))
     return out
 
 
