@@ -181,9 +181,10 @@ class Runner:
 
 
 def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") -> float:
-    """One all-reduce of ``size_bytes`` as the default (calibrated) cost model charges it: its
-    per-step all-reduce time of the token count that makes that message, over the step's
-    2 x layers all-reduces (NOTE: ``model`` only sets the bytes per token, hidden x 2)."""
+    """One NCCL all-reduce of ``size_bytes`` as the default (calibrated) cost model charges it:
+    its per-step NCCL all-reduce time of the token count that makes that message, over the
+    step's 2 x layers all-reduces. NCCL, not vLLM's custom kernel: the measurements are
+    torch.distributed all-reduces (NOTE: ``model`` only sets the bytes per token, hidden x 2)."""
     from sim.cost.calibration import load_calibration
     from sim.cost.roofline import RooflineCostModel
     from sim.hardware import get_gpu
@@ -194,8 +195,7 @@ def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") 
     if tokens != int(tokens):
         raise UserError(f"validation all-reduce of {size_bytes} bytes: not a whole number of {model} tokens")
     cm = RooflineCostModel(m, g, tp, calibration=load_calibration(g.key))
-    _, ar_s, _ = cm._per_tokens(int(tokens))
-    return ar_s / (2 * m.num_layers) * 1e3
+    return cm.nccl_allreduce_s(int(tokens)) / (2 * m.num_layers) * 1e3
 
 
 def run_validation(case: str | None = None, directory: Path | None = None, progress=None) -> list[Row]:

@@ -315,19 +315,27 @@ class RooflineCostModel:
         return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
                                      self.gpu.full_nvlink)
 
-    def _allreduce_s(self, tokens: int) -> float:
+    def _allreduce_s(self, tokens: int, allow_custom: bool = True) -> float:
         """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
         2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth);
-        small buffers take vLLM's custom one-/two-shot kernel instead (sim/cost/fit.py)."""
+        small buffers take vLLM's custom one-/two-shot kernel instead (sim/cost/fit.py) unless
+        ``allow_custom`` is off (NCCL alone, as nccl-tests or torch.distributed measure it)."""
         if self.tp == 1:
             return 0.0
         size = tokens * self.model.hidden_size * self.dtype_bytes
         link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
-        if self._uses_custom_ar(tokens):
+        if allow_custom and self._uses_custom_ar(tokens):
             one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
         else:
             one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
         return 2 * self.model.num_layers * one
+
+    def nccl_allreduce_s(self, tokens: int) -> float:
+        """The step's all-reduces of ``tokens`` through NCCL alone (no custom kernel), calibrated
+        where the GPU has an NCCL table: what torch.distributed / nccl-tests time."""
+        if self.tp > 1 and self.cops is not None and self.cops.allreduce_curve is not None:
+            return self.cops.allreduce_s(tokens)[0]
+        return self._allreduce_s(tokens, allow_custom=False)
 
     def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
         """(elementwise s, all-reduce s, extrapolated) of a step of ``tokens``; cached."""
