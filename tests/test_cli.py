@@ -109,7 +109,9 @@ def test_verbose_shows_traceback():
 def test_every_policy_runs_from_the_cli(tmp_path, policy):
     s = tmp_path / "s.yaml"
     s.write_text(yaml.safe_dump(small_scenario()))
-    p = simsrv("run", s, "--policy", policy, "--out", tmp_path / "run")
+    # continuous prefills a prompt whole, so its budget must hold the longest (4000) prompt, as in vLLM
+    budget = ["--set", "engine.max_num_batched_tokens=4096"] if policy == "continuous" else []
+    p = simsrv("run", s, "--policy", policy, *budget, "--out", tmp_path / "run")
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["simsrv_policy"] == policy and result["completed"] == 200
