@@ -89,7 +89,7 @@ def run(
             result = run_scenario(s, progress=cb, workload=arrays)
     summary = summarize(result)
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
-    out_dir = write_run(result, summary, out or Path("reports/runs") / f"{s.name}-{tag}")
+    out_dir = write_run(result, summary, out or Path("reports/runs") / f"{s.dir_name}-{tag}")
     if quiet:
         return
     out_console.print(_summary_table(summary))
@@ -164,16 +164,16 @@ from sim.cli_report import register as register_reports  # noqa: E402
 register_reports(app)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The ``simsrv`` entry point; ``argv`` (default ``sys.argv[1:]``) lets tests call it in-process."""
     try:
-        app(standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except UserError as e:
         _fail(str(e))
     except SimulationStalled as e:  # a model defect, not bad input: one line, exit status 1
         _fail(str(e), status=1)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        _interrupted()
     except SystemExit:
         raise
     except OSError as e:  # an output path that cannot be written, a directory given as a file...
@@ -185,6 +185,18 @@ def main() -> None:
                 sys.exit(1)
             _fail(e.format_message())
         raise
+    # typer turns Ctrl-C inside a command into exit code 130, returned (not raised) without
+    # standalone mode; any other code a command returns is passed on as the exit status
+    if rc == 130:
+        _interrupted()
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, exit status 130 (128 + SIGINT), as a shell reports an interrupted command."""
+    err_console.print("error: interrupted", markup=False, highlight=False)
+    sys.exit(130)
 
 
 def _fail(message: str, status: int = 2) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sim.atomic import atomic_path, write_text
+
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
     "output_tokens", "ttft_s", "tpot_s", "e2el_s", "queue_s", "num_preemptions", "replica", "status",
@@ -20,8 +22,11 @@ STEP_COLUMNS = (
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    result.requests.select(REQUEST_COLUMNS).write_parquet(out / "requests.parquet", statistics=False)
-    result.steps.select(STEP_COLUMNS).write_parquet(out / "steps.parquet", statistics=False)
-    (out / "scenario.resolved.yaml").write_text(result.scenario.to_yaml())
+    # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
+    write_text(out / "result.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    with atomic_path(out / "requests.parquet") as tmp:
+        result.requests.select(REQUEST_COLUMNS).write_parquet(tmp, statistics=False)
+    with atomic_path(out / "steps.parquet") as tmp:
+        result.steps.select(STEP_COLUMNS).write_parquet(tmp, statistics=False)
+    write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
     return out
