@@ -29,8 +29,9 @@ class ContinuousScheduler(Scheduler):
         if remaining > budget:
             # vLLM V1 without chunked prefill skips a prompt that does not fit the budget left
             # and tries the next ones (vllm/v1/core/sched/scheduler.py, skipped_waiting_requests).
-            # NOTE: vLLM then requires max_num_batched_tokens >= max_model_len; a prompt longer
-            # than the whole budget runs in a step with no other prompt instead of waiting forever.
+            # NOTE: admission_error keeps every prompt within the whole budget; a preempted
+            # request recomputes prompt + generated tokens, which may exceed it: that runs in a
+            # step with no other prompt instead of waiting forever.
             if plan.chunks or remaining <= self.limits.max_num_batched_tokens:
                 return -1
         return remaining
