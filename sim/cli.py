@@ -203,5 +203,5 @@ def _fail(message: str, status: int = 2) -> None:
     """One line on stderr, exit status 2; the traceback only with --verbose."""
     if _verbose["on"]:
         raise
-    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"error: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
     sys.exit(status)

@@ -278,6 +278,12 @@ def test_errors_never_echo_a_non_trace_file(tmp_path, content):
     assert len(line) < 900 and "root:x:0" not in line and "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" not in line
 
 
+def test_error_lines_show_the_text_verbatim_not_as_emoji(tmp_path):
+    # rich turns ":x:" or ":smile:" into emoji unless told not to; a key or value must read as typed
+    o = simsrv("run", BATCHING, *SMALL, "--set", "hardware.gpu=h:x:100", "-q", "--out", tmp_path / "o")
+    _one_error(o, "'h:x:100'")
+
+
 # ---- shipped scenarios --------------------------------------------------------------------
 
 def test_shipped_scenarios_load_their_files_from_any_directory(tmp_path, monkeypatch):
