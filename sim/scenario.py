@@ -21,6 +21,9 @@ from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_S
 from sim.policies import policy_names
 
 
+_PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
+
+
 class _Strict(BaseModel):
     # NaN and +-inf are refused in every float field (a field that means something by inf says so)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -320,11 +323,15 @@ class Scenario(_Strict):
         return safe_dir_name(self.name)
 
     def resolve_path(self, p: str) -> Path:
-        """A relative path is looked up from the current directory, then the scenario's."""
+        """A relative path is looked up from the current directory, then the scenario file's
+        directory, then simsrv's own directory (the shipped scenarios name ``traces/...`` from
+        there), so shipped scenarios and copies of them run from any directory."""
         path = Path(p)
         if path.is_absolute() or path.exists():
             return path
-        return Path(os.path.normpath(Path(self.base_dir) / path))
+        beside = Path(os.path.normpath(Path(self.base_dir) / path))
+        shipped = _PROJECT_DIR / path
+        return shipped if not beside.exists() and shipped.exists() else beside
 
     def to_yaml(self) -> str:
         """The resolved scenario; file paths made absolute so it runs from any directory."""

@@ -286,6 +286,17 @@ def test_error_lines_show_the_text_verbatim_not_as_emoji(tmp_path):
 
 # ---- shipped scenarios --------------------------------------------------------------------
 
+def test_a_copied_scenario_still_finds_the_shipped_trace(tmp_path, monkeypatch):
+    from sim.workload import build_workload
+
+    copy_ = tmp_path / "mine" / "chat.yaml"
+    copy_.parent.mkdir()
+    copy_.write_text((ROOT / "scenarios" / "chat.yaml").read_text())
+    for cwd in (ROOT, tmp_path):
+        monkeypatch.chdir(cwd)
+        assert len(build_workload(load_scenario(copy_, ["workload.trace.sample=10"]))) == 10
+
+
 def test_shipped_scenarios_load_their_files_from_any_directory(tmp_path, monkeypatch):
     from sim.workload import build_workload
 
