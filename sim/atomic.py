@@ -9,6 +9,7 @@ within one file system); on any failure the temporary file is removed.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,8 +30,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        io_error = re.search(r"os error (\d+)", str(e))
+        if io_error and not isinstance(e, OSError):  # polars reports a full disk as a ComputeError
+            code = int(io_error.group(1))
+            raise OSError(code, os.strerror(code), str(path)) from None
         raise
 
 

@@ -23,10 +23,11 @@ def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
-    write_text(out / "result.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    # result.json last: a directory holding it holds the whole run
     with atomic_path(out / "requests.parquet") as tmp:
         result.requests.select(REQUEST_COLUMNS).write_parquet(tmp, statistics=False)
     with atomic_path(out / "steps.parquet") as tmp:
         result.steps.select(STEP_COLUMNS).write_parquet(tmp, statistics=False)
     write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
+    write_text(out / "result.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return out

@@ -138,16 +138,17 @@ def test_run_without_out_stays_under_reports(tmp_path, monkeypatch):
 def test_full_disk_leaves_no_truncated_parquet(tmp_path, monkeypatch):
     real = pl.DataFrame.write_parquet
 
-    def half_then_enospc(self, file, *a, **k):
+    def half_then_enospc(self, file, *a, **k):  # what polars raises on a full disk
         real(self, file, *a, **k)
         data = Path(file).read_bytes()
         Path(file).write_bytes(data[: len(data) // 2])
-        raise OSError(28, "No space left on device", str(file))
+        raise pl.exceptions.ComputeError("parquet: File out of specification: underlying IO error: No space left "
+                                         "on device (os error 28)")
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", half_then_enospc)
     out = tmp_path / "o"
     _one_error(simsrv("run", BATCHING, *SMALL, "-q", "--out", out), "No space left")
-    assert not list(out.glob("*.parquet")) and not list(out.glob(".*tmp*"))
+    assert not list(out.glob("*.parquet")) and not list(out.glob(".*tmp*")) and not (out / "result.json").exists()
 
 
 def test_ctrl_c_in_run_exits_130_with_one_line(tmp_path, monkeypatch):
