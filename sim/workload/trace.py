@@ -161,9 +161,10 @@ def spread_in_grid(arr: RequestArrays, grid_s: float, rng: np.random.Generator) 
     return arr.with_arrivals(t).take(order)
 
 
-def _check_total(path: Path, arr: RequestArrays) -> None:
-    if len(arr) == 0:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+def nothing_left(path: Path, state: ReadState) -> UserError:
+    """Every row was left out: one line saying why (the notes that would have been warnings)."""
+    why = "; ".join(f"{n:,} {what}" for what, n in state.notes.items())
+    return UserError(f"{path}: no requests left to replay" + (f": {why}" if why else ""))
 
 
 def check_span(path: Path, first_s: float, last_s: float) -> None:
@@ -182,14 +183,13 @@ def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     state = ReadState()
     chunks = list(raw_chunks(path, opts, state, chunk_rows))
     arr = concat(chunks) if chunks else None
-    if arr is None:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+    if arr is None or len(arr) == 0:
+        raise nothing_left(path, state)
     arr = _sorted(arr, state)
     check_span(path, float(arr.arrival_s[0]), float(arr.arrival_s[-1]))
     if opts.spread_grid_s:
         arr = spread_in_grid(arr, opts.spread_grid_s, np.random.default_rng(opts.seed))
     emit_notes(path, state)
-    _check_total(path, arr)
     return arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
 
 
@@ -235,9 +235,9 @@ def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: 
         t0 = float(carry.arrival_s[0]) if t0 is None else t0
         n_out += len(carry)
         yield carry.with_arrivals((carry.arrival_s - t0) * time_scale)
-    emit_notes(path, state)
     if n_out == 0:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+        raise nothing_left(path, state)
+    emit_notes(path, state)
 
 
 def read_column(path: Path, column: str, where: str) -> np.ndarray:
