@@ -1,6 +1,7 @@
 """The command line as a user runs it: the main job, explain, and bad input (exit 2, one line)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -139,7 +140,9 @@ def test_tensor_parallel_must_divide_heads():
 def test_resolved_scenario_reruns_from_another_directory(tmp_path):
     out = tmp_path / "a"
     assert simsrv("run", "scenarios/chat.yaml", "--set", "workload.trace.sample=300", "-q", "--out", out).returncode == 0
+    # PYTHONPATH: this checkout's sim, not whichever one is installed, runs from the other directory
     p = subprocess.run([sys.executable, "-m", "sim", "run", str(out / "scenario.resolved.yaml"), "-q", "--out",
-                        str(tmp_path / "b")], cwd=tmp_path, capture_output=True, text=True)
+                        str(tmp_path / "b")], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     assert (out / "requests.parquet").read_bytes() == (tmp_path / "b" / "requests.parquet").read_bytes()
