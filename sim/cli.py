@@ -95,7 +95,7 @@ def run(
 
     s = load_scenario(scenario, _overrides(policy, chunk, set_))
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
-    out = out or Path("reports/runs") / f"{s.name}-{tag}"
+    out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
     check_new_run_dir(out, force)
     if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
         with err_console.status("simulating (streaming the trace)"):
@@ -188,16 +188,16 @@ from sim.cli_report import register as register_reports  # noqa: E402
 register_reports(app)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The ``simsrv`` entry point; ``argv`` (default ``sys.argv[1:]``) lets tests call it in-process."""
     try:
-        app(standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except UserError as e:
         _fail(str(e))
     except SimulationStalled as e:  # a model defect, not bad input: one line, exit status 1
         _fail(str(e), status=1)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        _interrupted()
     except SystemExit:
         raise
     except OSError as e:  # an output path that cannot be written, a directory given as a file...
@@ -209,11 +209,23 @@ def main() -> None:
                 sys.exit(1)
             _fail(e.format_message())
         raise
+    # typer turns Ctrl-C inside a command into exit code 130, returned (not raised) without
+    # standalone mode; any other code a command returns is passed on as the exit status
+    if rc == 130:
+        _interrupted()
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, exit status 130 (128 + SIGINT), as a shell reports an interrupted command."""
+    err_console.print("error: interrupted", markup=False, highlight=False)
+    sys.exit(130)
 
 
 def _fail(message: str, status: int = 2) -> None:
     """One line on stderr, exit status 2; the traceback only with --verbose."""
     if _verbose["on"]:
         raise
-    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"error: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
     sys.exit(status)

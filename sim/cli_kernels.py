@@ -49,7 +49,9 @@ def calibrate(
     table = fit(df, spec)
     path = out or calibration_dir() / f"{gpu}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, separators=(",", ":")) + "\n")
+    from sim.atomic import write_text
+
+    write_text(path, json.dumps(table, separators=(",", ":")) + "\n")
     if as_json:
         print(json.dumps({"heldout": held, "cross_source_gemm": cross, "cross_source_attention": attn}, indent=2))
         return

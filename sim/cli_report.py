@@ -28,7 +28,7 @@ def compare(
     from sim.scenario import load_scenario
 
     pols = parse_policies(policies)
-    name = load_scenario(scenario, set_).name
+    name = load_scenario(scenario, set_).dir_name
     out_dir = out or Path("reports/compare") / name
 
     def on_run(label: str, s: dict) -> None:

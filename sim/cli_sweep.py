@@ -80,7 +80,7 @@ def sweep(
 
     base, points = _points(scenario, set_, grid, None)
     seed_list = seeds_from(base.seed, seeds)
-    out_dir = out or Path("reports/sweeps") / base.name
+    out_dir = out or Path("reports/sweeps") / base.dir_name
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("points")
     task = progress.add_task("sweep", total=len(points))
@@ -146,7 +146,7 @@ def capacity(
 
     base, points = _points(scenario, set_, grid, policies)
     seed_list = seeds_from(base.seed, seeds)
-    out_dir = out or Path("reports/capacity") / base.name
+    out_dir = out or Path("reports/capacity") / base.dir_name
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("configurations searched", eta=False)
     task = progress.add_task("capacity", total=len(points))
@@ -171,9 +171,12 @@ def capacity(
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"scenario": str(scenario), "slo": {t.name: t.limit_ms for t in terms}, "seeds": seed_list,
                "tolerance": tolerance, "configurations": records}
-    (out_dir / "capacity.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    from sim.atomic import atomic_path, write_text
+
+    write_text(out_dir / "capacity.json", json.dumps(payload, indent=2, default=str) + "\n")
     if res.rows.height:
-        res.rows.write_parquet(out_dir / "probes.parquet")
+        with atomic_path(out_dir / "probes.parquet") as tmp:
+            res.rows.write_parquet(tmp)
     capacity_page(records, res.probe_records(), f"Capacity: {base.name}", notes).write(out_dir / "capacity.html")
     header, rows = capacity_table(records)
     t = Table(title=f"capacity {base.name}: SLO {slo}")

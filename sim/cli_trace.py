@@ -24,7 +24,7 @@ def _show_trace_warning(message, category, filename, lineno, file=None, line=Non
     from sim.workload.trace import TraceWarning
 
     if issubclass(category, TraceWarning):
-        _err.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+        _err.print(f"warning: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
     else:
         _previous_showwarning(message, category, filename, lineno, file, line)
 

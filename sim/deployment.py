@@ -64,15 +64,16 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     if pp > model.num_layers:
         raise UserError(f"cluster.pipeline_parallel_size: {pp} stages for {model.name}'s {model.num_layers} layers")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
+    max_model_len, budget = _checked_lengths(s, model)
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      e.max_num_batched_tokens, e.max_num_seqs, kv_bytes, where=where, pp=pp)
+                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     engine = engine_profile(e)
     limits = EngineLimits(
         max_num_seqs=e.max_num_seqs,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-        max_model_len=e.max_model_len or model.max_position_embeddings,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         max_num_partial_prefills=e.max_num_partial_prefills,
         preemption_mode=e.preemption_mode,
@@ -114,3 +115,32 @@ def engine_profile(e):
     if e.per_seq_overhead_ms is not None and over["per_seq_ms"] is None:
         over["per_seq_ms"] = e.per_seq_overhead_ms
     return get_profile(e.profile, over)
+
+
+# vLLM's max_num_batched_tokens default without chunked prefill is max(max_model_len, 2048)
+# (vllm/config SchedulerConfig: _DEFAULT_MAX_NUM_BATCHED_TOKENS)
+_VLLM_MIN_DEFAULT_BATCHED_TOKENS = 2048
+
+
+def _checked_lengths(s: Scenario, model: ModelSpec) -> tuple[int, int]:
+    """(max_model_len, max_num_batched_tokens) as vLLM would accept them, or a ``UserError``.
+
+    - ``max_model_len`` above the model's context length is refused unless
+      ``engine.allow_long_max_model_len`` (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1;
+      vllm/config: _get_and_verify_max_len).
+    - ``continuous`` (no chunked prefill): an unset budget takes vLLM's default for that mode,
+      max(max_model_len, 2048); a budget set below it limits the prompt length (vLLM V0's
+      prompt limit min(max_model_len, max_num_batched_tokens): a longer prompt is rejected, here
+      failed with that reason by ``ContinuousScheduler.admission_error``).
+    """
+    e = s.engine
+    context = model.max_position_embeddings
+    if e.max_model_len is not None and e.max_model_len > context and not e.allow_long_max_model_len:
+        raise UserError(f"engine.max_model_len: {e.max_model_len} is above {model.name}'s context length "
+                        f"({context} tokens); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: set "
+                        "engine.allow_long_max_model_len: true to allow it")
+    max_len = e.max_model_len or context
+    budget = e.max_num_batched_tokens
+    if e.policy == "continuous" and budget < max_len and "max_num_batched_tokens" not in e.model_fields_set:
+        budget = max(max_len, _VLLM_MIN_DEFAULT_BATCHED_TOKENS)
+    return max_len, budget

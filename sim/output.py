@@ -8,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
+from sim.atomic import atomic_path, write_text
 from sim.errors import UserError
 
 REQUEST_COLUMNS = (
@@ -25,12 +26,16 @@ STEP_COLUMNS = (
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
+    # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
+    # result.json last: a directory holding it holds the whole run
     # a time that never happened (a failed request's first token) is null, not NaN
     requests = result.requests.select(REQUEST_COLUMNS).with_columns(pl.col(pl.Float64).fill_nan(None))
-    requests.write_parquet(out / "requests.parquet", statistics=False)
-    result.steps.select(STEP_COLUMNS).write_parquet(out / "steps.parquet", statistics=False)
-    (out / "scenario.resolved.yaml").write_text(result.scenario.to_yaml())
+    with atomic_path(out / "requests.parquet") as tmp:
+        requests.write_parquet(tmp, statistics=False)
+    with atomic_path(out / "steps.parquet") as tmp:
+        result.steps.select(STEP_COLUMNS).write_parquet(tmp, statistics=False)
+    write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
+    write_text(out / "result.json", json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
     return out
 
 

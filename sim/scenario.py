@@ -7,6 +7,8 @@ the valid ones, so a typo never silently runs the default.
 from __future__ import annotations
 
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -14,11 +16,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.errors import UserError
+from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
+                        MAX_TOKENS)
 from sim.policies import policy_names
 
 
+_PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and +-inf are refused in every float field (a field that means something by inf says so)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class HFConfigRef(_Strict):
@@ -64,30 +72,30 @@ class Hardware(_Strict):
     # calibrated: efficiencies measured in kernels_profile/ where the GPU has them;
     # roofline: named default efficiencies everywhere (first principles only)
     cost_model: Literal["calibrated", "roofline"] = "calibrated"
-    price_per_gpu_hour: Optional[float] = Field(None, gt=0)  # $ per GPU-hour; capacity reports req per $
+    price_per_gpu_hour: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # $ per GPU-hour; capacity reports req per $
 
 
 class Cluster(_Strict):
-    replicas: int = Field(1, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)           # stages of tensor_parallel_size GPUs each
-    pipeline_link_gb_per_s: Optional[float] = Field(None, gt=0)  # stage-to-stage link, one direction
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
+    pipeline_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)           # stages of tensor_parallel_size GPUs each
+    pipeline_link_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # stage-to-stage link, one direction
     enable_expert_parallel: bool = False                   # MoE experts spread over the TP ranks
-    expert_load_imbalance: float = Field(1.0, ge=1)        # busiest rank's routed tokens / mean
+    expert_load_imbalance: float = Field(1.0, ge=1, le=MAX_FIGURE)        # busiest rank's routed tokens / mean
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = "least_outstanding"
 
 
 class EngineOverhead(_Strict):
     """Overrides of the engine profile's terms (``sim/catalog/engine_profiles.yaml``)."""
 
-    prefill_step_ms: Optional[float] = Field(None, ge=0)
-    decode_step_ms: Optional[float] = Field(None, ge=0)
-    per_seq_ms: Optional[float] = Field(None, ge=0)
-    per_extra_tp_rank_ms: Optional[float] = Field(None, ge=0)
-    eager_launch_per_layer_ms: Optional[float] = Field(None, ge=0)
+    prefill_step_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    decode_step_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    per_seq_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    per_extra_tp_rank_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    eager_launch_per_layer_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
-    cuda_graph_max_batch: Optional[int] = Field(None, ge=0)
+    cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)
     attention_backend: Optional[str] = None
     batch_range: Optional[tuple[int, int]] = None
 
@@ -100,23 +108,35 @@ class EngineOverhead(_Strict):
 
 class Engine(_Strict):
     policy: str = "continuous"  # a registered policy (sim/policies/registry.py)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_model_len: Optional[int] = Field(None, ge=1)
-    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(256, ge=1, le=MAX_COUNT)
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
+    max_model_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    # vLLM refuses a max_model_len above the model's context length unless
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config: _get_and_verify_max_len); this key is that switch
+    allow_long_max_model_len: bool = False
+    block_size: int = Field(16, ge=1, le=MAX_TOKENS)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     # vLLM's --quantization: weight quantization of the linear layers (same as model.quantization)
     quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
     enable_prefix_caching: bool = True   # vLLM V1 default
     preemption_mode: Literal["recompute", "swap"] = "recompute"
-    long_prefill_token_threshold: int = Field(0, ge=0)
-    max_num_partial_prefills: int = Field(0, ge=0)  # vLLM V0 knob; 0 = not enforced (V1)
-    step_overhead_ms: Optional[float] = Field(None, ge=0)
-    per_seq_overhead_ms: Optional[float] = Field(None, ge=0)
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_TOKENS)
+    max_num_partial_prefills: int = Field(0, ge=0, le=MAX_COUNT)  # vLLM V0 knob; 0 = not enforced (V1)
+    step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)
     profile: Literal["vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
     overhead: EngineOverhead = EngineOverhead()
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_power_of_two(cls, v: int) -> int:
+        # vLLM's paged-attention kernels take power-of-two block sizes (CacheConfig.block_size:
+        # 1, 8, 16, 32, 64, 128); the KV and prefix-hash arithmetic here assumes no more
+        if v & (v - 1):
+            raise ValueError(f"{v} is not a power of two (vLLM takes 8, 16, 32, 64 or 128)")
+        return v
 
     @field_validator("policy")
     @classmethod
@@ -130,14 +150,14 @@ class Engine(_Strict):
 class Pool(_Strict):
     """One pool of a disaggregated deployment; ``gpu`` defaults to ``hardware.gpu``."""
 
-    replicas: int = Field(1, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
     gpu: Optional[str] = None
 
 
 class KVTransfer(_Strict):
-    bandwidth_gb_per_s: float = Field(50.0, gt=0)
-    latency_ms: float = Field(0.05, ge=0)
+    bandwidth_gb_per_s: float = Field(50.0, gt=0, le=MAX_FIGURE)
+    latency_ms: float = Field(0.05, ge=0, le=MAX_FIGURE)
 
 
 class Disaggregation(_Strict):
@@ -158,13 +178,13 @@ class TraceSpec(_Strict):
     path: str
     format: Literal["auto", "normalized", "azure", "burstgpt", "vidur", "mooncake", "bailian", "aiperf",
                     "vllm_bench", "generic"] = "auto"
-    time_scale: float = Field(1.0, gt=0)
-    target_rate: Optional[float] = Field(None, gt=0)     # req/s; scales the gaps (exclusive with time_scale)
-    start_s: Optional[float] = Field(None, ge=0)         # window of the trace to replay (trace seconds)
-    duration_s: Optional[float] = Field(None, gt=0)
-    sample: Optional[int] = Field(None, ge=1)            # seeded subset of this many requests
-    hash_block_size: Optional[int] = Field(None, ge=1)   # tokens per hash id (default: the format's)
-    spread_grid_s: Optional[float] = Field(None, gt=0)   # spread requests inside each grid bucket (Mooncake: 3)
+    time_scale: float = Field(1.0, gt=0, le=MAX_FIGURE)
+    target_rate: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)     # req/s; scales the gaps (exclusive with time_scale)
+    start_s: Optional[float] = Field(None, ge=0, le=MAX_TIME_S)         # window of the trace to replay (trace seconds)
+    duration_s: Optional[float] = Field(None, gt=0, le=MAX_TIME_S)
+    sample: Optional[int] = Field(None, ge=1, le=MAX_REQUESTS)            # seeded subset of this many requests
+    hash_block_size: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)   # tokens per hash id (default: the format's)
+    spread_grid_s: Optional[float] = Field(None, gt=0, le=MAX_TIME_S)   # spread requests inside each grid bucket (Mooncake: 3)
     model_filter: Optional[str] = None                   # BurstGPT: keep this Model only
     keep_failed: bool = False                            # replay failed rows (0 output tokens) with 1 token
     time_unit: Literal["s", "ms", "us", "ns", "datetime"] = "s"  # generic format
@@ -173,14 +193,16 @@ class TraceSpec(_Strict):
 
 class LengthDist(_Strict):
     dist: Literal["fixed", "uniform", "lognormal", "empirical", "mixture"]
-    value: Optional[int] = Field(None, ge=1)
-    min: Optional[int] = Field(None, ge=1)
-    max: Optional[int] = Field(None, ge=1)
-    mean: Optional[float] = Field(None, gt=0)
-    sigma: Optional[float] = Field(None, ge=0)
+    value: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    min: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    max: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    mean: Optional[float] = Field(None, gt=0, le=MAX_TOKENS)
+    # NOTE: a lognormal's median is mean / exp(sigma^2 / 2): at sigma 5 it is 3.7e-6 x the mean,
+    # so above it nearly every draw rounds to 1 token (real traces fit sigma 0.5-2)
+    sigma: Optional[float] = Field(None, ge=0, le=5)
     path: Optional[str] = None
     column: Optional[str] = None
-    weight: Optional[float] = Field(None, gt=0)  # of a mixture component
+    weight: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # of a mixture component
     components: Optional[list["LengthDist"]] = None  # dist: mixture
 
     @model_validator(mode="after")
@@ -201,11 +223,11 @@ class RateProfile(_Strict):
     peaking at ``peak_s``."""
 
     shape: Literal["piecewise", "diurnal"]
-    segments: Optional[list[tuple[float, float]]] = None
-    period_s: float = Field(86400.0, gt=0)
-    min_rate: Optional[float] = Field(None, ge=0)
-    max_rate: Optional[float] = Field(None, gt=0)
-    peak_s: float = Field(0.0, ge=0)
+    segments: Optional[list[tuple[float, float]]] = Field(None, max_length=100_000)
+    period_s: float = Field(86400.0, gt=0, le=MAX_TIME_S)
+    min_rate: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    max_rate: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
+    peak_s: float = Field(0.0, ge=0, le=MAX_TIME_S)
 
     @model_validator(mode="after")
     def _needs(self) -> "RateProfile":
@@ -220,37 +242,44 @@ class RateProfile(_Strict):
 class PrefixGroups(_Strict):
     """SGLang's generated-shared-prefix workload: groups sharing a system prompt."""
 
-    num_groups: int = Field(64, ge=1)
-    prompts_per_group: int = Field(16, ge=1)
-    system_prompt_tokens: int = Field(2048, ge=1)
-    question_tokens: int = Field(128, ge=1)
+    num_groups: int = Field(64, ge=1, le=MAX_REQUESTS)
+    prompts_per_group: int = Field(16, ge=1, le=MAX_REQUESTS)
+    system_prompt_tokens: int = Field(2048, ge=1, le=MAX_TOKENS)
+    question_tokens: int = Field(128, ge=1, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _size(self) -> "PrefixGroups":
+        if self.num_groups * self.prompts_per_group > MAX_REQUESTS:
+            raise ValueError(f"num_groups x prompts_per_group = {self.num_groups * self.prompts_per_group:,} requests, "
+                             f"more than {MAX_REQUESTS:,}")
+        return self
 
 
 class MultiTurn(_Strict):
     """Sessions whose turn k+1 prompt is turn k's prompt and answer plus a new message."""
 
     turns: "LengthDist" = LengthDist(dist="uniform", min=2, max=6)
-    think_time_s: float = Field(10.0, ge=0)   # mean gap between a turn and the next (exponential)
+    think_time_s: float = Field(10.0, ge=0, le=MAX_TIME_S)   # mean gap between a turn and the next (exponential)
 
 
 class Synthetic(_Strict):
-    num_requests: int = Field(1000, ge=1)
-    request_rate: float = Field(4.0, gt=0)  # inf = all at t=0, as vLLM bench
-    burstiness: float = Field(1.0, gt=0)
+    num_requests: int = Field(1000, ge=1, le=MAX_REQUESTS)
+    request_rate: float = Field(4.0, gt=0, allow_inf_nan=True)  # inf = all at t=0, as vLLM bench
+    burstiness: float = Field(1.0, gt=0, le=MAX_FIGURE)
     input_tokens: LengthDist = LengthDist(dist="lognormal", mean=900, sigma=0.8, max=8192)
     output_tokens: LengthDist = LengthDist(dist="lognormal", mean=300, sigma=0.8, max=2048)
     # A shared system prompt of this many tokens precedes each prompt (input_tokens is then
     # the question after it); requests pick one of num_prefixes distinct prompts uniformly.
-    shared_prefix_tokens: int = Field(0, ge=0)
-    num_prefixes: int = Field(1, ge=1)
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
+    num_prefixes: int = Field(1, ge=1, le=MAX_REQUESTS)
     # closed loop as vLLM bench --max-concurrency: at most this many requests in flight; a
     # client waits think_time_s after its request ends before sending its next
-    max_concurrency: Optional[int] = Field(None, ge=1)
-    think_time_s: float = Field(0.0, ge=0)
+    max_concurrency: Optional[int] = Field(None, ge=1, le=MAX_REQUESTS)
+    think_time_s: float = Field(0.0, ge=0, le=MAX_TIME_S)
     rate_profile: Optional[RateProfile] = None
     prefix_groups: Optional[PrefixGroups] = None
     multi_turn: Optional[MultiTurn] = None
-    hash_block_size: int = Field(16, ge=1)    # tokens per hash id of generated prompts
+    hash_block_size: int = Field(16, ge=1, le=MAX_TOKENS)    # tokens per hash id of generated prompts
 
 
 class Workload(_Strict):
@@ -265,14 +294,14 @@ class Workload(_Strict):
 
 
 class SLO(_Strict):
-    ttft_ms: Optional[float] = Field(None, gt=0)
-    tpot_ms: Optional[float] = Field(None, gt=0)
-    e2el_ms: Optional[float] = Field(None, gt=0)
+    ttft_ms: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
+    tpot_ms: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
+    e2el_ms: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
 
 
 class Scenario(_Strict):
     name: str = "scenario"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     model: Union[str, HFConfigRef] = "llama-3-8b"
     hardware: Hardware = Hardware()
     cluster: Cluster = Cluster()
@@ -301,18 +330,34 @@ class Scenario(_Strict):
             )
         return self
 
+    @property
+    def dir_name(self) -> str:
+        """``name`` as one safe directory name: never a path, never outside the reports folder."""
+        return safe_dir_name(self.name)
+
     def resolve_path(self, p: str) -> Path:
-        """A relative path is looked up from the current directory, then the scenario's."""
+        """A relative path is looked up from the current directory, then the scenario file's
+        directory, then simsrv's own directory (the shipped scenarios name ``traces/...`` from
+        there), so shipped scenarios and copies of them run from any directory."""
         path = Path(p)
         if path.is_absolute() or path.exists():
             return path
-        return Path(self.base_dir) / path
+        beside = Path(os.path.normpath(Path(self.base_dir) / path))
+        shipped = _PROJECT_DIR / path
+        return shipped if not beside.exists() and shipped.exists() else beside
 
     def to_yaml(self) -> str:
         """The resolved scenario; file paths made absolute so it runs from any directory."""
         data = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
         _absolute_paths(data, self.resolve_path)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def safe_dir_name(name: str, max_chars: int = 100) -> str:
+    """Letters, digits, ``.``, ``_`` and ``-`` kept, anything else (``/``, ``\\``, spaces, control
+    characters) becomes ``_``; no leading dot (so never ``..``); at most ``max_chars``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", str(name))[:max_chars].lstrip(".")
+    return safe or "scenario"
 
 
 def _absolute_paths(node: Any, resolve) -> None:
@@ -358,7 +403,16 @@ def _format_error(err: ValidationError, where: str) -> str:
         return (f"{where}: model: give a catalogue name, {{hf_config: path/to/config.json}} or "
                 f"{{name: catalogue name}} (either mapping may add quantization: fp8 | int8 | awq | gptq)")
     msg = e["msg"].removeprefix("Value error, ")
+    got = e.get("input")
+    if isinstance(got, (int, float, str)) and not isinstance(got, bool) and e["type"] not in ("missing", "value_error"):
+        msg += f" (got {short_repr(got)})"
     return f"{where}: {key}: {msg}"
+
+
+def short_repr(value: Any, max_chars: int = 40) -> str:
+    """``repr(value)`` cut to ``max_chars`` (an error line never echoes a long or binary value)."""
+    text = repr(value)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -378,7 +432,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise UserError(f"--set {text!r}: expected dotted.key=value")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    from sim.yamlfile import parse_yaml_text
+
+    value = parse_yaml_text(raw, f"--set {key.strip()}") if raw.strip() else ""
     if isinstance(value, str) and value.lower() in ("inf", "+inf", ".inf"):
         value = math.inf
     return key.strip(), value

@@ -1,4 +1,9 @@
-"""Reading a user's YAML file with one clear error line (file, line, problem)."""
+"""Reading a user's YAML file with one clear error line (file, line, problem).
+
+Why: a scenario or grid file may be mis-encoded (Latin-1, UTF-16), binary, not YAML, hostile
+(``!!python`` tags, alias bombs) or absurdly nested; each must end in one line that names the
+file, never in a traceback or an echo of the file's bytes.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,70 @@ import yaml
 
 from sim.errors import UserError
 
+# NOTE: no scenario nests deeper than ~6 levels; PyYAML's composer recurses per level, so a
+# 5000-deep document would hit Python's recursion limit (a RecursionError, not a YAML error).
+MAX_DEPTH = 100
+# a scenario file is a few KB; anything this large is not one
+MAX_BYTES = 16 << 20
+
 
 def read_yaml(path: str | Path, what: str) -> Any:
-    """Parsed YAML of ``path``; a missing file or bad YAML is a ``UserError`` naming ``what``."""
+    """Parsed YAML of ``path``; a missing, unreadable or bad file is a ``UserError`` naming ``what``."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        if path.is_dir():
+            raise UserError(f"{path}: is a directory, not a {what}")
+        data = path.read_bytes()[: MAX_BYTES + 1]
     except FileNotFoundError:
         raise UserError(f"{path}: {what} not found") from None
+    except PermissionError:
+        raise UserError(f"{path}: {what} cannot be read (permission denied)") from None
+    if len(data) > MAX_BYTES:
+        raise UserError(f"{path}: {what} is larger than {MAX_BYTES >> 20} MB; not a scenario")
+    return parse_yaml_text(_decode(data, path, what), str(path))
+
+
+def _decode(data: bytes, path: Path, what: str) -> str:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UserError(f"{path}: {what} is UTF-16 text; save it as UTF-8")
+    if b"\x00" in data:
+        raise UserError(f"{path}: {what} is binary (it contains NUL bytes), not YAML text")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path}: line {line}: byte 0x{data[e.start]:02x} is not UTF-8; save the {what} as "
+                        "UTF-8") from None
+
+
+def parse_yaml_text(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of ``text``; any failure is one ``UserError`` line starting with ``where``."""
+    if _max_depth(text) > MAX_DEPTH:
+        raise UserError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a scenario")
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{line} not valid YAML ({getattr(e, 'problem', e)})") from None
+        line = f" line {mark.line + 1}:" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{where}:{line} not valid YAML ({_one_line(problem)})") from None
+    except RecursionError:  # block-style nesting, which _max_depth does not count
+        raise UserError(f"{where}: nested too deeply; not a scenario") from None
+
+
+def _max_depth(text: str) -> int:
+    """An upper bound of the flow-style nesting depth ([ and { not in quotes or comments)."""
+    depth = worst = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            worst = max(worst, depth)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+    return worst
+
+
+def _one_line(text: str, max_chars: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+

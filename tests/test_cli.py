@@ -1,6 +1,7 @@
 """The command line as a user runs it: the main job, explain, and bad input (exit 2, one line)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -109,7 +110,9 @@ def test_verbose_shows_traceback():
 def test_every_policy_runs_from_the_cli(tmp_path, policy):
     s = tmp_path / "s.yaml"
     s.write_text(yaml.safe_dump(small_scenario()))
-    p = simsrv("run", s, "--policy", policy, "--out", tmp_path / "run")
+    # continuous prefills a prompt whole, so its budget must hold the longest (4000) prompt, as in vLLM
+    budget = ["--set", "engine.max_num_batched_tokens=4096"] if policy == "continuous" else []
+    p = simsrv("run", s, "--policy", policy, *budget, "--out", tmp_path / "run")
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["simsrv_policy"] == policy and result["completed"] == 200
@@ -137,7 +140,9 @@ def test_tensor_parallel_must_divide_heads():
 def test_resolved_scenario_reruns_from_another_directory(tmp_path):
     out = tmp_path / "a"
     assert simsrv("run", "scenarios/chat.yaml", "--set", "workload.trace.sample=300", "-q", "--out", out).returncode == 0
+    # PYTHONPATH: this checkout's sim, not whichever one is installed, runs from the other directory
     p = subprocess.run([sys.executable, "-m", "sim", "run", str(out / "scenario.resolved.yaml"), "-q", "--out",
-                        str(tmp_path / "b")], cwd=tmp_path, capture_output=True, text=True)
+                        str(tmp_path / "b")], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     assert (out / "requests.parquet").read_bytes() == (tmp_path / "b" / "requests.parquet").read_bytes()

@@ -134,7 +134,7 @@ def test_extrapolated_steps_are_counted_per_replica():
     other replica, 3,138 counted against 2,845)."""
     raw = {"name": "x", "model": "llama-3-8b", "hardware": {"gpu": "a100-80g"},
            "cluster": {"replicas": 2, "router": "round_robin"},
-           "engine": {"max_num_batched_tokens": 16384, "max_model_len": 20000},
+           "engine": {"max_num_batched_tokens": 16384, "max_model_len": 20000, "allow_long_max_model_len": True},
            "workload": {"synthetic": {"num_requests": 1}}}
     # round robin: even requests (500-token prompts, decoding as one batch of 8: in range) to
     # replica 0, odd ones (16,000-token prompts: beyond the A100 GEMM table) to replica 1,

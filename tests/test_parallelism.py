@@ -17,7 +17,7 @@ from sim.scenario import scenario_from_dict
 
 def _scn(model, gpu="h100-sxm", **cluster):
     return scenario_from_dict({"model": model, "hardware": {"gpu": gpu, "cost_model": "roofline"}, "cluster": cluster,
-                               "engine": {"max_model_len": 8192},
+                               "engine": {"max_model_len": 8192, "allow_long_max_model_len": True},
                                "workload": {"synthetic": {"num_requests": 40, "request_rate": 4.0,
                                                           "input_tokens": {"dist": "fixed", "value": 512},
                                                           "output_tokens": {"dist": "fixed", "value": 64}}}})

@@ -121,5 +121,8 @@ def write_profile(df: pl.DataFrame, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{df['gpu'][0]}.parquet"
-    df.write_parquet(path, compression="zstd")
+    from sim.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        df.write_parquet(tmp, compression="zstd")
     return path

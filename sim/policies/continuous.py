@@ -14,12 +14,24 @@ from sim.policies.registry import PolicySpec, register
 class ContinuousScheduler(Scheduler):
     name = "continuous"
 
+    def admission_error(self, req) -> str:
+        """Without chunked prefill a prompt is prefilled in one step, so it must fit the step's
+        budget: vLLM's prompt limit is min(max_model_len, max_num_batched_tokens) and a longer
+        prompt is rejected (vllm/core/scheduler.py ``_get_prompt_limit``; V1 refuses such a
+        configuration outright), never run alone over the budget."""
+        reason = super().admission_error(req)
+        if not reason and req.prompt_tokens > self.limits.max_num_batched_tokens:
+            reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
+                      "(policy continuous: no chunked prefill)")
+        return reason
+
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         if remaining > budget:
             # vLLM V1 without chunked prefill skips a prompt that does not fit the budget left
             # and tries the next ones (vllm/v1/core/sched/scheduler.py, skipped_waiting_requests).
-            # NOTE: vLLM then requires max_num_batched_tokens >= max_model_len; a prompt longer
-            # than the whole budget runs in a step with no other prompt instead of waiting forever.
+            # NOTE: admission_error keeps every prompt within the whole budget; a preempted
+            # request recomputes prompt + generated tokens, which may exceed it: that runs in a
+            # step with no other prompt instead of waiting forever.
             if plan.chunks or remaining <= self.limits.max_num_batched_tokens:
                 return -1
         return remaining

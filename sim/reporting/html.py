@@ -117,6 +117,6 @@ class Page:
         )
 
     def write(self, path) -> None:
-        from pathlib import Path
+        from sim.atomic import write_text
 
-        Path(path).write_text(self.render(), encoding="utf-8")
+        write_text(path, self.render())

@@ -134,6 +134,9 @@ def run_sweep(points: list[Point], seeds: list[int], out_dir: str | Path, execut
     rows = gather(points, seeds, out_dir)
     group_cols = [c for c in override_frame(points).columns]
     agg = aggregate(rows, group_cols)
-    rows.write_parquet(out_dir / ROWS_FILE)
-    agg.write_parquet(out_dir / AGGREGATE_FILE)
+    from sim.atomic import atomic_path
+
+    for frame, name in ((rows, ROWS_FILE), (agg, AGGREGATE_FILE)):
+        with atomic_path(out_dir / name) as tmp:
+            frame.write_parquet(tmp)
     return SweepResult(rows, agg, points, seeds, out_dir, ran, len(done), time.perf_counter() - t0)

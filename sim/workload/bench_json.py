@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
+from sim.limits import MAX_TIME_S, MAX_TOKENS
 from sim.workload.arrays import RequestArrays
+from sim.workload.sources import shown
 
 
 def _numbers(path: Path, doc: dict, key: str, n: int, integer: bool, minimum: float) -> np.ndarray:
@@ -25,12 +27,13 @@ def _numbers(path: Path, doc: dict, key: str, n: int, integer: bool, minimum: fl
         raise UserError(f"{path}: key {key} is missing or not a list (vLLM bench --save-detailed writes it)")
     if len(vals) != n:
         raise UserError(f"{path}: key {key} has {len(vals)} items but start_times has {n}")
+    top = MAX_TOKENS if integer else MAX_TIME_S
     for i, v in enumerate(vals):
-        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= minimum
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and minimum <= v <= top
               and (not integer or float(v).is_integer()))
         if not ok:
-            what = f"a whole number >= {int(minimum)}" if integer else f"a finite number >= {minimum:g}"
-            raise UserError(f"{path}: {key}[{i}] (request {i}) is {v!r}, expected {what}")
+            what = f"a whole number from {int(minimum)} to {top:,}" if integer else f"a number of seconds from {minimum:g} to {top:.3g}"
+            raise UserError(f"{path}: {key}[{i}] (request {i}) is {shown(v)}, expected {what}")
     return np.asarray(vals, dtype=np.int64 if integer else np.float64)
 
 
@@ -54,7 +57,10 @@ def read_vllm_bench(path: Path) -> tuple[RequestArrays, int]:
     inp = _numbers(path, doc, "input_lens", n, True, 1)
     out = _numbers(path, doc, "output_lens", n, True, 0)
     errors = doc.get("errors") or [""] * n
-    failed = (out == 0) | np.array([bool(e) for e in errors[:n]] + [False] * (n - len(errors[:n])))
+    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
+        raise UserError(f"{path}: key errors must be a list of {n} strings (empty for a request that succeeded), "
+                        f"as vLLM bench writes it; got {shown(errors)}")
+    failed = (out == 0) | np.array([bool(e) for e in errors])
     measured = {}
     if "ttfts" in doc:
         measured["measured_ttft_s"] = _numbers(path, doc, "ttfts", n, False, 0.0)

@@ -13,7 +13,7 @@ import numpy as np
 
 from sim.workload.readers import ReadOptions, ReadState
 from sim.workload.sources import CHUNK_ROWS
-from sim.workload.trace import emit_notes, raw_chunks
+from sim.workload.trace import check_span, emit_notes, nothing_left, raw_chunks
 
 PERCENTILES = (50, 90, 99)
 
@@ -48,11 +48,14 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
         if chunk.hash_ids is not None:
             blocks.add(chunk.hash_ids)
             block_size = chunk.hash_block_size
-    emit_notes(path, state)
+    if not t:  # every row was left out (failed requests, another model): as ``run`` says
+        raise nothing_left(path, state)
     arrival = np.concatenate(t)
     del t
     order = np.argsort(arrival, kind="stable")
     moved = int((order != np.arange(len(order))).sum())
+    check_span(path, float(arrival[order[0]]), float(arrival[order[-1]]))
+    emit_notes(path, state)  # after the checks: an error is the only line printed
     arrival = arrival[order] - arrival[order[0]]
     del order
     inp_all, out_all = np.concatenate(inp), np.concatenate(out)

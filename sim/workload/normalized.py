@@ -41,12 +41,18 @@ def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict | N
     meta = {k: str(v) for k, v in (metadata or {}).items()}
     if arrays.hash_ids is not None:
         meta["hash_block_size"] = str(arrays.hash_block_size)
-    writer = None
-    for start in range(0, max(len(arrays), 1), ROW_GROUP_ROWS):
-        part = arrays.take(np.arange(start, min(start + ROW_GROUP_ROWS, len(arrays))))
-        table = _table(part, start)
-        if writer is None:
-            table = table.replace_schema_metadata(meta)
-            writer = pq.ParquetWriter(path, table.schema, compression="zstd")
-        writer.write_table(table.replace_schema_metadata(meta))
-    writer.close()
+    from sim.atomic import atomic_path
+
+    with atomic_path(path) as tmp:  # whole or absent (sim/atomic.py)
+        writer = None
+        try:
+            for start in range(0, max(len(arrays), 1), ROW_GROUP_ROWS):
+                part = arrays.take(np.arange(start, min(start + ROW_GROUP_ROWS, len(arrays))))
+                table = _table(part, start)
+                if writer is None:
+                    table = table.replace_schema_metadata(meta)
+                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                writer.write_table(table.replace_schema_metadata(meta))
+        finally:
+            if writer is not None:
+                writer.close()

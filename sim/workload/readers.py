@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from sim.errors import UserError
+from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
 from sim.workload.sources import Batch
 from sim.workload.validate import datetimes_s, present, seconds, tokens
@@ -167,14 +168,16 @@ def _delays_to_times(b: Batch, path: Path, sess: np.ndarray | None, st: ReadStat
     out = np.empty(f.height)
     for i, (t, d) in enumerate(zip(ts, delay)):
         if t is not None:
-            if not (np.isfinite(t) and t >= 0):
-                raise UserError(f"{b.where(path, i)}: column timestamp is {t!r}, expected a finite time >= 0 (in ms)")
+            if not (np.isfinite(t) and 0 <= t <= MAX_TIME_S * 1e3):
+                raise UserError(f"{b.where(path, i)}: column timestamp is {t!r}, expected a time from 0 to "
+                                f"{MAX_TIME_S * 1e3:.3g} ms")
             out[i] = t / 1e3
         elif d is None or sess is None or sess[i] < 0 or sess[i] not in st.last_arrival:
             raise UserError(f"{b.where(path, i)}: field timestamp is missing (a row without one needs a delay and "
                             "the session_id of an earlier turn)")
-        elif not (np.isfinite(d) and d >= 0):
-            raise UserError(f"{b.where(path, i)}: column delay is {d!r}, expected a finite time >= 0 (in ms)")
+        elif not (np.isfinite(d) and 0 <= d <= MAX_TIME_S * 1e3):
+            raise UserError(f"{b.where(path, i)}: column delay is {d!r}, expected a time from 0 to "
+                            f"{MAX_TIME_S * 1e3:.3g} ms")
         else:
             out[i] = st.last_arrival[sess[i]] + d / 1e3
         if sess is not None and sess[i] >= 0:

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.errors import UserError
+from sim.limits import MAX_HASH_BLOCKS
+
+
+def check_blocks(total_blocks: int, block: int, where: str) -> None:
+    """Refuse a workload whose prompts would need more block ids than memory holds."""
+    if total_blocks > MAX_HASH_BLOCKS:
+        raise UserError(f"{where}: the prompts span {total_blocks:,} blocks of {block} tokens, more than "
+                        f"{MAX_HASH_BLOCKS:,} (the ids would not fit in memory); shorten the prompts or the workload")
+
 
 class _Ids:
     """Fresh block ids, counted from 0."""
@@ -27,6 +37,8 @@ def prefix_group_prompts(rng: np.random.Generator, spec, block: int):
     ``system_prompt_tokens``, each followed by ``prompts_per_group`` questions of
     ``question_tokens``; the prompts are shuffled. Returns (input_tokens, hash_ids, group)."""
     ids = _Ids()
+    check_blocks(spec.num_groups * spec.prompts_per_group * -(-(spec.system_prompt_tokens + spec.question_tokens) // block),
+                 block, "workload.synthetic.prefix_groups")
     full = spec.system_prompt_tokens // block  # blocks wholly inside the shared system prompt
     total = -(-(spec.system_prompt_tokens + spec.question_tokens) // block)
     inp, hashes, group = [], [], []
@@ -55,6 +67,7 @@ def session_requests(start_s: np.ndarray, turns: np.ndarray, new_tokens: np.ndar
     ids = _Ids()
     arrival, inp, hashes, sess = [], [], [], []
     j = 0
+    num_blocks = 0
     for s, (t0, k_turns) in enumerate(zip(start_s.tolist(), turns.tolist())):
         t, prev_in, prev_out, prev_ids = t0, 0, 0, np.zeros(0, np.int64)
         for k in range(k_turns):
@@ -62,6 +75,8 @@ def session_requests(start_s: np.ndarray, turns: np.ndarray, new_tokens: np.ndar
                 t += float(gaps_s[j])
             length = prev_in + prev_out + int(new_tokens[j])
             out = int(out_tokens[j])
+            num_blocks += -(-(length + out) // block)
+            check_blocks(num_blocks, block, "workload.synthetic.multi_turn")
             cur = np.concatenate([prev_ids, ids.take(-(-(length + out) // block) - len(prev_ids))])
             arrival.append(t)
             inp.append(length)

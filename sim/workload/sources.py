@@ -19,6 +19,32 @@ import polars as pl
 from sim.errors import UserError
 
 CHUNK_ROWS = 1_000_000
+# format detection reads at most this much of the first line (a binary file may have no newline)
+FIRST_LINE_BYTES = 64 << 10
+
+
+def shown(value, max_chars: int = 40) -> str:
+    """A value from a user's file as an error message shows it: ``repr`` (so control characters
+    are escaped), cut to ``max_chars``; a file's bytes are never echoed at length."""
+    text = repr(value)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+
+def shown_columns(cols: list[str], max_cols: int = 12) -> str:
+    """Column names for an error message: each shortened, at most ``max_cols`` of them."""
+    names = ", ".join(shown(c, 30) for c in cols[:max_cols])
+    more = f", ... ({len(cols) - max_cols} more)" if len(cols) > max_cols else ""
+    return f"[{names}{more}]"
+
+
+def looks_binary(path: Path) -> bool:
+    """NUL bytes, or mostly bytes that are not UTF-8 text, in the first 4 KB."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", errors="replace")
+    return text.count("\ufffd") > max(8, len(text) // 20)
 
 
 @dataclass
@@ -43,16 +69,28 @@ def check_exists(path: Path) -> None:
 
 
 def first_line(path: Path) -> str:
-    """The first non-blank line (decoded leniently), for format detection."""
+    """The first non-blank line (decoded leniently, at most 64 KB of it), for format detection."""
+    return _first_line_at(path)[1]
+
+
+def _first_line_at(path: Path) -> tuple[int, str]:
+    """(number of blank lines before it, the first non-blank line)."""
     with open(path, "rb") as f:
-        for raw in f:
+        skipped = 0
+        while True:
+            raw = f.readline(FIRST_LINE_BYTES)
+            if not raw:
+                break
             if raw.strip():
-                return raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+                return skipped, raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+            skipped += 1
     raise UserError(f"{path}: the trace file is empty")
 
 
 def csv_header(path: Path) -> list[str]:
-    return [c.strip().strip('"') for c in first_line(path).split(",")]
+    """The header's column names, spaces around them and quotes removed (``TIMESTAMP, ContextTokens``
+    is common in real files)."""
+    return [c.strip().strip('"').strip() for c in first_line(path).split(",")]
 
 
 def _csv_error(path: Path, e: Exception) -> UserError:
@@ -78,16 +116,23 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    skipped, _line = _first_line_at(path)
     header = csv_header(path)
     missing = [c for c in columns if c not in header]
     if missing:
-        raise UserError(f"{path}: line 1: missing column(s) {', '.join(missing)}; the header has {header}")
+        raise UserError(f"{path}: line {skipped + 1}: missing column(s) {', '.join(missing)}; the header has "
+                        f"{shown_columns(header)}")
+    if len(set(header)) < len(header):
+        dup = sorted({c for c in header if header.count(c) > 1})
+        raise UserError(f"{path}: line {skipped + 1}: column(s) {shown_columns(dup)} appear more than once in the header")
     # NOTE: every column is read as text and converted by us, so a bad value is reported with
     # its line; blank lines are kept (and rejected) so line numbers stay exact.
     try:
         reader = pacsv.open_csv(
             path,
-            read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8"),
+            # our cleaned header names replace the file's (which may carry spaces or quotes)
+            read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8", column_names=header,
+                                           skip_rows=skipped + 1),
             parse_options=pacsv.ParseOptions(ignore_empty_lines=False, newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
                 include_columns=columns, column_types={c: pa.string() for c in columns},
@@ -95,7 +140,7 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
         )
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
         raise _csv_error(path, e) from None
-    start = 2  # line of the first data row
+    start = skipped + 2  # line of the first data row
     pending: list[pl.DataFrame] = []
     n_pending = 0
     while True:
@@ -132,7 +177,7 @@ def parquet_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
     names = parquet_columns(path)
     missing = [c for c in columns if c not in names]
     if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; the file has {names}")
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; the file has {shown_columns(names)}")
     start = 1
     for rb in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns):
         frame = pl.from_arrow(rb)
@@ -193,10 +238,20 @@ def _coerce(v, dtype, where: str, key: str):
         return str(v)
     if dtype == pl.Float64:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise UserError(f"{where}: {key} is {v!r}, expected a number")
+            raise UserError(f"{where}: {key} is {shown(v)}, expected a number")
         return float(v)
+    if dtype == pl.Int64:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not _INT64_MIN <= v <= _INT64_MAX:
+            raise UserError(f"{where}: {key} is {shown(v)}, expected an integer")
+        return v
     if isinstance(dtype, pl.List):
-        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise UserError(f"{where}: {key} is {str(v)[:60]!r}, expected a list of integers")
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                              and _INT64_MIN <= x <= _INT64_MAX for x in v):
+            raise UserError(f"{where}: {key} is {shown(v)}, expected a list of integers")
         return v
     return v
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

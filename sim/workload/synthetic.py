@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from sim.errors import UserError
+from sim.limits import MAX_TOKENS
 from sim.workload.arrays import RequestArrays
 
 
@@ -40,7 +41,8 @@ def sample_lengths(rng: np.random.Generator, n: int, spec, resolve_path, where: 
     elif spec.dist == "lognormal":
         # mean of a lognormal is exp(mu + sigma^2 / 2): pick mu so the mean is `mean`.
         mu = math.log(spec.mean) - spec.sigma**2 / 2.0
-        out = np.rint(rng.lognormal(mu, spec.sigma, size=n)).astype(np.int64)
+        # clipped to MAX_TOKENS before the cast: a far tail must not wrap around int64
+        out = np.rint(np.minimum(rng.lognormal(mu, spec.sigma, size=n), MAX_TOKENS)).astype(np.int64)
     else:  # empirical: resample a column of a trace file
         from sim.workload.trace import read_column
 
@@ -96,10 +98,13 @@ def with_shared_prefix(rng: np.random.Generator, w: RequestArrays, prefix_tokens
     Each system prompt is a chain of hash ids, one per 16 tokens; the question after it gets
     ids of its own, so only the system prompt is shared between requests.
     """
+    from sim.workload.sessions import check_blocks
+
     h = SHARED_PREFIX_HASH_BLOCK_TOKENS
     group = rng.integers(0, num_prefixes, size=len(w))
     n_shared = -(-prefix_tokens // h)
     inp = w.input_tokens + prefix_tokens
+    check_blocks(int((-(-inp // h)).sum()), h, "workload.synthetic.shared_prefix_tokens")
     next_id = num_prefixes * n_shared
     hash_ids = []
     for g, total in zip(group.tolist(), inp.tolist()):
@@ -133,7 +138,8 @@ def _multi_turn(spec, rng: np.random.Generator, resolve_path) -> RequestArrays:
     n = spec.num_requests
     mt = spec.multi_turn
     starts = _arrivals(rng, n, spec)  # at most n sessions are needed (each has >= 1 turn)
-    turns = sample_lengths(rng, n, mt.turns, resolve_path, "workload.synthetic.multi_turn.turns")
+    # a session's turns after the n-th can never be among the first n turns: drawn, not kept
+    turns = np.minimum(sample_lengths(rng, n, mt.turns, resolve_path, "workload.synthetic.multi_turn.turns"), n)
     num_sessions = int(np.searchsorted(np.cumsum(turns), n) + 1)
     turns = turns[:num_sessions]
     m = int(turns.sum())

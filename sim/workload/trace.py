@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
+from sim.limits import MAX_TRACE_SPAN_S
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
 from sim.workload.sources import (CHUNK_ROWS, check_exists, csv_batches, csv_header, first_line, jsonl_batches,
-                                  parquet_batches, parquet_columns)
+                                  looks_binary, parquet_batches, parquet_columns, shown_columns)
 
 FORMAT_NAMES = [f for f in FORMATS]
 
@@ -34,6 +35,9 @@ def _columns(path: Path) -> tuple[str, list[str]]:
     check_exists(path)
     if path.suffix == ".parquet":
         return "table", parquet_columns(path)
+    if looks_binary(path):
+        raise UserError(f"{path}: binary data, not a trace (expected CSV, JSON Lines, vLLM bench JSON or Parquet "
+                        "named *.parquet)")
     line = first_line(path)
     if line.startswith("{"):
         if path.suffix == ".json":
@@ -59,7 +63,10 @@ def detect_format(path: str | Path) -> str:
     if kind == "jsonl" and {"input_length", "output_length"} <= have:
         return "mooncake"
     known = "; ".join(f"{f}: {', '.join(n)}" for f, (_k, n, _s, _c) in FORMATS.items() if n)
-    raise UserError(f"{path}: unknown trace format: columns {cols}; expected one of {known}; or give "
+    # NOTE: a first line with no comma is not a CSV header: it is not echoed (it may be a line
+    # of any file given by mistake)
+    found = f"columns {shown_columns(cols)}" if len(cols) > 1 or kind == "jsonl" else "no CSV header or JSON object"
+    raise UserError(f"{path}: unknown trace format: {found}; expected one of {known}; or give "
                     "format generic with the column names and time unit")
 
 
@@ -111,7 +118,8 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
             raise UserError(f"{path}: line 1: format vllm_bench expects a JSON object")
         arr, failed = read_vllm_bench(path)
         state.note("failed requests (errors / 0 output tokens): left out", failed)
-        yield arr
+        if len(arr):
+            yield arr
         return
     if fmt == "normalized" and path.suffix == ".parquet" and opts.hash_block_size is None:
         opts = ReadOptions(**{**opts.__dict__, "hash_block_size": _parquet_block_size(path)})
@@ -153,9 +161,18 @@ def spread_in_grid(arr: RequestArrays, grid_s: float, rng: np.random.Generator) 
     return arr.with_arrivals(t).take(order)
 
 
-def _check_total(path: Path, arr: RequestArrays) -> None:
-    if len(arr) == 0:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+def nothing_left(path: Path, state: ReadState) -> UserError:
+    """Every row was left out: one line saying why (the notes that would have been warnings)."""
+    why = "; ".join(f"{n:,} {what}" for what, n in state.notes.items())
+    return UserError(f"{path}: no requests left to replay" + (f": {why}" if why else ""))
+
+
+def check_span(path: Path, first_s: float, last_s: float) -> None:
+    """A trace whose arrivals spread over more than ``MAX_TRACE_SPAN_S`` has a corrupted time or
+    a wrong time unit (both ``run`` and ``trace inspect`` refuse it)."""
+    if last_s - first_s > MAX_TRACE_SPAN_S:
+        raise UserError(f"{path}: arrivals span {last_s - first_s:.3g} s (over {MAX_TRACE_SPAN_S / 31_557_600:.0f} "
+                        "years): a corrupted timestamp or a wrong time unit")
 
 
 def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
@@ -166,13 +183,13 @@ def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     state = ReadState()
     chunks = list(raw_chunks(path, opts, state, chunk_rows))
     arr = concat(chunks) if chunks else None
-    if arr is None:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+    if arr is None or len(arr) == 0:
+        raise nothing_left(path, state)
     arr = _sorted(arr, state)
+    check_span(path, float(arr.arrival_s[0]), float(arr.arrival_s[-1]))
     if opts.spread_grid_s:
         arr = spread_in_grid(arr, opts.spread_grid_s, np.random.default_rng(opts.seed))
     emit_notes(path, state)
-    _check_total(path, arr)
     return arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
 
 
@@ -199,6 +216,7 @@ def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: 
                             f"{n_out + 1:,} on); sort the trace first: simsrv trace convert {path} -o sorted.parquet")
         raw_max = float(chunk.arrival_s[-1])
         last = raw_max
+        check_span(path, float(chunk.arrival_s[0]) if t0 is None else t0, raw_max)
         if grid:
             chunk = spread_in_grid(chunk, grid, rng)
             if carry is not None:
@@ -217,9 +235,9 @@ def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: 
         t0 = float(carry.arrival_s[0]) if t0 is None else t0
         n_out += len(carry)
         yield carry.with_arrivals((carry.arrival_s - t0) * time_scale)
-    emit_notes(path, state)
     if n_out == 0:
-        raise UserError(f"{path}: no requests left to replay (see the warnings above)")
+        raise nothing_left(path, state)
+    emit_notes(path, state)
 
 
 def read_column(path: Path, column: str, where: str) -> np.ndarray:
@@ -231,7 +249,7 @@ def read_column(path: Path, column: str, where: str) -> np.ndarray:
     batches = parquet_batches(path, [column]) if path.suffix == ".parquet" else None
     if batches is None:
         if column not in csv_header(path):
-            raise UserError(f"{where}: {path} has no column {column!r}; columns: {csv_header(path)}")
+            raise UserError(f"{where}: {path} has no column {column!r}; columns: {shown_columns(csv_header(path))}")
         batches = csv_batches(path, [column])
     parts = [tokens(b, column, path) for b in batches]
     if not parts or sum(len(p) for p in parts) == 0:

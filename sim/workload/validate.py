@@ -12,7 +12,8 @@ import numpy as np
 import polars as pl
 
 from sim.errors import UserError
-from sim.workload.sources import Batch
+from sim.limits import MAX_TIME_S, MAX_TOKENS
+from sim.workload.sources import Batch, shown
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -20,35 +21,42 @@ TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 def _fail(batch: Batch, path: Path, bad: pl.Series, col: str, raw: pl.Series, expected: str):
     i = int(bad.arg_max())
     value = raw[i]
-    shown = "missing" if value is None else repr(value if not isinstance(value, float) else _num(value))
-    raise UserError(f"{batch.where(path, i)}: column {col} is {shown}, expected {expected}")
+    text = "missing" if value is None else shown(value if not isinstance(value, float) else _num(value))
+    raise UserError(f"{batch.where(path, i)}: column {col} is {text}, expected {expected}")
 
 
 def _num(v: float):
-    return int(v) if v.is_integer() else v
+    return int(v) if v.is_integer() and abs(v) < 1e16 else v
 
 
 def _raw(batch: Batch, col: str) -> pl.Series:
-    return batch.frame[col]
+    """The column; text values without surrounding spaces (``4808, 10`` after a comma and space)."""
+    s = batch.frame[col]
+    return s.str.strip_chars() if s.dtype == pl.String else s
 
 
 def tokens(batch: Batch, col: str, path: Path, minimum: int = 1) -> np.ndarray:
-    """A whole-number token count column (>= ``minimum``) as int64."""
+    """A whole-number token count column (``minimum`` to ``MAX_TOKENS``) as int64.
+
+    The upper bound keeps a corrupted count (2^63 and above wraps to a negative int64) from
+    becoming a request that silently fails."""
     raw = _raw(batch, col)
     x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
-    bad = x.is_null() | ~x.is_finite().fill_null(False) | (x < minimum).fill_null(True) | (x != x.floor()).fill_null(True)
+    bad = (x.is_null() | ~x.is_finite().fill_null(False) | (x < minimum).fill_null(True)
+           | (x > MAX_TOKENS).fill_null(True) | (x != x.floor()).fill_null(True))
     if bad.any():
-        _fail(batch, path, bad, col, raw, f"a whole number >= {minimum}")
+        _fail(batch, path, bad, col, raw, f"a whole number from {minimum} to {MAX_TOKENS:,}")
     return x.to_numpy().astype(np.int64)
 
 
 def seconds(batch: Batch, col: str, path: Path, unit: str = "s") -> np.ndarray:
-    """A numeric time column (finite, >= 0) converted to seconds."""
+    """A numeric time column (finite, 0 to ``MAX_TIME_S`` once in seconds) converted to seconds."""
     raw = _raw(batch, col)
     x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
-    bad = x.is_null() | ~x.is_finite().fill_null(False) | (x < 0).fill_null(True)
+    limit = MAX_TIME_S / TIME_UNITS_S[unit]
+    bad = x.is_null() | ~x.is_finite().fill_null(False) | (x < 0).fill_null(True) | (x > limit).fill_null(True)
     if bad.any():
-        _fail(batch, path, bad, col, raw, f"a finite time >= 0 (in {unit})")
+        _fail(batch, path, bad, col, raw, f"a time from 0 to {limit:.3g} {unit} (is the time unit right?)")
     return x.to_numpy() * TIME_UNITS_S[unit]
 
 
@@ -65,7 +73,7 @@ def datetimes_s(batch: Batch, col: str, path: Path) -> np.ndarray:
     bad = us.is_null()
     if bad.any():
         i = int(bad.arg_max())
-        raise UserError(f"{batch.where(path, i)}: column {col} is {raw[i]!r}, expected a date-time like "
+        raise UserError(f"{batch.where(path, i)}: column {col} is {shown(raw[i])}, expected a date-time like "
                         "2023-11-16 18:15:46.68 or 2024-05-10 00:00:00.009930+00:00")
     return us.to_numpy().astype(np.float64) / 1e6
 
