@@ -94,7 +94,7 @@ def test_scenario_mutation_is_success_or_one_error_line(tmp_path, case):
     name, path, kind, d = case
     p = tmp_path / "mutant.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
-    o = simsrv("run", p, "-q", "--out", tmp_path / "out")
+    o = simsrv("run", p, "-q", "--force", "--out", tmp_path / "out")
     assert o.clean, (name, path, kind, o.code, o.stderr[-3000:])
 
 
@@ -231,7 +231,7 @@ def test_trace_corruption_inspect_and_run_agree_and_are_clean(tmp_path, fmt, dat
     sp = tmp_path / "scenario.yaml"
     sp.write_text(yaml.safe_dump(d))
     inspect = simsrv("trace", "inspect", bad, *extra)
-    run = simsrv("run", sp, "-q", "--out", tmp_path / "out")
+    run = simsrv("run", sp, "-q", "--force", "--out", tmp_path / "out")
     assert inspect.clean, (fmt, inspect.code, inspect.stderr[-3000:])
     assert run.clean, (fmt, run.code, run.stderr[-3000:])
     assert (inspect.code == 0) == (run.code == 0), (fmt, inspect.stderr[-800:], run.stderr[-800:])

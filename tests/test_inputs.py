@@ -188,7 +188,7 @@ def _run_trace(tmp_path: Path, trace: Path, scenario: str = "trace_azure_2024"):
     d["workload"]["trace"]["path"] = str(trace)
     sp = tmp_path / "scenario.yaml"
     sp.write_text(yaml.safe_dump(d))
-    return simsrv("run", sp, "-q", "--out", tmp_path / "o")
+    return simsrv("run", sp, "-q", "--force", "--out", tmp_path / "o")
 
 
 @pytest.mark.parametrize("row3, column", [
