@@ -92,6 +92,7 @@ class Replica:
         self._solo = SoloPrefill(cost)
         self._wake: simpy.Event | None = None
         self._interruptible = False
+        self.last_step_s = 0.0  # duration of the step (or run) that ended last
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
@@ -158,6 +159,7 @@ class Replica:
                 rec.itl_adjust.append((first, first + gap))
             if finished:
                 self.on_finish(finished)
+            self.last_step_s = env.now - start
             if self.on_step is not None:
                 self.on_step(self)
 

@@ -31,6 +31,7 @@ CAUSES = {
     "memory pressure": ("ttft_wait_kv_s", "ttft_preempt_s"),
     "long prompts": ("ttft_prefill_s",),
     "interference": ("ttft_interference_s", "ttft_overhead_s"),
+    "KV handoff": ("ttft_kv_transfer_s", "ttft_decode_s"),
 }
 QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
 
@@ -138,6 +139,10 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
                          "(fp8 KV, more memory per replica, or lower max_num_seqs).")
     elif cause == "long prompts":
         sentences.append("Tail requests are slow because their own prompts are long: their prefill alone dominates.")
+    elif cause == "KV handoff":
+        sentences.append("Tail requests wait for their KV to cross from the prefill to the decode pool or for "
+                         "decode admission: more link bandwidth (disaggregation.kv_transfer), layer-wise "
+                         "transfer, or more decode replicas.")
     else:
         sentences.append("Tail requests share steps with other work: prefill-decode interference.")
     sentences.append(f"Chunked prefill is {'on' if s.engine.policy == 'chunked' else 'off'} "

@@ -77,8 +77,11 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
     if len(adjust):
         # A request that joined decoding with its KV computed elsewhere (swap-in, KV transfer)
         # waited before its first decode step: that token's gap is the wait plus the step, so
-        # one sample of the step's duration is replaced by the longer gap.
+        # one sample of the step's duration is replaced by the longer gap. A new gap of nan
+        # removes the sample: that step emitted the request's first token (disaggregated,
+        # first token from decode), part of TTFT, not an inter-token gap.
         old, new = np.asarray(adjust, dtype=np.float64).T
+        new = new[~np.isnan(new)]
         gaps = np.concatenate([gaps, old, new])
         counts = np.concatenate([counts, -np.ones(len(old), np.int64), np.ones(len(new), np.int64)])
         gaps, inverse = np.unique(gaps, return_inverse=True)

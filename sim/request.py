@@ -25,7 +25,8 @@ class Request:
         "prefix_hit_tokens",
         "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-        "ttft_overhead_s", "ttft_preempt_s", "decode_wait_s", "decode_rounds_waited",
+        "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
+        "decode_wait_s", "decode_rounds_waited",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
@@ -76,3 +77,5 @@ class Request:
         self.ttft_interference_s = 0.0
         self.ttft_overhead_s = 0.0
         self.ttft_preempt_s = 0.0
+        self.ttft_kv_transfer_s = 0.0  # disaggregated, first token from decode: KV transfer
+        self.ttft_decode_s = 0.0       # ... then decode admission wait and its first step

@@ -5,21 +5,18 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from sim.cluster import simulate
-from sim.deployment import Deployment, build_deployment
+from sim.deployment import Deployment
 from sim.metrics import request_metrics
-from sim.router import make_router
-from sim.policies.disagg import DecodeScheduler, PrefillScheduler
-from sim.scenario import Disaggregation, Scenario
-from sim.topology import Disaggregated
+from sim.scenario import Scenario
+from sim.topology import layout_for
 from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
-from sim.policies import get_policy
 
 
 @dataclass
@@ -33,10 +30,11 @@ class RunResult:
     wall_s: float
     schedulers: list = field(default_factory=list)
     itl_adjust: list[tuple[float, float]] = field(default_factory=list)
-    transfers: dict = field(default_factory=dict)
+    transfers: dict = field(default_factory=dict)   # disaggregated: KV transfers' bytes and count
     # engine steps run at shapes outside a calibrated table, per replica index (sim/recorder.py)
     extrapolated_steps: dict[int, int] = field(default_factory=dict)
     lm_head_extrapolated: bool = False
+    layout: object = None                            # sim.topology layout: pools, GPUs, replicas
 
     @property
     def peak_kv_usage(self) -> float:
@@ -70,34 +68,6 @@ def _request_frame(reqs) -> pl.DataFrame:
     }, nan_to_null=False)
 
 
-def _capped(dep: Deployment, max_run_steps: int | None) -> Deployment:
-    if max_run_steps is None:
-        return dep
-    return replace(dep, limits=replace(dep.limits, max_run_steps=max_run_steps))
-
-
-def _disaggregated(scenario: Scenario, router, max_run_steps: int | None = None):
-    """Schedulers and a topology factory for ``policy: disaggregated``."""
-    d = scenario.disaggregation or Disaggregation()
-    pdep = _capped(build_deployment(scenario, d.prefill.gpu, d.prefill.tensor_parallel_size,
-                                    "disaggregation.prefill"), max_run_steps)
-    ddep = _capped(build_deployment(scenario, d.decode.gpu, d.decode.tensor_parallel_size,
-                                    "disaggregation.decode"), max_run_steps)
-    prefill = [pdep.new_scheduler(PrefillScheduler) for _ in range(d.prefill.replicas)]
-    decode = [ddep.new_scheduler(DecodeScheduler) for _ in range(d.decode.replicas)]
-    kv_bytes_per_token = ddep.model.kv_bytes_per_token(ddep.kv_dtype_bytes)
-
-    def factory(env, rec, on_finish):
-        topo = Disaggregated(env, prefill, [pdep.cost] * len(prefill), decode, [ddep.cost] * len(decode),
-                             router, kv_bytes_per_token, d.kv_transfer.bandwidth_gb_per_s * 1e9,
-                             d.kv_transfer.latency_ms / 1e3, rec, on_finish, ddep.swap_s_per_block)
-        factory.topology = topo
-        return topo
-
-    factory.prefill_deployment = pdep
-    return ddep, [*prefill, *decode], factory
-
-
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
                  workload: RequestArrays | None = None, max_run_steps: int | None = None) -> RunResult:
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end.
@@ -118,7 +88,6 @@ def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None
 
 def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_steps: int | None) -> RunResult:
     t0 = time.perf_counter()
-    router = make_router(scenario.cluster.router)
     from sim.workload.build import closed_loop, should_stream, stream_workload
 
     streamed = workload is None and should_stream(scenario)  # a large trace is read chunk by chunk
@@ -126,24 +95,13 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     cb = (lambda done: progress(done, len(arrays))) if progress and not streamed else None
     concurrency, think_s = closed_loop(scenario)
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
-    transfers: dict = {}
-    if get_policy(scenario.engine.policy).pools:
-        dep, schedulers, factory = _disaggregated(scenario, router, max_run_steps)
-        reqs, rec = simulate(arrays, progress=cb, topology=factory, **loop)
-        links = factory.topology.links
-        transfers = {"bytes": sum(l.bytes_sent for l in links), "count": sum(l.num_transfers for l in links),
-                     "prefill_deployment": factory.prefill_deployment}
-    else:
-        dep = _capped(build_deployment(scenario), max_run_steps)
-        n = scenario.cluster.replicas
-        schedulers = [dep.new_scheduler(scenario.engine.policy) for _ in range(n)]
-        reqs, rec = simulate(arrays, schedulers, [dep.cost] * n, router, cb, swap_s_per_block=dep.swap_s_per_block,
-                             **loop)
+    layout = layout_for(scenario)
+    reqs, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), **loop)
     steps = pl.DataFrame(rec.step_columns())
     frame = _request_frame(reqs)
     if streamed or concurrency is not None:  # the requests as sent
         arrays = RequestArrays(frame["arrival_s"].to_numpy(), frame["input_tokens"].to_numpy(),
                                frame["output_tokens"].to_numpy())
-    return RunResult(scenario, dep, arrays, frame, steps, rec.resume_gaps_s,
-                     time.perf_counter() - t0, schedulers, rec.itl_adjust, transfers,
-                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated)
+    return RunResult(scenario, layout.deployment, arrays, frame, steps, rec.resume_gaps_s,
+                     time.perf_counter() - t0, layout.schedulers, rec.itl_adjust, layout.transfer_stats(),
+                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated, layout)

@@ -75,6 +75,16 @@ class Hardware(_Strict):
     price_per_gpu_hour: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # $ per GPU-hour; capacity reports req per $
 
 
+class CacheAwareRouting(_Strict):
+    """``cluster.router: cache_aware`` thresholds (sim/router.py ``CacheAware``; defaults are
+    SGLang router's)."""
+
+    cache_threshold: float = Field(0.3, ge=0, le=1)       # prefix match share to follow the cache
+    balance_abs_threshold: float = Field(64, ge=0)        # outstanding max - min above this ...
+    balance_rel_threshold: float = Field(1.5, ge=1)       # ... and max > this x min: least loaded
+    max_tree_tokens: int = Field(2 ** 24, ge=1)           # router's prefix tree per replica (LRU)
+
+
 class Cluster(_Strict):
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     tensor_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
@@ -82,7 +92,9 @@ class Cluster(_Strict):
     pipeline_link_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # stage-to-stage link, one direction
     enable_expert_parallel: bool = False                   # MoE experts spread over the TP ranks
     expert_load_imbalance: float = Field(1.0, ge=1, le=MAX_FIGURE)        # busiest rank's routed tokens / mean
-    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = "least_outstanding"
+    router: Literal["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity",
+                    "cache_aware"] = "least_outstanding"
+    cache_aware: CacheAwareRouting = CacheAwareRouting()
 
 
 class EngineOverhead(_Strict):
@@ -148,22 +160,27 @@ class Engine(_Strict):
 
 
 class Pool(_Strict):
-    """One pool of a disaggregated deployment; ``gpu`` defaults to ``hardware.gpu``."""
+    """One pool of a disaggregated deployment; ``tensor_parallel_size`` and ``gpu`` default to
+    ``cluster.tensor_parallel_size`` and ``hardware.gpu``."""
 
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
-    tensor_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
+    tensor_parallel_size: Optional[int] = Field(None, ge=1, le=MAX_REPLICAS)
     gpu: Optional[str] = None
 
 
 class KVTransfer(_Strict):
-    bandwidth_gb_per_s: float = Field(50.0, gt=0, le=MAX_FIGURE)
+    bandwidth_gb_per_s: float = Field(50.0, gt=0, le=MAX_FIGURE)                   # each prefill replica's NIC (egress)
+    decode_bandwidth_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # each decode replica's NIC (ingress)
     latency_ms: float = Field(0.05, ge=0, le=MAX_FIGURE)
+    layerwise: bool = False   # pipeline the transfer layer by layer with the prefill compute
 
 
 class Disaggregation(_Strict):
     prefill: Pool = Pool()
     decode: Pool = Pool()
     kv_transfer: KVTransfer = KVTransfer()
+    # decode: vLLM P/D (proxy + KV connector), TTFT includes the transfer; prefill: DistServe
+    first_token: Literal["prefill", "decode"] = "decode"
 
 
 class TraceColumns(_Strict):

@@ -13,7 +13,6 @@ import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
-from sim.policies import get_policy
 from sim.run_warnings import failure_kinds, run_warnings
 
 
@@ -37,25 +36,24 @@ def _mean_ms(values: np.ndarray) -> float | None:
 
 
 def _gpus(result) -> str:
-    """The GPU type, or prefill and decode pools' types when they differ."""
-    pre = result.transfers.get("prefill_deployment")
-    if pre is not None and pre.gpu.key != result.deployment.gpu.key:
-        return f"{pre.gpu.key} (prefill) / {result.deployment.gpu.key} (decode)"
+    """The GPU type, or each pool's type when they differ."""
+    pools = result.layout.pools
+    if len({dep.gpu.key for _, dep in pools}) > 1:
+        return " / ".join(f"{dep.gpu.key} ({name})" for name, dep in pools)
     return result.deployment.gpu.key
 
 
 def _costs(result) -> list:
-    pre = result.transfers.get("prefill_deployment")
-    return [result.deployment.cost] + ([pre.cost] if pre is not None else [])
+    return [dep.cost for _, dep in result.layout.pools]
 
 
 def _cost_models(result) -> str:
-    pre = result.transfers.get("prefill_deployment")
-    c = result.deployment.cost
-    decode = describe_cost_model(c.calibration, c.carried_from)
-    if pre is None:
-        return decode
-    return f"prefill: {describe_cost_model(pre.cost.calibration, pre.cost.carried_from)}; decode: {decode}"
+    pools = result.layout.pools
+    if len(pools) == 1:
+        c = pools[0][1].cost
+        return describe_cost_model(c.calibration, c.carried_from)
+    return "; ".join(f"{name}: {describe_cost_model(dep.cost.calibration, dep.cost.carried_from)}"
+                     for name, dep in pools)
 
 
 def _outside(costs) -> list | None:
@@ -65,12 +63,9 @@ def _outside(costs) -> list | None:
 
 def num_gpus(s) -> int:
     """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
-    if get_policy(s.engine.policy).pools:
-        from sim.scenario import Disaggregation
+    from sim.topology import layout_for
 
-        d = s.disaggregation or Disaggregation()
-        return d.prefill.replicas * d.prefill.tensor_parallel_size + d.decode.replicas * d.decode.tensor_parallel_size
-    return s.cluster.replicas * s.cluster.tensor_parallel_size * s.cluster.pipeline_parallel_size
+    return layout_for(s).num_gpus
 
 
 def summarize(result) -> dict:

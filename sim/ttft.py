@@ -12,15 +12,18 @@ Waiting is attributed with two clocks per replica that accrue, between schedulin
 to the reason admission last stopped (KV blocks, or batch/budget/step in progress); a
 request's wait is the clocks' advance between its arrival and its admission. Every interval
 after admission is a step of its replica (steps run back to back while it is prefilling),
-split as above. NOTE: with disaggregation the first token is emitted by the prefill replica,
-so the KV transfer is not part of TTFT; it delays the second token (column kv_transfer_s).
+split as above. With disaggregation and ``first_token: decode`` (vLLM P/D) two more parts
+follow the prefill: the KV transfer (``kv_transfer``: from the prefill's end until the KV has
+arrived) and ``decode`` (waiting for decode admission, then the decode replica's first step,
+which emits the token). With ``first_token: prefill`` (DistServe) the transfer is not part of
+TTFT; it delays the second token (column kv_transfer_s) and both parts are 0.
 """
 
 from __future__ import annotations
 
 
 TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-              "ttft_overhead_s", "ttft_preempt_s")
+              "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s")
 
 
 class WaitClocks:

@@ -16,7 +16,7 @@ from sim.policies.decode_set import DecodeSet
 from sim.request import Request
 from sim.router import make_router
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
-from sim.topology import Disaggregated
+from sim.topology import Disaggregated, Links
 from sim.ttft import TTFT_PARTS
 from sim.workload import RequestArrays
 
@@ -93,23 +93,29 @@ class _CheckedDecode(DecodeScheduler):
 
 @settings(max_examples=60, deadline=None)
 @given(w=workloads(), pblocks=st.integers(20, 60), dblocks=st.integers(3, 60), bs=st.sampled_from([4, 16]),
-       np_=st.integers(1, 2), nd=st.integers(1, 3), bw=st.floats(1e6, 1e9), caching=st.booleans())
-def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching):
+       np_=st.integers(1, 2), nd=st.integers(1, 3), bw=st.floats(1e6, 1e9), caching=st.booleans(),
+       on_decode=st.booleans(), layers=st.sampled_from([1, 4]), ingress=st.sampled_from([0.5, 1.0, 4.0]))
+def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching, on_decode, layers, ingress):
     limits = EngineLimits(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=10_000)
     prefill = [PrefillScheduler(limits, KVBlockManager(pblocks, bs, caching)) for _ in range(np_)]
     decode = [_CheckedDecode(limits, KVBlockManager(dblocks, bs)) for _ in range(nd)]
+    for s in (*prefill, *decode):
+        s.first_token_on_decode = on_decode
 
     def topo(env, rec, on_finish):
         return Disaggregated(env, prefill, [COST] * np_, decode, [COST] * nd, make_router("least_outstanding"),
-                             1000.0, bw, 1e-4, rec, on_finish)
+                             1000.0, Links(bw, bw * ingress, 1e-4, layers), rec, on_finish)
 
     reqs, rec = simulate(w, topology=topo)
     _check(w, reqs, rec, [*prefill, *decode], [pblocks] * np_ + [dblocks] * nd)
     for s in prefill:
         assert s.held_blocks == 0
     for r in reqs:
-        if r.status == "completed" and r.output_tokens > 1:
-            assert r.transfer_end_s - r.transfer_start_s >= r.prompt_tokens * 1000.0 / bw + 1e-4 - 1e-9
+        if r.status == "completed" and (r.output_tokens > 1 or on_decode) and layers == 1:
+            isolated_s = r.prompt_tokens * 1000.0 / (bw * min(1.0, ingress)) + 1e-4
+            assert r.transfer_end_s - r.transfer_start_s >= isolated_s * (1 - 1e-9)
+        if r.status == "completed" and on_decode:  # TTFT includes the whole transfer
+            assert r.first_token_s >= r.transfer_end_s and r.ttft_kv_transfer_s > 0
 
 
 @settings(max_examples=200, deadline=None)

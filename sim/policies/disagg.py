@@ -2,13 +2,22 @@
 "Splitwise"): a prefill pool that only runs prompts, a decode pool that only extends them.
 
 Why: separating the phases removes prefill-decode interference at the price of moving each
-request's KV cache between pools. The prefill replica emits the first token, then keeps the
+request's KV cache between pools. The prefill replica computes the prompt, then keeps the
 request's KV blocks until a decode replica has received them and admitted the request
 (backpressure: a full decode pool stalls the prefill pool's admissions through its KV).
+
+Who emits the first token (``first_token_on_decode``): DistServe's convention is the prefill
+replica (its token is the first the client sees; the decode side produces the rest). In vLLM's
+P/D serving the prefill instance runs with max_tokens 1 and its token is discarded; the decode
+instance loads the external KV for all prompt tokens but the last and recomputes that one
+(vLLM ``Scheduler._update_waiting_for_remote_kv`` keeps ``num_computed_tokens`` below the
+prompt length), so its first step with the request samples token 1 and it produces all
+``output_tokens``: a decode step with the prompt's last token as its query.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from sim.kv import blocks_for
@@ -37,13 +46,26 @@ class PrefillScheduler(ContinuousScheduler):
             return f"prompt needs {need} KV blocks; prefill replica has {self.kv.num_blocks}"
         return ""
 
+    first_token_on_decode = False
+
     def _on_prefill_done(self, req: Request, now: float) -> None:
         del self.running[req.request_id]
         req.handoff_blocks = req.num_blocks  # stays counted in kv.num_used until released
         self.held_blocks += req.num_blocks
         self.peak_held_blocks = max(self.peak_held_blocks, self.held_blocks)
         req.num_blocks = 0
+        if self.first_token_on_decode:  # the prefill's token is discarded: decode emits token 1
+            req.num_generated = 0
+            req.first_token_s = math.nan
+            self.tokens_emitted -= 1
         self.handoffs.append(req)
+
+    def _finish(self, req: Request, now: float, finished: list[Request]) -> None:
+        """A one-token request ends here, unless the decode side emits its token."""
+        if self.first_token_on_decode:
+            self._on_prefill_done(req, now)
+        else:
+            super()._finish(req, now, finished)
 
     def release_handoff(self, req: Request) -> None:
         """The decode side admitted ``req``: its prefill-side KV (and prefix-cache references)
@@ -61,9 +83,31 @@ class DecodeScheduler(ChunkedScheduler):
 
     name = "decode"
 
+    first_token_on_decode = False
+
     def __init__(self, limits, kv):
         super().__init__(limits, kv)
         self.on_admitted: Callable[[Request], None] = lambda req: None
+        self._admitted_first: list[bool] = []  # per KV-ready admission of this plan: emits token 1
+        self._first_pending: list[Request] = []
+
+    def schedule(self, now: float):
+        self._admitted_first = []
+        plan = super().schedule(now)
+        if plan is not None and any(self._admitted_first):
+            # their first token ends this (single) step: TTFT, not an inter-token gap (a nan
+            # gap removes the step's ITL sample, sim/metrics.py itl_samples)
+            plan.ready_gaps_s = [math.nan if first else g for g, first in zip(plan.ready_gaps_s, self._admitted_first)]
+        return plan
+
+    def on_step_done(self, plan, now: float, steps_done: int | None = None) -> list[Request]:
+        finished = super().on_step_done(plan, now, steps_done)
+        for req in self._first_pending:  # TTFT decomposition: transfer, then decode admission + step
+            req.first_token_s = now
+            req.ttft_kv_transfer_s = req.transfer_end_s - req.transfer_start_s
+            req.ttft_decode_s = now - req.transfer_end_s
+        self._first_pending = []
+        return finished
 
     def add_transferred(self, req: Request) -> None:
         req.kv_ready = True
@@ -73,6 +117,10 @@ class DecodeScheduler(ChunkedScheduler):
         self.waiting.append(req)
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
+        first = bool(req.handoff_blocks) and self.first_token_on_decode
+        self._admitted_first.append(first)
+        if first:
+            self._first_pending.append(req)
         if req.handoff_blocks:
             req.decode_wait_s = now - req.transfer_end_s
             # rounds before this one that could not admit it (full batch or KV): backpressure

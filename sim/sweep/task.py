@@ -17,7 +17,6 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict
-from sim.policies import get_policy
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,9 @@ class Task:
 
 
 def num_replicas(s: Scenario) -> int:
-    if get_policy(s.engine.policy).pools:
-        d = s.disaggregation
-        return (d.prefill.replicas + d.decode.replicas) if d is not None else 2
-    return s.cluster.replicas
+    from sim.topology import layout_for
+
+    return layout_for(s).num_replicas
 
 
 def utilization(steps_duration_s: np.ndarray, steps_start_s: np.ndarray, replicas: int) -> float:
