@@ -13,6 +13,9 @@ instance loads the external KV for all prompt tokens but the last and recomputes
 (vLLM ``Scheduler._update_waiting_for_remote_kv`` keeps ``num_computed_tokens`` below the
 prompt length), so its first step with the request samples token 1 and it produces all
 ``output_tokens``: a decode step with the prompt's last token as its query.
+NOTE: the KV is pushed as soon as the prefill ends and the decode replica then admits the
+request when blocks are free; vLLM's decode instance first allocates blocks, then pulls the
+KV. Without decode-side KV pressure the two orders give the same times.
 """
 
 from __future__ import annotations

@@ -68,8 +68,10 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
         page.chart(charts.decomposition_chart(pl.concat(dec), "TTFT decomposition: requests near the median vs "
                                                               "the slowest 1%"))
         page.paragraph("Parts add up exactly to each request's TTFT (requests.parquet columns ttft_*_s). With "
-                       "disaggregation the KV transfer follows the first token and shows in the second token's "
-                       "gap (column kv_transfer_s).", cls="note")
+                       "disaggregation and first_token: decode (vLLM P/D, the default) the KV transfer and the "
+                       "decode replica's first step are parts of TTFT; with first_token: prefill (DistServe) the "
+                       "transfer follows the first token and shows in the second token's gap (column "
+                       "kv_transfer_s).", cls="note")
 
     page.heading("Scenario")
     diffs = scenario_differences(runs)
