@@ -99,26 +99,33 @@ class PrefixTree:
         """Tokens of the longest prefix of the prompt in the tree (touches the matched nodes)."""
         nodes, hit = self._nodes, 0
         while hit < len(chain) and chain[hit] in nodes:
-            nodes.move_to_end(chain[hit])
             hit += 1
+        self._touch(chain[:hit])
         return min(hit * block_tokens, prompt_tokens)
+
+    def _touch(self, path: list) -> None:
+        """Mark a root-to-leaf path used, the leaf least recent: eviction takes leaves before
+        their ancestors (as SGLang's tree evicts leaves), so a kept node's prefix is kept."""
+        for key in reversed(path):
+            self._nodes.move_to_end(key)
 
     def insert(self, req: Request, chain: list, block_tokens: int) -> None:
         nodes = self._nodes
-        covered = 0
+        covered, path = 0, []
+        if req.prompt_tokens > min(len(chain) * block_tokens, req.prompt_tokens):
+            # a leaf of tokens no other prompt shares (after the last full hash block)
+            nodes[("req", req.request_id)] = req.prompt_tokens - len(chain) * block_tokens
+            self.num_tokens += req.prompt_tokens - len(chain) * block_tokens
         for key in chain:
             n = min(block_tokens, req.prompt_tokens - covered)
             if n <= 0:
                 break
             covered += n
-            if key in nodes:
-                nodes.move_to_end(key)
-            else:
+            path.append(key)
+            if key not in nodes:
                 nodes[key] = n
                 self.num_tokens += n
-        if req.prompt_tokens > covered:  # a leaf of tokens no other prompt shares
-            nodes[("req", req.request_id)] = req.prompt_tokens - covered
-            self.num_tokens += req.prompt_tokens - covered
+        self._touch(path)
         while self.num_tokens > self.max_tokens and nodes:
             _, n = nodes.popitem(last=False)
             self.num_tokens -= n
