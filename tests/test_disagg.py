@@ -6,6 +6,7 @@ import pytest
 
 from sim.batch import Batch
 from sim.cluster import simulate
+from sim.cost.runs import RunCost
 from sim.kv import KVBlockManager
 from sim.metrics import itl_samples
 from sim.policies import EngineLimits
@@ -22,8 +23,8 @@ KV_BYTES = 1000.0     # per prompt token: a 1,000-token prompt is 1e6 bytes
 
 
 class ConstantCost:
-    def run_durations_s(self, batch: Batch):
-        return STEP_S, STEP_S
+    def run_cost(self, batch: Batch) -> RunCost:
+        return RunCost(STEP_S, STEP_S, batch.num_steps, False, False)
 
     def overhead_s(self, num_seqs: int) -> float:
         return 0.0
