@@ -70,7 +70,8 @@ def test_compare_validates_every_policy_before_running_any(tmp_path):
     p = simsrv("compare", s, "--chunk", "0", "--out", tmp_path / "a")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "policy chunked" in p.stderr
     assert not (tmp_path / "a").exists()
-    raw = small_scenario(model="llama-3-70b", cluster={"tensor_parallel_size": 4})
+    raw = small_scenario(model="llama-3-70b", cluster={"tensor_parallel_size": 4},
+                         disaggregation={"prefill": {"tensor_parallel_size": 1}})  # pools default to TP 4
     s.write_text(yaml.safe_dump(raw))
     p = simsrv("compare", s, "--out", tmp_path / "b")
     assert p.returncode == 2 and "policy disaggregated: disaggregation.prefill" in p.stderr
