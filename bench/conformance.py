@@ -200,7 +200,7 @@ class VllmSide:
 # -- simsrv's side --------------------------------------------------------------------------------
 class SimSide:
     def __init__(self, case: Case):
-        from sim.kv import KVBlockManager
+        from sim.core.kv import KVBlockManager
         from sim.policies.base import EngineLimits
         from sim.policies.chunked import ChunkedScheduler
 
@@ -213,7 +213,7 @@ class SimSide:
     def add(self, rid: int, step: int) -> None:
         import numpy as np
 
-        from sim.request import Request
+        from sim.core.request import Request
 
         _, prompt, out, hashes = self.case.requests[rid]
         r = Request(rid, float(step), prompt, out)

@@ -19,7 +19,7 @@ import time
 def one(policy: str, chunk: int, n: int, rate: float, replicas: int, cost_model: str) -> dict:
     from sim.run import run_scenario
     from sim.scenario import scenario_from_dict
-    from sim.summary import summarize
+    from sim.analysis.summary import summarize
 
     raw = {
         "name": "bench", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "cost_model": cost_model},

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sim/, not an installed one
 
 from sim.reporting.validate_page import summary_lines
-from sim.validate import fmt_value, run_validation
+from sim.analysis.validate import fmt_value, run_validation
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-from sim.cli import main
+from sim.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from sim.cluster import simulate
-from sim.deployment import Deployment
-from sim.metrics import request_metrics
+from sim.engine.cluster import simulate
+from sim.engine.deployment import Deployment
+from sim.analysis.metrics import request_metrics
 from sim.scenario import Scenario
-from sim.topology import layout_for
-from sim.ttft import TTFT_PARTS
+from sim.engine.topology import layout_for
+from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 
 
@@ -31,10 +31,10 @@ class RunResult:
     schedulers: list = field(default_factory=list)
     itl_adjust: list[tuple[float, float]] = field(default_factory=list)
     transfers: dict = field(default_factory=dict)   # disaggregated: KV transfers' bytes and count
-    # engine steps run at shapes outside a calibrated table, per replica index (sim/recorder.py)
+    # engine steps run at shapes outside a calibrated table, per replica index (sim/engine/recorder.py)
     extrapolated_steps: dict[int, int] = field(default_factory=dict)
     lm_head_extrapolated: bool = False
-    layout: object = None                            # sim.topology layout: pools, GPUs, replicas
+    layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
 
     @property
     def peak_kv_usage(self) -> float:
@@ -76,7 +76,7 @@ def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None
 
     The cyclic garbage collector is paused meanwhile: the run builds millions of acyclic
     objects, and each full collection would rescan all live requests and step records (25-30%
-    of the wall time at 100k requests; see sim/cluster.py and bench/README.md)."""
+    of the wall time at 100k requests; see sim/engine/cluster.py and bench/README.md)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -76,7 +76,7 @@ class Hardware(_Strict):
 
 
 class CacheAwareRouting(_Strict):
-    """``cluster.router: cache_aware`` thresholds (sim/router.py ``CacheAware``; defaults are
+    """``cluster.router: cache_aware`` thresholds (sim/engine/router.py ``CacheAware``; defaults are
     SGLang router's)."""
 
     cache_threshold: float = Field(0.3, ge=0, le=1)       # prefix match share to follow the cache

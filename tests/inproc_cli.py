@@ -1,4 +1,4 @@
-"""``simsrv`` called in-process (``sim.cli.main(argv)``), its outcome classified as the black-box
+"""``simsrv`` called in-process (``sim.cli.app.main(argv)``), its outcome classified as the black-box
 fuzzers do: fast enough to run hundreds of cases in a test, with no subprocess per case."""
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ class Outcome:
 
 def simsrv(*args) -> Outcome:
     """Run ``simsrv ARGS`` in this process; never raises."""
-    import sim.cli as cli
+    import sim.cli.app as cli
 
     cli._verbose["on"] = False
     err, out = io.StringIO(), io.StringIO()
     code: int | str = 0
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), warnings.catch_warnings():
         warnings.simplefilter("default")
-        import sim.cli_trace
+        import sim.cli.trace
 
-        warnings.showwarning = sim.cli_trace._show_trace_warning  # as the CLI shows them (pytest replaces it)
+        warnings.showwarning = sim.cli.trace._show_trace_warning  # as the CLI shows them (pytest replaces it)
         saved_argv = sys.argv
         sys.argv = ["simsrv", *map(str, args)]
         try:

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 import yaml
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.calibration import describe, load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.cost.validate import cross_source_gemm, heldout_table
@@ -154,7 +154,7 @@ def test_result_reports_cost_model_and_engine_overrides(tmp_path):
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["simsrv_cost_model"].startswith("calibrated (a100-80g): gemm, attn_prefill, attn_decode")
     assert res["simsrv_extrapolated_steps"] == 0
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
     from sim.scenario import load_scenario
     dep = build_deployment(load_scenario(tmp_path / "s.yaml", []))
     eng = dep.cost.engine

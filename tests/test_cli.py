@@ -63,7 +63,7 @@ def test_explain_json_keys():
         "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens", "max_seqs_at_context",
         "ridge_flops_per_byte", "prefill_intensity_flops_per_byte", "decode_intensity_flops_per_byte",
         "decode_step_floor_ms", "prefill_floor_ms"]
-    from sim.explain import EXPLAIN_KEYS
+    from sim.analysis.explain import EXPLAIN_KEYS
 
     assert tuple(keys) == EXPLAIN_KEYS  # issue 11's figures follow (README "explain")
 

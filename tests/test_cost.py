@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.roofline import OPS, RooflineCostModel
 from sim.hardware import get_gpu
 from sim.models import get_model

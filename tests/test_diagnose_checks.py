@@ -3,8 +3,8 @@ timestamp grid detected, prefix reuse the cache missed, fixes ranked per GPU add
 
 import numpy as np
 
-from sim.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, timestamp_grid
-from sim.diagnose_fixes import Candidate, rank
+from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, timestamp_grid
+from sim.analysis.diagnose_fixes import Candidate, rank
 from sim.scenario import scenario_from_dict
 from sim.workload import RequestArrays
 from tests.conftest import small_scenario

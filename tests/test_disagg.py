@@ -4,18 +4,18 @@ decode side's NIC, layer-wise transfer; figures computed by hand."""
 import numpy as np
 import pytest
 
-from sim.batch import Batch
-from sim.cluster import simulate
+from sim.core.batch import Batch
+from sim.engine.cluster import simulate
 from sim.cost.runs import RunCost
-from sim.kv import KVBlockManager
-from sim.metrics import itl_samples
+from sim.core.kv import KVBlockManager
+from sim.analysis.metrics import itl_samples
 from sim.policies import EngineLimits
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
-from sim.router import make_router
+from sim.engine.router import make_router
 from sim.scenario import scenario_from_dict
-from sim.topology import Disaggregated, Links, layout_for
-from sim.transfer import LinkNetwork, layerwise_presend_bytes
-from sim.ttft import TTFT_PARTS
+from sim.engine.topology import Disaggregated, Links, layout_for
+from sim.engine.link import LinkNetwork, layerwise_presend_bytes
+from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays
 
 STEP_S = 0.010        # every step, prefill or decode, takes 10 ms

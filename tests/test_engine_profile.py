@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.engine_fit import fit_cpu_profile
 from sim.cost.engine_profile import get_profile
-from sim.deployment import build_deployment
+from sim.engine.deployment import build_deployment
 from sim.errors import UserError
 from sim.scenario import scenario_from_dict
 from tests.conftest import ROOT, small_scenario
@@ -83,7 +83,7 @@ def test_profiles_order_decode_cost_like_the_engines():
 
 def test_result_json_flags_batches_outside_the_measured_range():
     from sim.run import run_scenario
-    from sim.summary import summarize
+    from sim.analysis.summary import summarize
 
     def run(profile):
         raw = small_scenario(engine={"profile": profile, "policy": "chunked", "max_num_batched_tokens": 512})

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.deployment import build_deployment
-from sim.explain import EXPLAIN_KEYS, explain
+from sim.engine.deployment import build_deployment
+from sim.analysis.explain import EXPLAIN_KEYS, explain
 from sim.scenario import scenario_from_dict
 from tests.conftest import small_scenario
 

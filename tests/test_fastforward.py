@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.calibration import load_calibration
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.runs import RUN_REL_TOL
@@ -20,7 +20,7 @@ from sim.hardware import get_gpu
 from sim.models import get_model
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 from sim.workload.arrays import RequestArrays
 
 METRICS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "p50", "p90", "p99")]
@@ -167,7 +167,7 @@ def test_step_path_does_not_import_the_fitter():
     import subprocess
     import sys
 
-    code = ("import sys, sim.cluster, sim.cost.roofline, sim.run; "
+    code = ("import sys, sim.engine.cluster, sim.cost.roofline, sim.run; "
             "print('sim.cost.fit' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

@@ -57,7 +57,7 @@ def _scn(hardware):
 
 
 def test_inline_gpu_and_cap_reach_the_deployment():
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
 
     s = _scn({"custom": {"based_on": "h100-sxm", "name": "h100-64g", "memory_bytes": 64 * 2**30},
               "flops_factor": 0.5, "bandwidth_factor": 0.8})
@@ -73,7 +73,7 @@ def test_inline_gpu_and_cap_reach_the_deployment():
 
 
 def test_inline_gpu_errors_are_one_line():
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
 
     with pytest.raises(UserError, match="hardware.custom: missing bf16_flops_per_s, hbm_bw_bytes_per_s"):
         build_deployment(_scn({"custom": {"name": "x", "memory_bytes": 1e9}}))

@@ -92,7 +92,7 @@ def test_every_float_key_refuses_nan_and_inf():
 # ---- lengths vLLM would refuse -----------------------------------------------------------
 
 def test_max_model_len_above_context_needs_the_explicit_key():
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
 
     over = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 512, "max_model_len": 100_000})
     with pytest.raises(UserError, match="allow_long_max_model_len"):
@@ -102,7 +102,7 @@ def test_max_model_len_above_context_needs_the_explicit_key():
 
 
 def test_continuous_fails_a_prompt_above_the_budget_as_vllm(tmp_path):
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
     from sim.run import run_scenario
 
     over = small_scenario(engine={"policy": "continuous", "max_num_batched_tokens": 2048})
@@ -163,12 +163,12 @@ def test_ctrl_c_in_run_exits_130_with_one_line(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_in_compare_exits_130_with_one_line(tmp_path, monkeypatch):
-    import sim.compare
+    import sim.analysis.compare
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.compare, "run_compare", interrupted)
+    monkeypatch.setattr(sim.analysis.compare, "run_compare", interrupted)
     o = simsrv("compare", BATCHING, *SMALL, "--out", tmp_path / "o")
     assert o.code == 130 and len(o.lines) == 1 and "interrupted" in o.lines[0], (o.code, o.stderr)
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.metrics import itl_samples, request_metrics, weighted_stats
+from sim.analysis.metrics import itl_samples, request_metrics, weighted_stats
 
 
 @settings(max_examples=200, deadline=None)

@@ -3,12 +3,12 @@ time and send/recv, expert-parallel MoE cost, checked against figures computed b
 
 import pytest
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.pipeline import PipelineCostModel, split_batch
 from sim.cost.roofline import RooflineCostModel
-from sim.deployment import build_deployment
+from sim.engine.deployment import build_deployment
 from sim.errors import UserError
-from sim.explain import explain
+from sim.analysis.explain import explain
 from sim.hardware import get_gpu
 from sim.memory import plan_memory, stage_layers
 from sim.models import get_model
@@ -88,7 +88,7 @@ def test_split_batch_keeps_every_token():
 def test_pp_errors_and_gpu_count():
     with pytest.raises(UserError, match="pipeline_parallel_size: 81 stages"):
         build_deployment(_scn("llama-3.1-70b", pipeline_parallel_size=81))
-    from sim.summary import num_gpus
+    from sim.analysis.summary import num_gpus
 
     assert num_gpus(_scn("llama-3.1-70b", replicas=2, tensor_parallel_size=4, pipeline_parallel_size=2)) == 16
 

@@ -4,13 +4,13 @@ and a magnitude justified from first principles in each docstring (issue 4)."""
 import polars as pl
 import pytest
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import get_gpu
 from sim.models import get_model
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 from tests.conftest import ROOT
 
 

@@ -3,7 +3,7 @@ skinny GEMM waves, launch floors and carried calibrations, explain reading the c
 
 import pytest
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.calibration import load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.hardware import get_gpu
@@ -29,7 +29,7 @@ def test_a100_skinny_gemm_is_not_padded_into_compute():
 # -- weight quantization ---------------------------------------------------------------------------
 
 def _dep(model="llama-3-8b", gpu="h100-sxm", tp=1, **engine):
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
     from sim.scenario import scenario_from_dict
     from tests.conftest import small_scenario
     return build_deployment(scenario_from_dict(small_scenario(
@@ -124,7 +124,7 @@ def test_explain_floors_are_the_cost_models():
     """The prefill floor counts the LM head on the one sampled position (the old hand formula
     counted it on every prompt token: +14.5% at 2,048 tokens), and the linear layers at 2 FLOPs
     per weight per token; quantized weights show in weight bytes and the decode floor."""
-    from sim.explain import EXPLAIN_KEYS, explain
+    from sim.analysis.explain import EXPLAIN_KEYS, explain
     m, g = get_model("llama-3-8b"), get_gpu("h100-sxm")
     n = 2048
     e = explain(_dep(), context_tokens=n, batch=1)

@@ -1,11 +1,11 @@
 """Schedulers driven by hand through schedule() / on_step_done(), without SimPy."""
 import pytest
 
-from sim.kv import KVBlockManager
+from sim.core.kv import KVBlockManager
 from sim.policies import EngineLimits
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
-from sim.request import Request
+from sim.core.request import Request
 
 
 def _sched(cls, blocks=1000, bs=16, **limits):
@@ -174,7 +174,7 @@ def test_swap_preemption_keeps_kv_and_skips_recompute():
 
 
 def test_prefix_cache_hit_skips_cached_blocks():
-    from sim.kv import KVBlockManager
+    from sim.core.kv import KVBlockManager
     import numpy as np
 
     s = ChunkedScheduler(EngineLimits(max_num_batched_tokens=4096), KVBlockManager(1000, 16, True))
@@ -192,7 +192,7 @@ def test_prefix_cache_hit_skips_cached_blocks():
 
 
 def test_prefix_cache_evicts_lru_only_when_needed():
-    from sim.kv import KVBlockManager
+    from sim.core.kv import KVBlockManager
     import numpy as np
 
     kv = KVBlockManager(10, 16, True)
@@ -226,7 +226,7 @@ def test_prefill_replica_holds_kv_until_decode_admits():
 
 
 def test_shared_link_splits_bandwidth_between_concurrent_transfers():
-    from sim.transfer import SharedLink
+    from sim.engine.link import SharedLink
 
     link = SharedLink(100.0, 0.5)  # 100 bytes/s
     link.start("a", 100.0, 0.0)

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from sim.compare import parse_policies
+from sim.analysis.compare import parse_policies
 from sim.errors import UserError
-from sim.notes import notes_for
+from sim.analysis.notes import notes_for
 from sim.policies import get_policy, policy_names, registry
 from sim.policies.continuous import ContinuousScheduler
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 from tests.conftest import small_scenario
 
 

@@ -5,19 +5,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import get_gpu
-from sim.kv import KVBlockManager
-from sim.metrics import itl_samples, request_metrics
+from sim.core.kv import KVBlockManager
+from sim.analysis.metrics import itl_samples, request_metrics
 from sim.models import get_model
 from sim.policies import POLICIES, EngineLimits
 from sim.policies.decode_set import DecodeSet
-from sim.request import Request
-from sim.router import make_router
+from sim.core.request import Request
+from sim.engine.router import make_router
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
-from sim.topology import Disaggregated, Links
-from sim.ttft import TTFT_PARTS
+from sim.engine.topology import Disaggregated, Links
+from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays
 
 COST = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), 1)

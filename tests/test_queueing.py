@@ -4,13 +4,13 @@ M/D/1 queue, whose mean wait is rho * D / (2 * (1 - rho)) (Pollaczek-Khinchine f
 import numpy as np
 import pytest
 
-from sim.batch import Batch
-from sim.cluster import simulate
+from sim.core.batch import Batch
+from sim.engine.cluster import simulate
 from sim.cost.runs import RunCost
-from sim.kv import KVBlockManager
+from sim.core.kv import KVBlockManager
 from sim.policies import EngineLimits
 from sim.policies.continuous import ContinuousScheduler
-from sim.router import make_router
+from sim.engine.router import make_router
 from sim.workload.arrays import RequestArrays
 from sim.workload.synthetic import arrival_times_s
 

@@ -116,7 +116,7 @@ def test_diagnose_bursty_trace_is_queueing(bursty):
     in half a second needs 25 x ~170 ms = 4 s of prefill, so the last of a burst waits seconds:
     p99 TTFT > 2 s with prompt lengths explaining only a p99/p50 of ~2. The cure is capacity
     (or chunked prefill), not shorter prompts."""
-    from sim.diagnose import diagnose
+    from sim.analysis.diagnose import diagnose
 
     d = diagnose(bursty / "bursty.parquet", bursty / "deploy.yaml")
     s = d.summary

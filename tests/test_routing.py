@@ -4,11 +4,11 @@ load, a seeded random router, and the measured claim on a shared-prefix workload
 import numpy as np
 import pytest
 
-from sim.request import Request
-from sim.router import CacheAware, PrefixTree, make_router
+from sim.core.request import Request
+from sim.engine.router import CacheAware, PrefixTree, make_router
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 
 
 class Replica:  # what a router reads of a scheduler

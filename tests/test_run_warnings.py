@@ -9,9 +9,9 @@ import polars as pl
 import yaml
 
 from sim.run import run_scenario
-from sim.run_warnings import failure_kinds
+from sim.analysis.run_warnings import failure_kinds
 from sim.scenario import scenario_from_dict
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 from tests.conftest import ROOT, small_scenario
 
 

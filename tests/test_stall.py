@@ -3,9 +3,9 @@
 import simpy
 import pytest
 
-from sim import cluster
+from sim.engine import cluster
 from sim.errors import SimulationStalled
-from sim.transfer import SharedLink
+from sim.engine.link import SharedLink
 
 
 @pytest.mark.parametrize("bandwidth_bytes_per_s", [50e9, 7e14, 1e18])

@@ -37,9 +37,9 @@ def test_stream_refuses_disorder_across_chunks(tmp_path):
 
 
 def test_simulation_of_stream_equals_whole(root):
-    from sim.cluster import simulate
-    from sim.deployment import build_deployment
-    from sim.router import make_router
+    from sim.engine.cluster import simulate
+    from sim.engine.deployment import build_deployment
+    from sim.engine.router import make_router
     from sim.scenario import load_scenario
 
     s = load_scenario(root / "scenarios" / "trace_vidur.yaml")

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from sim.kv import KVBlockManager
+from sim.core.kv import KVBlockManager
 from sim.policies.base import EngineLimits
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
-from sim.request import Request
+from sim.core.request import Request
 
 
 def _req(i, prompt, out, t=0.0):

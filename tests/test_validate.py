@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from sim.errors import UserError
-from sim.validate import load_rows, run_validation, summarize_rows, to_json
+from sim.analysis.validate import load_rows, run_validation, summarize_rows, to_json
 from tests.test_cli import simsrv
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.roofline import OPS, StepCost
 from sim.cost.runs import RunCost
 from sim.memory import stage_layers

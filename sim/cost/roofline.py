@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration

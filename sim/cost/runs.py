@@ -1,6 +1,6 @@
 """Costing a fast-forwarded run of identical decode steps: its affine pieces.
 
-Why: the simulator advances a run of k decode steps in one event (sim/cluster.py), charging
+Why: the simulator advances a run of k decode steps in one event (sim/engine/cluster.py), charging
 steps evenly spaced from the first step's time to the last's. That is exact only where a
 step's time is affine in its index. Every operator of a decode step is fixed by the batch
 except decode attention, whose cost follows the context, which grows by one token per

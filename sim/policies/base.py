@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sim.batch import Batch
-from sim.kv import KVBlockManager, blocks_for
+from sim.core.batch import Batch
+from sim.core.kv import KVBlockManager, blocks_for
 from sim.policies.decode_set import DecodeSet
-from sim.request import Request
-from sim.ttft import WaitClocks
+from sim.core.request import Request
+from sim.core.ttft import WaitClocks
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Scheduler:
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
         self._swap_blocks = 0
         self.num_schedules = 0               # scheduling rounds so far
-        self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/ttft.py)
+        self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/core/ttft.py)
         self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import heapq
 
-from sim.kv import blocks_for
-from sim.request import Request
+from sim.core.kv import blocks_for
+from sim.core.request import Request
 
 
 class DecodeSet:

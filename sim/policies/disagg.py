@@ -23,11 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sim.kv import blocks_for
+from sim.core.kv import blocks_for
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
 from sim.policies.registry import PolicySpec, register
-from sim.request import Request
+from sim.core.request import Request
 
 
 class PrefillScheduler(ContinuousScheduler):
@@ -99,7 +99,7 @@ class DecodeScheduler(ChunkedScheduler):
         plan = super().schedule(now)
         if plan is not None and any(self._admitted_first):
             # their first token ends this (single) step: TTFT, not an inter-token gap (a nan
-            # gap removes the step's ITL sample, sim/metrics.py itl_samples)
+            # gap removes the step's ITL sample, sim/analysis/metrics.py itl_samples)
             plan.ready_gaps_s = [math.nan if first else g for g, first in zip(plan.ready_gaps_s, self._admitted_first)]
         return plan
 
@@ -132,5 +132,5 @@ class DecodeScheduler(ChunkedScheduler):
 
 
 register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
-                    None, ("sim.policies.disagg", "sim.topology", "sim.transfer", "sim.policies.continuous", "sim.policies.chunked"),
+                    None, ("sim.policies.disagg", "sim.engine.topology", "sim.engine.link", "sim.policies.continuous", "sim.policies.chunked"),
                     pools=True, order=3))

@@ -10,7 +10,7 @@ NOTE: vLLM has no static batching; this policy is a baseline, not a vLLM mode.
 
 from __future__ import annotations
 
-from sim.kv import blocks_for
+from sim.core.kv import blocks_for
 from sim.policies.base import Scheduler, StepPlan
 from sim.policies.registry import PolicySpec, register
 

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from sim.reporting.html import PAGE_CHART_WIDTH
-from sim.ttft import TTFT_PARTS
+from sim.core.ttft import TTFT_PARTS
 
 CDF_POINTS = 200
 TIME_BINS = 240

@@ -8,7 +8,7 @@ import altair as alt
 import polars as pl
 import yaml
 
-from sim.notes import notes_for
+from sim.analysis.notes import notes_for
 from sim.reporting import charts
 from sim.reporting.html import Page
 from sim.reporting.metrics_table import metrics_table

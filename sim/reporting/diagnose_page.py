@@ -16,7 +16,7 @@ MAX_TAIL_MARKS = 200
 
 
 def build_diagnose_page(d, run_dir) -> Page:
-    """``d``: a ``sim.diagnose.Diagnosis``; ``run_dir``: where the baseline run was written."""
+    """``d``: a ``sim.analysis.diagnose.Diagnosis``; ``run_dir``: where the baseline run was written."""
     page = Page(f"simsrv diagnose: {d.scenario.name}: {d.summary['model_id']} on {d.summary['simsrv_num_gpus']} x "
                 f"{d.summary['simsrv_gpu']}")
     page.heading("Diagnosis")

@@ -9,7 +9,7 @@ import polars as pl
 import yaml
 
 from sim.reporting.html import Page
-from sim.validate import Row, fmt_value, not_reproduced, summarize_rows
+from sim.analysis.validate import Row, fmt_value, not_reproduced, summarize_rows
 
 
 def _pct(v) -> str:

@@ -34,7 +34,7 @@ class Task:
 
 
 def num_replicas(s: Scenario) -> int:
-    from sim.topology import layout_for
+    from sim.engine.topology import layout_for
 
     return layout_for(s).num_replicas
 
@@ -69,7 +69,7 @@ def run_task(task: Task) -> dict[str, Any]:
     """Simulate one (point, seed); a ``UserError`` (a model that does not fit, a missing trace)
     becomes the row's ``error`` so one bad configuration does not stop a sweep."""
     from sim.run import run_scenario
-    from sim.summary import summarize
+    from sim.analysis.summary import summarize
 
     row: dict[str, Any] = {"point_id": task.point_id, "point": task.point, "seed": task.seed, **task.tags}
     try:

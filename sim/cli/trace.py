@@ -70,7 +70,7 @@ def inspect(
                     None, 0)
     stats = trace_stats(file, opts)
     if html_out is not None:
-        from sim.trace_report import write_trace_html
+        from sim.analysis.trace_report import write_trace_html
 
         write_trace_html(stats, html_out)
     if as_json:
@@ -79,7 +79,7 @@ def inspect(
     t = Table(title=f"{file}")
     t.add_column("figure")
     t.add_column("value", justify="right")
-    from sim.trace_report import CHARTS, _fmt
+    from sim.analysis.trace_report import CHARTS, _fmt
 
     for k, v in stats.items():
         if k in (*CHARTS, "file", "notes"):

@@ -6,7 +6,7 @@ decode steps is interrupted by an arrival and cut at the step boundary after it,
 engine would let the new request in. The cost model may cover only a run's first steps (one
 piece along which step times follow a smooth curve: ``sim/cost/runs.py``); the replica runs
 those and plans again, so a run costs what its steps cost one at a time. Disaggregation is a
-topology (sim/topology.py), not a mode inside one scheduler.
+topology (sim/engine/topology.py), not a mode inside one scheduler.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import simpy
 from sim.cost.runs import run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
-from sim.recorder import Recorder
-from sim.request import Request
-from sim.router import RouterFn
-from sim.ttft import SoloPrefill, account_step
+from sim.engine.recorder import Recorder
+from sim.core.request import Request
+from sim.engine.router import RouterFn
+from sim.core.ttft import SoloPrefill, account_step
 from sim.workload.arrays import RequestArrays
 
 

@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
-from sim.run_warnings import failure_kinds, run_warnings
+from sim.analysis.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
+from sim.analysis.run_warnings import failure_kinds, run_warnings
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -63,7 +63,7 @@ def _outside(costs) -> list | None:
 
 def num_gpus(s) -> int:
     """GPUs the deployment uses: replicas x TP, or both pools when disaggregated."""
-    from sim.topology import layout_for
+    from sim.engine.topology import layout_for
 
     return layout_for(s).num_gpus
 

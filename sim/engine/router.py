@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from sim.policies.base import Scheduler
-from sim.request import Request
+from sim.core.request import Request
 from sim.scenario import CacheAwareRouting
 
 RouterFn = Callable[[Request, Sequence[Scheduler]], int]
@@ -83,7 +83,7 @@ class PrefixTree:
     """The router's approximate prefix tree of one replica: which prompt prefixes it sent there.
 
     A node is a prefix ending at a hash block (the trace's ``hash_ids``, chained as in
-    ``sim.kv.prefix_keys``), so a dict keyed by the chain hash is a radix tree at hash-block
+    ``sim.core.kv.prefix_keys``), so a dict keyed by the chain hash is a radix tree at hash-block
     granularity; the tokens after the last full hash block and prompts without hash ids are
     unique leaves. Least recently matched or inserted prefixes are evicted when the tree holds
     more than ``max_tokens`` tokens (NOTE: SGLang evicts to ``max_tree_size`` every

@@ -7,7 +7,7 @@ run, summary, sweep and diagnose never test the policy's name.
 
 Disaggregated wiring: prefill replicas run prompts; each request's KV (prompt tokens x KV
 bytes per token) then leaves through its prefill replica's NIC and enters through its decode
-replica's NIC, both shared by concurrent transfers (sim/transfer.py); a decode replica admits
+replica's NIC, both shared by concurrent transfers (sim/engine/link.py); a decode replica admits
 the request only when its KV has arrived and blocks are free, and only then does the prefill
 replica release its copy. ``first_token: prefill`` (DistServe's convention) emits the first
 token at the end of the prefill; ``first_token: decode`` (vLLM's P/D serving: a proxy sends
@@ -23,15 +23,15 @@ from dataclasses import replace
 
 import simpy
 
-from sim.cluster import Colocated, Replica
-from sim.deployment import Deployment, build_deployment
+from sim.engine.cluster import Colocated, Replica
+from sim.engine.deployment import Deployment, build_deployment
 from sim.policies import get_policy
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
-from sim.recorder import Recorder
-from sim.request import Request
-from sim.router import RouterFn, least_outstanding, make_router
+from sim.engine.recorder import Recorder
+from sim.core.request import Request
+from sim.engine.router import RouterFn, least_outstanding, make_router
 from sim.scenario import Disaggregation, Scenario
-from sim.transfer import LinkNetwork, layerwise_presend_bytes
+from sim.engine.link import LinkNetwork, layerwise_presend_bytes
 
 
 def _capped(dep: Deployment, max_run_steps: int | None) -> Deployment:

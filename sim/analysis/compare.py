@@ -17,7 +17,7 @@ from sim.reporting.compare_page import build_compare_page
 from sim.reporting.rundata import load_run
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.summary import summarize
+from sim.analysis.summary import summarize
 
 
 def parse_policies(text: str) -> list[str]:
@@ -50,7 +50,7 @@ def policy_scenarios(scenario_path: Path, policies: list[str], chunk: int | None
 
 def check_deployment(s) -> None:
     """Build the deployment(s) a run of ``s`` would use (the model must fit, TP must divide...)."""
-    from sim.deployment import build_deployment
+    from sim.engine.deployment import build_deployment
     from sim.scenario import Disaggregation
 
     if get_policy(s.engine.policy).pools:

@@ -67,7 +67,7 @@ class Request:
         self.hash_block_size = 16
         self.prefix_keys = None
         self.prefix_hit_tokens = 0
-        # TTFT decomposition (sim/ttft.py): parts that add up to first_token_s - arrival_s
+        # TTFT decomposition (sim/core/ttft.py): parts that add up to first_token_s - arrival_s
         self.wait_mark_batch_s = 0.0
         self.wait_mark_kv_s = 0.0
         self.preempt_start_s = NAN

@@ -1,4 +1,4 @@
-"""``simsrv calibrate`` and ``simsrv profile`` (registered in ``sim/cli.py``)."""
+"""``simsrv calibrate`` and ``simsrv profile`` (registered in ``sim/cli/app.py``)."""
 
 from __future__ import annotations
 

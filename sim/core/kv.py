@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.request import Request
+from sim.core.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

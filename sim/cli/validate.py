@@ -22,7 +22,7 @@ def validate(
 ):
     """Simulate each published measurement in validation/ and print measured vs simulated."""
     from sim.reporting.validate_page import build_validate_page, rows_table, summary_lines
-    from sim.validate import run_validation, to_json
+    from sim.analysis.validate import run_validation, to_json
 
     show = err_console.is_terminal and not as_json
     rows = run_validation(case, directory,

@@ -89,7 +89,7 @@ def run(
     from sim.output import check_new_run_dir, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
-    from sim.summary import summarize
+    from sim.analysis.summary import summarize
     from sim.workload import build_workload
     from sim.workload.build import should_stream
 
@@ -142,8 +142,8 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print exactly the documented keys as JSON."),
 ):
     """Roofline and memory arithmetic of the deployment, per GPU."""
-    from sim.deployment import build_deployment
-    from sim.explain import explain as explain_fn
+    from sim.engine.deployment import build_deployment
+    from sim.analysis.explain import explain as explain_fn
     from sim.scenario import load_scenario
 
     if context < 1 or batch < 1:
@@ -165,25 +165,25 @@ def explain(
     out_console.print(f"cost model: {describe(dep.cost.calibration, dep.cost.carried_from)}")
 
 
-from sim.cli_kernels import calibrate, profile  # noqa: E402
+from sim.cli.kernels import calibrate, profile  # noqa: E402
 
 app.command("calibrate")(calibrate)
 app.command("profile")(profile)
 
-from sim.cli_trace import trace_app  # noqa: E402
+from sim.cli.trace import trace_app  # noqa: E402
 
 app.add_typer(trace_app, name="trace")
 
-from sim.cli_sweep import capacity, sweep  # noqa: E402
+from sim.cli.sweep import capacity, sweep  # noqa: E402
 
 app.command("sweep")(sweep)
 app.command("capacity")(capacity)
 
-from sim.cli_validate import validate  # noqa: E402
+from sim.cli.validate import validate  # noqa: E402
 
 app.command("validate")(validate)
 
-from sim.cli_report import register as register_reports  # noqa: E402
+from sim.cli.report import register as register_reports  # noqa: E402
 
 register_reports(app)
 

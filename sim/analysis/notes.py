@@ -13,8 +13,8 @@ from importlib import resources
 from sim.policies import get_policy
 
 # Modules every run uses; each policy's spec names the modules its runs add.
-ALWAYS = ("sim.memory", "sim.kv", "sim.policies.base", "sim.cost.roofline", "sim.cost.calibration", "sim.cluster",
-          "sim.router", "sim.ttft", "sim.workload.synthetic", "sim.workload.trace")
+ALWAYS = ("sim.memory", "sim.core.kv", "sim.policies.base", "sim.cost.roofline", "sim.cost.calibration", "sim.engine.cluster",
+          "sim.engine.router", "sim.core.ttft", "sim.workload.synthetic", "sim.workload.trace")
 
 _NOTE = re.compile(r"NOTE:\s*(.+)")
 

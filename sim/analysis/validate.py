@@ -28,7 +28,7 @@ DEFAULT_TOLERANCE = {"step": 0.20, "request": 0.25, "ordering": 0.0}
 
 def validation_dir() -> Path:
     """``validation/`` at the repository's top level (next to the ``sim`` package)."""
-    return Path(__file__).resolve().parent.parent / "validation"
+    return Path(__file__).resolve().parents[2] / "validation"
 
 
 @dataclass
@@ -165,7 +165,7 @@ class Runner:
     def summary(self, scen: dict) -> dict:
         from sim.run import run_scenario
         from sim.scenario import scenario_from_dict
-        from sim.summary import summarize
+        from sim.analysis.summary import summarize
 
         key = json.dumps({k: v for k, v in scen.items() if k != "name"}, sort_keys=True, default=str)
         hit = self._runs.get(key)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.batch import Batch
+from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
-from sim.deployment import Deployment
-from sim.kv import blocks_for
+from sim.engine.deployment import Deployment
+from sim.core.kv import blocks_for
 
 EXPLAIN_KEYS = (
     "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",

@@ -18,7 +18,7 @@ import polars as pl
 from sim.run import run_scenario
 from sim.policies import get_policy
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
-from sim.summary import num_gpus
+from sim.analysis.summary import num_gpus
 from sim.workload import RequestArrays
 
 LONG_PROMPT_QUANTILE = 95          # prompts above the 95th percentile go to the long-prompt pool
@@ -49,7 +49,7 @@ class Candidate:
 
 
 def figures(frames: list[pl.DataFrame]) -> dict:
-    """p50/p99 TTFT and p99 TPOT (ms, numpy's linear percentiles as in sim/summary.py) and the
+    """p50/p99 TTFT and p99 TPOT (ms, numpy's linear percentiles as in sim/analysis/summary.py) and the
     failed count over the requests of one or more pools taken together."""
     rq = pl.concat([f.select("status", "ttft_s", "tpot_s") for f in frames])
     done = rq.filter(pl.col("status") == "completed")

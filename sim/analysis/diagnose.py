@@ -1,10 +1,10 @@
 """``simsrv diagnose``: replay a production trace and explain its tail time to first token.
 
 Why: users come with "p99 TTFT is 13x the median" and need the cause and the fix. The cause
-is read from the exact TTFT decomposition of the slowest 1% (sim/ttft.py) and from the
+is read from the exact TTFT decomposition of the slowest 1% (sim/core/ttft.py) and from the
 signature the serving literature uses: a p99/p50 TTFT ratio far above what prompt-length
 variance explains (each prompt's prefill alone) means queueing. Fixes are not guessed: the
-trace's every request is re-run with each candidate change (sim/diagnose_fixes.py) and the
+trace's every request is re-run with each candidate change (sim/analysis/diagnose_fixes.py) and the
 candidates are ranked by p99 TTFT gained per GPU added, then p99 TPOT paid.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from sim.batch import Batch
-from sim.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, setup_sentence
-from sim.diagnose_fixes import Candidate, evaluate
+from sim.core.batch import Batch
+from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, setup_sentence
+from sim.analysis.diagnose_fixes import Candidate, evaluate
 from sim.errors import UserError
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
-from sim.summary import summarize
-from sim.ttft import TTFT_PARTS
+from sim.analysis.summary import summarize
+from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 
 CAUSES = {
@@ -58,7 +58,7 @@ def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) ->
     if scenario_path is not None:
         base = load_scenario(scenario_path, sets)
     else:
-        base = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "chat.yaml", sets)
+        base = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml", sets)
     raw = base.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
     raw["workload"] = {"trace": {"path": str(trace.resolve())}}
     raw["name"] = f"diagnose-{trace.stem}"

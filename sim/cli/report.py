@@ -24,7 +24,7 @@ def compare(
     force: bool = typer.Option(False, "--force", help="Overwrite the run directories if they already exist."),
 ):
     """Same workload and seed through each policy; one self-contained HTML report."""
-    from sim.compare import parse_policies, run_compare
+    from sim.analysis.compare import parse_policies, run_compare
     from sim.scenario import load_scenario
 
     pols = parse_policies(policies)
@@ -68,7 +68,7 @@ def diagnose(
     force: bool = typer.Option(False, "--force", help="Overwrite the output directory's run if it exists."),
 ):
     """Replay a production trace and explain its p99 TTFT: cause, evidence, ranked fixes."""
-    from sim.diagnose import diagnose as run_diagnose
+    from sim.analysis.diagnose import diagnose as run_diagnose
     from sim.output import check_new_run_dir, write_run
     from sim.reporting.diagnose_page import build_diagnose_page
 

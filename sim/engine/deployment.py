@@ -17,7 +17,7 @@ from sim.hardware import GPUSpec, scenario_gpu
 from sim.memory import MemoryPlan, plan_memory
 from sim.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
-from sim.kv import KVBlockManager
+from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
 
 

@@ -1,0 +1,1 @@
+"""Analyses of finished runs: metrics, summaries, diagnosis, comparison, explain, notes."""

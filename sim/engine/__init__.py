@@ -1,0 +1,1 @@
+"""The serving system in SimPy: deployment, replicas and cluster, routers, KV links, step records."""
