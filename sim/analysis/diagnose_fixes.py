@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from sim.run import run_scenario
+from sim.engine.topology import layout_for
 from sim.policies import get_policy
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.analysis.summary import num_gpus
@@ -68,14 +69,6 @@ def with_sets(s: Scenario, sets: list[str], name: str = "candidate") -> Scenario
     return scenario_from_dict(raw, name, s.base_dir)
 
 
-def _add_capacity(s: Scenario) -> tuple[str, list[str]]:
-    if get_policy(s.engine.policy).pools:
-        n = (s.disaggregation.prefill.replicas if s.disaggregation else 1) + 1
-        return f"one more prefill replica ({n})", [f"disaggregation.prefill.replicas={n}"]
-    n = s.cluster.replicas + 1
-    return f"one more replica ({n})", [f"cluster.replicas={n}"]
-
-
 def _pool_sets(s: Scenario, k: int) -> list[str]:
     """A pool of ``k`` replicas like the deployment's (disaggregated: k prefill + 1 decode)."""
     if get_policy(s.engine.policy).pools:
@@ -91,7 +84,7 @@ def whole_trace_candidates(s: Scenario, arrays: RequestArrays, router_hint: bool
         budget = min(e.max_num_batched_tokens, 2048)
         out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
                     ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"]))
-    change, sets = _add_capacity(s)
+    change, sets = layout_for(s).add_capacity()
     out.append((Candidate("add capacity", change), sets))
     if arrays.hash_ids is not None and not e.enable_prefix_caching:
         out.append((Candidate("prefix caching", "engine.enable_prefix_caching=true"),
