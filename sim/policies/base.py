@@ -160,10 +160,7 @@ class Scheduler:
             kv.allocate_blocks(plan.decode_blocks)
             budget -= ds.num_seqs
             for req, n in fast:
-                kv.allocate(req, req.num_computed + n)
-                kv.cache(req, req.num_computed + n)
-                plan.chunks.append((req, n))
-                plan.chunk_contexts.append(req.num_computed)
+                self._run_chunk(plan, req, n)
                 budget -= n
         if plan.preempted:
             self.wait_clocks.kv_blocked = True  # V1 admits nothing in a step that preempted
@@ -195,15 +192,12 @@ class Scheduler:
         if not self.prefilling:
             return [] if blocks <= kv.num_free else None
         bs = kv.block_size
-        thr = self.limits.long_prefill_token_threshold
         tail = reversed(self.running)
         in_order = all(next(tail) in self.prefilling for _ in range(len(self.prefilling)))
         left = budget - ds.num_seqs
         chunks = []
         for req in self.prefilling.values():
-            n = req.prefill_target - req.num_computed
-            if 0 < thr < n:
-                n = thr
+            n = self._chunk_tokens(req.prefill_target - req.num_computed)
             if n > left:
                 if not in_order:
                     return None
@@ -215,12 +209,26 @@ class Scheduler:
             blocks += blocks_for(req.num_computed + n, bs) - req.num_blocks
         return chunks if blocks <= kv.num_free else None
 
+    def _chunk_tokens(self, n: int) -> int:
+        """A prompt's next chunk before the budget: its ``n`` tokens left, capped by
+        ``long_prefill_token_threshold`` (0: no cap), as vLLM V1 takes them for running and
+        waiting requests alike."""
+        thr = self.limits.long_prefill_token_threshold
+        return thr if 0 < thr < n else n
+
+    def _run_chunk(self, plan: StepPlan, req: Request, n: int) -> None:
+        """Give running prompt ``req`` a chunk of ``n`` tokens this step: its KV blocks (published
+        to the prefix cache as computed) and its place in the plan."""
+        self.kv.allocate(req, req.num_computed + n)
+        self.kv.cache(req, req.num_computed + n)
+        plan.chunks.append((req, n))
+        plan.chunk_contexts.append(req.num_computed)
+
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         """The running requests one by one (vLLM's loop over ``self.running``); returns the
         budget left. Decodes the budget does not reach sit this step out."""
         kv, ds = self.kv, self.decode
         bs = kv.block_size
-        thr = self.limits.long_prefill_token_threshold
         order = list(self.running.values())
         i = 0
         while i < len(order) and budget > 0:
@@ -229,10 +237,7 @@ class Scheduler:
                 n = 1
                 need = 1 if (req.phase + ds.steps) % bs == 0 else 0  # its blocks are full
             elif req.request_id in self.prefilling:
-                n = req.prefill_target - req.num_computed
-                if 0 < thr < n:
-                    n = thr
-                n = min(n, budget)
+                n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
                 need = blocks_for(req.num_computed + n, bs) - req.num_blocks
             else:
                 i += 1
@@ -249,10 +254,7 @@ class Scheduler:
                         kv.allocate_blocks(need)
                         plan.decode_blocks += need
                 else:
-                    kv.allocate(req, req.num_computed + n)
-                    kv.cache(req, req.num_computed + n)
-                    plan.chunks.append((req, n))
-                    plan.chunk_contexts.append(req.num_computed)
+                    self._run_chunk(plan, req, n)
                 budget -= n
                 i += 1
                 continue

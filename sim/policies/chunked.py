@@ -18,8 +18,7 @@ class ChunkedScheduler(Scheduler):
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         limits = self.limits
-        cap = limits.long_prefill_token_threshold
-        n = min(remaining, budget, cap) if cap > 0 else min(remaining, budget)
+        n = min(self._chunk_tokens(remaining), budget)
         if n < remaining and limits.max_num_partial_prefills > 0:
             # NOTE: vLLM V0's max_num_partial_prefills (V1 does not enforce it; off by default):
             # a prompt that would start as one partial prefill too many waits.
