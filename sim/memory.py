@@ -80,8 +80,15 @@ def stage_weight_params(model: ModelSpec, pp: int) -> tuple[int, ...]:
 
 def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
-                kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1) -> MemoryPlan:
-    """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers."""
+                kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1,
+                kv_memory_basis: str = "total") -> MemoryPlan:
+    """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers.
+
+    ``kv_memory_basis`` says what ``gpu_memory_utilization`` is a fraction of: ``"total"``
+    (vLLM, SGLang: the KV cache gets ``fraction x memory - weights - reserve``) or ``"free"``
+    (TensorRT-LLM's ``free_gpu_memory_fraction``: "90% of free GPU memory (after loading
+    weights)", docs/source/examples/kvcacheconfig.md; the KV cache gets
+    ``fraction x (memory - weights - reserve)``)."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
     # quantized linear layers at their own width: the model's mean bytes per weight
@@ -97,23 +104,32 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     per_token = (2 * h + q + 2 * kv_dim + 3 * I) * b
     activation = max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4
     reserve = activation + NON_TORCH_BYTES
-    usable = gpu.cuda_total_bytes * gpu_memory_utilization
+    # the memory the engine may fill (weights, reserve, KV); under the "free" basis the fraction
+    # applies to what the weights and the reserve leave
+    usable = gpu.cuda_total_bytes * gpu_memory_utilization if kv_memory_basis == "total" else None
     kv_layer_gpu = model.kv_bytes_per_token_per_gpu(tp, kvb) / model.num_layers
     best = None
     for s, (w, n) in enumerate(zip(stage_w, layers)):
         block_bytes = int(round(block_size * n * kv_layer_gpu))
-        free = usable - w - reserve
+        free = usable - w - reserve if kv_memory_basis == "total" else \
+            gpu_memory_utilization * (gpu.cuda_total_bytes - w - reserve)
         blocks = int(free // block_bytes) if free > 0 else 0
         if best is None or blocks < best[0]:
             best = (blocks, block_bytes, w, free, s)
     num_blocks, block_bytes, weights, free, s = best
+    if usable is None:
+        usable = weights + best[3] + reserve
     if num_blocks < 1:
         stage = f" (pipeline stage {s} of {pp})" if pp > 1 else ""
+        if kv_memory_basis == "total":
+            budget = (f"{gpu_memory_utilization:g} x {gpu.cuda_total_bytes / GIB:.2f} GiB = {usable / GIB:.1f} GiB usable, "
+                      f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave ")
+        else:
+            budget = (f"{gpu.cuda_total_bytes / GIB:.2f} GiB less weights {weights / GIB:.1f} GiB and reserve "
+                      f"{reserve / GIB:.1f} GiB per GPU{stage}, times {gpu_memory_utilization:g}, leave ")
         raise UserError(
             f"{where}: {model.name} does not fit on {gpu.key} with tensor_parallel_size={tp}"
-            f"{f', pipeline_parallel_size={pp}' if pp > 1 else ''}: "
-            f"{gpu_memory_utilization:g} x {gpu.cuda_total_bytes / GIB:.2f} GiB = {usable / GIB:.1f} GiB usable, "
-            f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave "
+            f"{f', pipeline_parallel_size={pp}' if pp > 1 else ''}: {budget}"
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
     return MemoryPlan(gpu.cuda_total_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,

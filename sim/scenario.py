@@ -139,6 +139,8 @@ class Engine(_Strict):
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)
     profile: Literal["vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
+    # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
+    attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
 
     @field_validator("block_size")

@@ -28,6 +28,7 @@ from importlib import resources
 
 import yaml
 
+from sim.cost.attention_backend import get_backend
 from sim.errors import UserError
 
 PROFILE_NAMES = ("vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom")
@@ -47,6 +48,9 @@ class EngineProfile:
     eager_launch_per_layer_s: float
     attention_backend: str
     batch_range: tuple[int, int] | None
+    # what ``engine.gpu_memory_utilization`` is a fraction of (sim/memory.py): "total" memory
+    # (vLLM, SGLang) or the memory "free" after weights and activations (TensorRT-LLM)
+    kv_memory_basis: str = "total"
     basis: str = ""
     sources: tuple[str, ...] = ()
     overridden: tuple[str, ...] = ()
@@ -93,6 +97,7 @@ class EngineProfile:
             "eager_launch_per_layer_ms": self.eager_launch_per_layer_s * 1e3,
             "attention_backend": self.attention_backend,
             "batch_range": list(self.batch_range) if self.batch_range else None,
+            "kv_memory_basis": self.kv_memory_basis,
             "overridden": list(self.overridden),
         }
 
@@ -113,6 +118,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw = {f: float(d[k]) / 1e3 for k, f in _MS_KEYS.items()}
     kw.update({k: d[k] for k in _PLAIN_KEYS})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
+    kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -135,6 +141,8 @@ def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> E
         else:
             valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS])
             raise UserError(f"engine.overhead: unknown key '{k}'; valid keys here: {valid}")
+    if "attention_backend" in changes:
+        get_backend(changes["attention_backend"])  # a clear error for an unknown name
     if changes:
         p = replace(p, overridden=tuple(sorted(k for k in (overrides or {}) if overrides[k] is not None)), **changes)
     return p

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from sim.core.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
+from sim.cost.attention_backend import get_backend
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
@@ -146,8 +147,15 @@ class RooflineCostModel:
         # an operator outside the measured range of its table sets them.
         self._flag = False      # the step's shape lies outside a calibrated table
         self._lm_flag = False   # the LM head's does (reported once per run, not per step)
-        # Decode attention is looked up at the context of equal bytes in the tables' KV dtype.
-        self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes
+        # How many times a decode step streams each cached K/V byte under the engine's attention
+        # kernels (sim/cost/attention_backend.py): once, or once per query head of a GQA group
+        # (TensorRT-LLM's pre-XQA masked multi-head attention). NOTE: the re-reads are charged
+        # at HBM bandwidth, as the XQA blog's measured 2.4x gap on Llama-70B / H200 implies.
+        self.decode_kv_reads = get_backend(self.engine.attention_backend).decode_kv_read_factor(
+            self.heads, self.kv_dim / m.head_dim, self.kv_dtype_bytes)
+        # Decode attention is looked up at the context of equal bytes in the tables' KV dtype
+        # (and of equal bytes read, when the kernel re-reads the cache per query head).
+        self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         self._lm_cache: dict[int, tuple[float, bool]] = {}
@@ -293,7 +301,7 @@ class RooflineCostModel:
             self._flag |= hit[1]
             return hit[0]
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
-        bytes_ = context_tokens * self.kv_layer_bytes + 2 * num_seqs * self.q_dim * self.dtype_bytes
+        bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * num_seqs * self.q_dim * self.dtype_bytes
         # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
         # affine in the growing context, so fast-forwarded runs stay exact.
         return self.model.num_layers * (max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
@@ -301,7 +309,7 @@ class RooflineCostModel:
 
     def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
         flops = 4.0 * self.heads * self.model.head_dim * context_tokens
-        bytes_ = context_tokens * self.kv_layer_bytes + 2 * n * self.q_dim * self.dtype_bytes
+        bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * n * self.q_dim * self.dtype_bytes
         ctx = context_tokens / n
         # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
         # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes

@@ -65,11 +65,11 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         raise UserError(f"cluster.pipeline_parallel_size: {pp} stages for {model.name}'s {model.num_layers} layers")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     max_model_len, budget = _checked_lengths(s, model)
+    engine = engine_profile(e)
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp)
+                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
-    engine = engine_profile(e)
     limits = EngineLimits(
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=budget,
@@ -114,6 +114,8 @@ def engine_profile(e):
             over[k] = e.step_overhead_ms if over[k] is None else over[k]
     if e.per_seq_overhead_ms is not None and over["per_seq_ms"] is None:
         over["per_seq_ms"] = e.per_seq_overhead_ms
+    if e.attention_backend is not None:
+        over["attention_backend"] = e.attention_backend
     return get_profile(e.profile, over)
 
 
