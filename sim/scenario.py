@@ -152,6 +152,16 @@ class Engine(_Strict):
             raise ValueError(f"{v} is not a power of two (vLLM takes 8, 16, 32, 64 or 128)")
         return v
 
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_backend(cls, v: Optional[str]) -> Optional[str]:
+        from sim.cost.attention_backend import backend_names
+
+        names = backend_names()
+        if v is not None and v not in names:
+            raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in names[:-1]) + f" or '{names[-1]}'")
+        return v
+
     @field_validator("policy")
     @classmethod
     def _registered_policy(cls, v: str) -> str:

@@ -66,8 +66,10 @@ def test_scenario_key_selects_the_backend_and_unknown_names_fail():
     dep = build_deployment(scenario_from_dict(small_scenario(engine={"profile": "trt-llm", "attention_backend": "trtllm-mmha"})))
     assert dep.cost.engine.attention_backend == "trtllm-mmha"
     assert build_deployment(scenario_from_dict(small_scenario(engine={"profile": "sglang"}))).cost.engine.attention_backend == "flashinfer"
+    with pytest.raises(UserError, match="engine.attention_backend: Input should be 'flash-attn'"):
+        scenario_from_dict(small_scenario(engine={"attention_backend": "fa9"}))
     with pytest.raises(UserError, match="engine.attention_backend: unknown attention backend 'fa9'"):
-        build_deployment(scenario_from_dict(small_scenario(engine={"attention_backend": "fa9"})))
+        get_profile("trt-llm", {"attention_backend": "fa9"})  # engine.overhead's key, checked by the profile
 
 
 def test_trtllm_sizes_kv_from_free_memory():
