@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sim.errors import UserError
 from sim.hardware import GPUSpec
-from sim.models import ModelSpec
+from sim.model_spec import ModelSpec
 
 GIB = 1024**3
 # NOTE: CUDA context, NCCL buffers and the allocator's slack outside PyTorch tensors; vLLM

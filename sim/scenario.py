@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
-from sim.policies import policy_names
+from sim.policies import get_policy, policy_names
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -346,7 +346,9 @@ class Scenario(_Strict):
         if self.hardware.custom is not None and "gpu" in self.hardware.model_fields_set:
             raise ValueError("give hardware.gpu or hardware.custom, not both")
         c = self.cluster
-        if c.pipeline_parallel_size > 1 and e.policy == "disaggregated":
+        if c.pipeline_parallel_size > 1 and get_policy(e.policy).pools:
+            # a pool's replica is built with one stage (build_deployment), so num_gpus counts
+            # tensor_parallel_size per pool replica: refused rather than silently dropped
             raise ValueError("cluster.pipeline_parallel_size applies to colocated replicas; disaggregation "
                              "pools take tensor_parallel_size only")
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:

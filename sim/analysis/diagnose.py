@@ -89,9 +89,11 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
     done = result.requests.filter(pl.col("status") == "completed")
     ctx = float((done["input_tokens"] + done["output_tokens"] / 2).mean())
     m = dep.model
-    kv_gpu = m.kv_bytes_per_token(dep.kv_dtype_bytes) * max(1, m.num_kv_heads // dep.tp) / m.num_kv_heads
-    weights = m.params_read(max(1, round(batch))) * m.dtype_bytes / dep.tp
-    bytes_per_step = weights + batch * ctx * kv_gpu
+    # one sequence's KV on one GPU: the MLA latent whole on every TP rank, KV heads split;
+    # sliding-window layers hold (and read) at most the window (ModelSpec.kv_bytes_for_context)
+    kv_seq_gpu = m.kv_bytes_for_context(round(ctx), dep.kv_dtype_bytes) * m.kv_gpu_fraction(dep.tp)
+    weights = m.bytes_read(max(1, round(batch))) / dep.tp  # quantized linear layers at their width
+    bytes_per_step = weights + batch * kv_seq_gpu
     floor_ms = bytes_per_step / dep.gpu.hbm_bw_bytes_per_s * 1e3
     tpot = summary["median_tpot_ms"]
     return {"batch": batch, "context_tokens": ctx, "bytes_per_step": bytes_per_step, "floor_ms": floor_ms,

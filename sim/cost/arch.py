@@ -7,7 +7,7 @@ docstring.
 
 from __future__ import annotations
 
-from sim.models import ModelSpec
+from sim.model_spec import ModelSpec
 
 
 def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
@@ -18,7 +18,13 @@ def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
     TP rank in vLLM) and up-projections q_b, kv_b (split by heads); its cache is the
     (kv_lora_rank + rope) latent, whole on every rank: kv_dim is half of it (K and V slots).
     With ``enable_expert_parallel`` (vLLM FusedMoE, EP size = TP size at data_parallel_size
-    1) each rank holds E/ep whole experts instead of 1/tp of every expert.
+    1) each rank holds E/ep whole experts instead of 1/tp of every expert. Its communication
+    is the TP all-reduce already costed (``_allreduce_s``): after attention every rank holds
+    every token, runs its own experts on the tokens routed to them and the partial outputs are
+    summed by the layer's all-reduce, as without EP. vLLM uses dispatch/combine all-to-all
+    kernels (DeepEP, pplx, allgather/reduce-scatter) only when data_parallel_size > 1
+    (``FusedMoEParallelConfig.use_all2all_kernels``: ``dp_size > 1 and use_ep``), i.e. with
+    data-parallel attention, which this simulator does not model; none is costed here.
     """
     up = 2 if m.mlp_gated else 1
     cm._up = (h, up * cm.mlp_dim)
@@ -35,8 +41,33 @@ def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
         cm._qkv = (h, (q + kv) / h)
         cm._o = (m.num_heads * m.v_head_dim / tp, h)
         cm.kv_dim = (m.kv_lora_rank + m.qk_rope_head_dim) / 2
+        mla_attention(cm, m, tp)
     # fraction of layers whose attention reads at most the window (sliding-window layers)
     cm._slide = (m.num_sliding_layers / m.num_layers, m.sliding_window) if m.sliding_window else None
+
+
+def mla_attention(cm, m: ModelSpec, tp: int) -> None:
+    """MLA attention as vLLM runs it (vllm/v1/attention/backends/mla/common.py, after the
+    DeepSeek-V2 paper, section 2.1.3 and appendix C):
+
+    - prefill decompresses K and V with kv_b_proj and runs multi-head attention with q/k
+      heads of qk_nope + qk_rope (192) and v heads of v_head_dim (128): 2 * heads * (192 + 128)
+      FLOPs per (query, key) pair, reading the decompressed K and V of every key token;
+      cached context (a later chunk, a prefix hit) is first read as latent and up-projected
+      (``_compute_prefill_context``): 2 * kv_lora_rank * heads * (qk_nope + v) FLOPs per
+      context token per layer;
+    - decode runs the absorbed form (W_UK folded into the query, W_UV after attention, both
+      already in the q/o GEMM widths): each head attends over the latent, QK^T over
+      kv_lora_rank + qk_rope (576) and PV over kv_lora_rank (512): 2 * heads * (576 + 512)
+      FLOPs per pair; the cache read is the latent itself.
+    Sets ``_prefill_pair_flops``, ``_decode_pair_flops``, ``_ctx_upproj_flops`` and
+    ``_prefill_kv_bytes`` (per layer per GPU, heads / tp of them)."""
+    heads = m.num_heads / tp
+    nope, rope, lora, v = m.head_dim - m.qk_rope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+    cm._prefill_pair_flops = 2.0 * heads * ((nope + rope) + v)
+    cm._decode_pair_flops = 2.0 * heads * ((lora + rope) + lora)
+    cm._ctx_upproj_flops = 2.0 * lora * heads * (nope + v)
+    cm._prefill_kv_bytes = heads * ((nope + rope) + v) * cm.dtype_bytes
 
 
 def windowed_context(cm, num_seqs: int, context: float) -> float:

@@ -26,7 +26,7 @@ from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import RunCost, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, prefill_pairs, uses_custom_allreduce
 from sim.hardware import GPUSpec
-from sim.models import ModelSpec
+from sim.model_spec import ModelSpec
 from sim.quantization import get_quantization
 
 OPS = (
@@ -112,9 +112,18 @@ class RooflineCostModel:
         self._up = (h, 2 * self.mlp_dim)     # fused gate+up of a gated MLP
         self._down = (self.mlp_dim, h)
         self._lm = (h, m.vocab_size / tp)
+        # Attention FLOPs per (query, key) pair per layer per GPU: QK^T over the q/k head width
+        # and PV over the v width, 2 FLOPs per multiply-add (Dao 2023); MLA changes the widths
+        # and reads decompressed K/V in prefill (sim/cost/arch.py ``mla_attention``).
+        self._prefill_pair_flops = self._decode_pair_flops = 4.0 * self.heads * m.head_dim
+        self._ctx_upproj_flops = 0.0  # MLA: FLOPs per cached context token of a prefill chunk
+        self._prefill_kv_bytes: float | None = None  # set by MLA; else the cache's K and V
         arch_shapes(self, m, h, tp)
         # KV bytes per cached token per layer per GPU (PagedAttention: K and V).
         self.kv_layer_bytes = 2 * self.kv_dim * self.kv_dtype_bytes
+        # K and V bytes a prefill chunk's attention reads per key token (MLA: decompressed heads)
+        if self._prefill_kv_bytes is None:
+            self._prefill_kv_bytes = self.kv_layer_bytes
         # Elementwise bytes per token per layer: 2 RMSNorms (read+write h), 2 residual adds
         # (2 reads + 1 write of h), rotary on q,k (read+write), SiLU*gate (read 2I, write I),
         # KV-cache write (k and v).
@@ -248,7 +257,8 @@ class RooflineCostModel:
     def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
         """Causal attention of each chunk of c new tokens after x cached ones.
 
-        FLOPs: QK^T and PV, 2 * 2 * heads * d_head per (query, key) pair; a chunk has
+        FLOPs: QK^T and PV, 2 * 2 * heads * d_head per (query, key) pair (MLA: 2 * heads *
+        (192 + 128), plus the up-projection of cached context, ``arch.mla_attention``); a chunk has
         c * (x + (c + 1) / 2) causal pairs (Dao 2023, "FlashAttention-2", causal FLOPs = half
         of the square). Bytes: K and V of x + c tokens read once, Q read and O written.
         """
@@ -264,8 +274,8 @@ class RooflineCostModel:
                 hit = cache.get(key)
                 if hit is None:
                     pairs = prefill_pairs(c, x)
-                    flops = 4.0 * self.heads * self.model.head_dim * pairs
-                    bytes_ = (c + x) * self.kv_layer_bytes + 2 * c * self.q_dim * self.dtype_bytes
+                    flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
+                    bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
                     # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
                     e, out = self.cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
                     hit = (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e, out)
@@ -277,8 +287,8 @@ class RooflineCostModel:
         pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
         kv_tokens = sum(c + x for c, x in chunks)
         new_tokens = sum(c for c, _ in chunks)
-        flops = 4.0 * self.heads * self.model.head_dim * pairs
-        bytes_ = kv_tokens * self.kv_layer_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
+        flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * sum(x for _, x in chunks)
+        bytes_ = kv_tokens * self._prefill_kv_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
@@ -300,7 +310,7 @@ class RooflineCostModel:
                     self._decode_cache[key] = hit
             self._flag |= hit[1]
             return hit[0]
-        flops = 4.0 * self.heads * self.model.head_dim * context_tokens
+        flops = self._decode_pair_flops * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * num_seqs * self.q_dim * self.dtype_bytes
         # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
         # affine in the growing context, so fast-forwarded runs stay exact.
@@ -308,7 +318,7 @@ class RooflineCostModel:
                                         + self.eff.kernel_floor_s)
 
     def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
-        flops = 4.0 * self.heads * self.model.head_dim * context_tokens
+        flops = self._decode_pair_flops * context_tokens
         bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * n * self.q_dim * self.dtype_bytes
         ctx = context_tokens / n
         # The tables were measured with KV in the model's dtype; a kernel's efficiency follows

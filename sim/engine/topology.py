@@ -107,6 +107,8 @@ class DisaggregatedLayout(ColocatedLayout):
 
     @property
     def num_gpus(self) -> int:
+        """Pool replicas times their tensor_parallel_size: a pool replica is one pipeline stage
+        (``cluster.pipeline_parallel_size`` > 1 with pools is refused by the scenario check)."""
         p, d = self.spec.prefill, self.spec.decode
         return p.replicas * self._tp(p) + d.replicas * self._tp(d)
 
