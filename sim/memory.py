@@ -6,13 +6,15 @@ that block count, not the weights, caps concurrency. ``memory`` is the total CUD
 (``torch.cuda.mem_get_info()[1]``: nvidia-smi's Total less its Reserved; ``GPUSpec.cuda_total_bytes``). Under
 pipeline parallelism each stage holds its layers' weights and KV; every worker profiles its own
 memory and the engine takes the smallest block count (vLLM ``determine_available_memory`` per
-worker, ``min`` over workers in the engine core).
+worker, ``min`` over workers in the engine core). Sliding-window layers form their own KV cache
+groups whose blocks leave the pool as the window moves on (``kv_groups``, ``sim.core.kv.KVGroups``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.core.kv import KVGroups
 from sim.errors import UserError
 from sim.hardware import GPUSpec
 from sim.model_spec import ModelSpec
@@ -37,15 +39,41 @@ class MemoryPlan:
     block_size: int
     stage_layers: tuple[int, ...] = ()          # decoder layers per pipeline stage
     stage_weight_bytes: tuple[float, ...] = field(default=())  # weights per GPU of each stage
+    kv_groups: KVGroups = KVGroups()            # vLLM's KV cache groups (sliding-window layers)
+    layers_per_group: int = 0                   # layers whose pages make one block id
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.num_kv_blocks * self.block_size
+        """Tokens of KV the blocks hold while every group grows (contexts within the sliding
+        window; beyond it sliding groups stop growing): vLLM's logged "GPU KV cache size",
+        num_blocks // groups x block_size."""
+        g = self.kv_groups
+        return self.num_kv_blocks // (g.full + g.sliding) * self.block_size
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     """KV heads are split across TP ranks, and replicated when tp exceeds them (vLLM)."""
     return max(1, model.num_kv_heads // tp)
+
+
+def kv_groups(model: ModelSpec, block_size: int) -> tuple[KVGroups, int]:
+    """vLLM V1's KV cache groups of ``model`` and the layers in each
+    (vllm/v1/core/kv_cache_utils.py): one group of every layer when all layers share one
+    attention type (all full, or all sliding: ``_get_kv_cache_config_uniform_type``); else
+    groups of ``group_size`` layers, the smaller type's layer count (the larger's when it is
+    under 1.5 x the smaller), the last group of a type padded
+    (``_get_kv_cache_groups_uniform_page_size``)."""
+    L = model.num_layers
+    s = model.num_sliding_layers if model.sliding_window else 0
+    if s == 0:
+        return KVGroups(), L
+    window_blocks = -(-(model.sliding_window - 1) // block_size) + 1
+    f = L - s
+    if f == 0:
+        return KVGroups(full=0, sliding=1, window_blocks=window_blocks), L
+    lo, hi = min(f, s), max(f, s)
+    size = hi if hi < 1.5 * lo else lo
+    return KVGroups(full=-(-f // size), sliding=-(-s // size), window_blocks=window_blocks), size
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -108,9 +136,13 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     # applies to what the weights and the reserve leave
     usable = gpu.cuda_total_bytes * gpu_memory_utilization if kv_memory_basis == "total" else None
     kv_layer_gpu = model.kv_bytes_per_token_per_gpu(tp, kvb) / model.num_layers
+    # A block id is one page (block_size tokens) of one KV cache group's layers.
+    # NOTE: under pipeline parallelism a stage's share of each group is taken as
+    # group layers x stage layers / all layers, rounded up.
+    groups, group_layers = kv_groups(model, block_size)
     best = None
     for s, (w, n) in enumerate(zip(stage_w, layers)):
-        block_bytes = int(round(block_size * n * kv_layer_gpu))
+        block_bytes = int(round(block_size * -(-group_layers * n // model.num_layers) * kv_layer_gpu))
         free = usable - w - reserve if kv_memory_basis == "total" else \
             gpu_memory_utilization * (gpu.cuda_total_bytes - w - reserve)
         blocks = int(free // block_bytes) if free > 0 else 0
@@ -133,4 +165,4 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
     return MemoryPlan(gpu.cuda_total_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,
-                      layers, stage_w)
+                      layers, stage_w, groups, group_layers)

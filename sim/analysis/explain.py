@@ -13,7 +13,6 @@ from dataclasses import replace
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
-from sim.core.kv import blocks_for
 
 EXPLAIN_KEYS = (
     "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
@@ -24,6 +23,7 @@ EXPLAIN_KEYS = (
     "active_params", "gpu_memory_bytes", "usable_memory_bytes", "kv_bytes_per_token_per_gpu",
     "kv_bytes_per_seq_at_context", "num_sliding_layers", "sliding_window_tokens", "pipeline_parallel_size",
     "max_layers_per_stage", "pp_send_bytes_per_token_per_gpu", "expert_parallel_size", "experts_per_gpu",
+    "kv_full_groups", "kv_sliding_groups", "kv_layers_per_group", "kv_blocks_per_seq_at_context",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -57,7 +57,7 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "weight_bytes_per_gpu": dep.memory.weight_bytes_per_gpu,
         "kv_bytes_per_token": kv_tok,
         "kv_capacity_tokens": dep.memory.kv_capacity_tokens,
-        "max_seqs_at_context": dep.memory.num_kv_blocks // blocks_for(n, dep.memory.block_size),
+        "max_seqs_at_context": dep.memory.num_kv_blocks // dep.memory.kv_groups.blocks(n, dep.memory.block_size),
         "ridge_flops_per_byte": g.ridge_flops_per_byte,
         "prefill_intensity_flops_per_byte": intensity(prefill),
         "decode_intensity_flops_per_byte": intensity(decode),
@@ -72,10 +72,12 @@ def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | i
     one sequence's KV at the context (sliding-window layers hold at most the window), the
     driver memory and the part of it vLLM may use, the layers of the largest pipeline stage and
     the activations a stage sends per token (hidden states and residual, 1/tp per GPU), the
-    experts each GPU holds under expert parallelism."""
+    experts each GPU holds under expert parallelism, vLLM's KV cache groups (sliding-window layers
+    in their own) and the block ids one sequence holds at the context."""
     m, tp, pp = dep.model, dep.tp, dep.pp
     ep = getattr(dep.cost, "ep", 1)
     max_layers = max(dep.memory.stage_layers or (m.num_layers,))
+    g = dep.memory.kv_groups
     return {
         "active_params": m.num_active_params,
         "gpu_memory_bytes": dep.gpu.cuda_total_bytes,
@@ -90,4 +92,9 @@ def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | i
         "pp_send_bytes_per_token_per_gpu": 2 * m.hidden_size * m.dtype_bytes / tp if pp > 1 else 0,
         "expert_parallel_size": ep,
         "experts_per_gpu": m.num_experts / ep if m.num_experts > 1 else 0,
+        # vLLM's KV cache groups: a block id is one page of kv_layers_per_group layers
+        "kv_full_groups": g.full,
+        "kv_sliding_groups": g.sliding,
+        "kv_layers_per_group": dep.memory.layers_per_group,
+        "kv_blocks_per_seq_at_context": g.blocks(context_tokens, dep.memory.block_size),
     }

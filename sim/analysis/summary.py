@@ -160,6 +160,10 @@ def summarize(result) -> dict:
     })
     out["simsrv_warnings"] = run_warnings(out, rq["arrival_s"].to_numpy()[ok], cols["queue_s"][ok],
                                           (cols["e2el_s"] - cols["queue_s"])[ok])
+    if s.engine.enable_prefix_caching and dep.memory.kv_groups.full == 0:
+        out["simsrv_warnings"].append(
+            f"engine.enable_prefix_caching: not modelled for {dep.model.name}, whose every layer attends over a "
+            f"{dep.model.sliding_window}-token sliding window: no prefix-cache hits were counted")
     return out
 
 

@@ -23,6 +23,7 @@ another's generated tokens while they are still being generated would see the di
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from sim.core.request import Request
 
@@ -30,6 +31,35 @@ from sim.core.request import Request
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks covering ``num_tokens`` slots: ceil(num_tokens / block_size)."""
     return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """vLLM V1's KV cache groups (vllm/v1/core/kv_cache_utils.py
+    ``_get_kv_cache_groups_uniform_page_size``, HybridKVCacheCoordinator): layers of one
+    attention type are split into groups of equal layer count; every group draws block ids
+    (a page of its layers' KV for ``block_size`` tokens) from one shared pool. A
+    full-attention group holds ceil(T / block_size) blocks at T tokens; a sliding-window group
+    frees the blocks that left the window (``SlidingWindowManager.remove_skipped_blocks``),
+    so it holds at most ``window_blocks`` = ceil((window - 1) / block_size) + 1.
+    A model without sliding-window layers is one full group (the default).
+    NOTE: a sliding group is charged its bound ``window_blocks`` once the window is full (the
+    exact count alternates between it and one less), and a prefill chunk longer than the
+    window is charged the window only (vLLM holds the chunk's blocks until its next step).
+    """
+
+    full: int = 1          # full-attention groups
+    sliding: int = 0       # sliding-window groups
+    window_blocks: int = 0  # most blocks a sliding group holds
+
+    @property
+    def plain(self) -> bool:
+        return self.sliding == 0 and self.full == 1
+
+    def blocks(self, num_tokens: int, block_size: int) -> int:
+        """Block ids one request holds at ``num_tokens`` tokens of KV."""
+        b = -(-num_tokens // block_size)
+        return self.full * b + self.sliding * min(b, self.window_blocks)
 
 
 def prefix_keys(req: Request, block_size: int) -> list:
@@ -100,10 +130,16 @@ class Table:
 class KVBlockManager:
     """The blocks of one replica (all its tensor-parallel GPUs together) and their owners."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 groups: KVGroups = KVGroups()):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.prefix_caching = enable_prefix_caching
+        self.groups = groups
+        # NOTE: with sliding-window groups a cached block is the full-attention group's page of
+        # that prefix (one full group); the hit's sliding-window pages are allocated anew
+        # (vLLM shares them too: at most ``sliding x window_blocks`` more per request). With no
+        # full-attention group (every layer sliding) prefix caching is not modelled: no hits.
+        self.prefix_caching = enable_prefix_caching and (groups.sliding == 0 or groups.full == 1)
         self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
         self.peak_used = 0
         self._queue: OrderedDict = OrderedDict({Run(num_blocks): None})  # free queue, head first
@@ -112,6 +148,12 @@ class KVBlockManager:
         self.num_evicted = 0
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Block ids a request holds at ``num_tokens`` tokens of KV (every group's)."""
+        if self.groups.plain:
+            return -(-num_tokens // self.block_size)
+        return self.groups.blocks(num_tokens, self.block_size)
 
     @property
     def num_used(self) -> int:
@@ -212,7 +254,7 @@ class KVBlockManager:
         ``hits`` / ``own_hits`` from ``lookup`` (vLLM ``allocate_slots``); False, with no change,
         if the free blocks do not suffice (hits nobody references count as taken from them)."""
         num_hit = len(hits) + own_hits
-        new = blocks_for(num_tokens, self.block_size) - req.num_blocks - num_hit
+        new = self.blocks_for(num_tokens) - req.num_blocks - num_hit
         evictable = own_hits + sum(1 for b in hits if b.ref == 0)
         if max(new, 0) + evictable > self.num_free:
             return False

@@ -36,7 +36,8 @@ class Deployment:
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
-        kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching)
+        kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching,
+                            self.memory.kv_groups)
         return cls(self.limits, kv)
 
     @property

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sim.core.batch import Batch
-from sim.core.kv import KVBlockManager, blocks_for
+from sim.core.kv import KVBlockManager
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
 from sim.core.ttft import WaitClocks
@@ -81,7 +81,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}     # admission order; the tail is preempted first
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
-        self.decode = DecodeSet(kv.block_size)
+        self.decode = DecodeSet(kv.block_size, kv.groups)
         self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
         self.num_swaps = 0
@@ -99,7 +99,7 @@ class Scheduler:
         total = req.prompt_tokens + req.output_tokens
         if total > self.limits.max_model_len:
             return f"prompt+output {total} tokens > max_model_len {self.limits.max_model_len}"
-        need = blocks_for(total - 1, self.kv.block_size)
+        need = self.kv.blocks_for(total - 1)
         if need > self.kv.num_blocks:
             return f"needs {need} KV blocks for {total} tokens; replica has {self.kv.num_blocks}"
         return ""
@@ -174,7 +174,7 @@ class Scheduler:
             return plan
         # Nothing else can join until a sequence finishes: fast-forward identical steps.
         kv.release_blocks(plan.decode_blocks)
-        k = min(ds.steps_to_next_finish(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
+        k = min(ds.steps_to_next_change(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
         plan.num_steps = k
         plan.decode_blocks = ds.blocks_needed(k)
         kv.allocate_blocks(plan.decode_blocks)
@@ -191,7 +191,6 @@ class Scheduler:
         blocks = ds.blocks_next_step()
         if not self.prefilling:
             return [] if blocks <= kv.num_free else None
-        bs = kv.block_size
         tail = reversed(self.running)
         in_order = all(next(tail) in self.prefilling for _ in range(len(self.prefilling)))
         left = budget - ds.num_seqs
@@ -206,7 +205,7 @@ class Scheduler:
                 break
             chunks.append((req, n))
             left -= n
-            blocks += blocks_for(req.num_computed + n, bs) - req.num_blocks
+            blocks += kv.blocks_for(req.num_computed + n) - req.num_blocks
         return chunks if blocks <= kv.num_free else None
 
     def _chunk_tokens(self, n: int) -> int:
@@ -228,17 +227,16 @@ class Scheduler:
         """The running requests one by one (vLLM's loop over ``self.running``); returns the
         budget left. Decodes the budget does not reach sit this step out."""
         kv, ds = self.kv, self.decode
-        bs = kv.block_size
         order = list(self.running.values())
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
             if req.in_decode:
                 n = 1
-                need = 1 if (req.phase + ds.steps) % bs == 0 else 0  # its blocks are full
+                need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.request_id in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = blocks_for(req.num_computed + n, bs) - req.num_blocks
+                need = kv.blocks_for(req.num_computed + n) - req.num_blocks
             else:
                 i += 1
                 continue
@@ -293,7 +291,7 @@ class Scheduler:
         replica) straight into the decode set, if its blocks and its first decode step fit."""
         kv, ds = self.kv, self.decode
         n = req.prompt_tokens + req.num_generated - 1
-        if blocks_for(n + 1, kv.block_size) > kv.num_free:
+        if kv.blocks_for(n + 1) > kv.num_free:
             self.wait_clocks.kv_blocked = True
             return False
         kv.allocate(req, n)
@@ -308,9 +306,10 @@ class Scheduler:
         self._on_kv_admitted(req, now)
         self.running[req.request_id] = req
         ds.add(req)
-        if n % kv.block_size == 0:  # its first decode step opens a block
-            kv.allocate_blocks(1)
-            plan.decode_blocks += 1
+        opened = kv.blocks_for(n + 1) - kv.blocks_for(n)
+        if opened:  # its first decode step opens a block
+            kv.allocate_blocks(opened)
+            plan.decode_blocks += opened
         plan.ready_gaps_s.append(now - req.last_token_s)
         return True
 

@@ -5,21 +5,32 @@ Why: every running sequence gains one token per step, so a replica-wide step cou
 step s0 with g0 tokens has g0 + (steps - s0) now. Sums (sequences, context tokens, KV blocks),
 a histogram of sequences by KV-block phase and a heap of finish steps make a step, or a run of
 k identical decode steps, cost O(block_size + log n) however long the outputs are.
+With sliding-window KV groups (``sim.core.kv.KVGroups``) a sequence opening a block takes one
+block per full-attention group, plus one per sliding group until its window is full: a second
+histogram counts the sequences still filling their window, and a heap of the steps at which
+each stops ends a run there, so the weights stay constant along a run.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from sim.core.kv import blocks_for
+from sim.core.kv import KVGroups
 from sim.core.request import Request
 
 
 class DecodeSet:
     """Sequences past prefill, each producing one token per step."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, groups: KVGroups = KVGroups()):
         self.block_size = block_size
+        self.groups = groups
+        self.w_full, self.w_slide = groups.full, groups.sliding  # blocks per opening event
+        # the last token position (0-based) whose block opening still fills a sliding window
+        self._slide_last = (groups.window_blocks - 1) * block_size if groups.sliding else -1
+        self.num_filling = 0        # sequences whose sliding-window blocks still grow
+        self.filling_count = [0] * block_size  # those, by phase class (as phase_count)
+        self._fill_heap: list[tuple[int, int, int, Request]] = []  # (step it stops, id, epoch, request)
         self.steps = 0              # decode steps this replica has run
         self.num_seqs = 0
         self.context_tokens = 0     # sum over sequences of computed tokens (KV slots filled)
@@ -43,47 +54,77 @@ class DecodeSet:
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
         heapq.heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        if n <= self._slide_last:  # it opens blocks at n + j for j = 0, bs, ... up to _slide_last
+            self.num_filling += 1
+            self.filling_count[req.phase] += 1
+            heapq.heappush(self._fill_heap, (self.steps + self._slide_last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish or preemption), writing back its tokens and blocks."""
         g = req.g_join + (self.steps - req.step_join)
         n = req.prompt_tokens + g - 1
         req.num_generated = g
-        req.num_blocks = blocks_for(n, self.block_size)
+        req.num_blocks = self.groups.blocks(n, self.block_size)
         req.in_decode = False
-        req.epoch += 1  # invalidates its heap entry
+        if self._filling(req):
+            self.num_filling -= 1
+            self.filling_count[req.phase] -= 1
+        req.epoch += 1  # invalidates its heap entries
         self.num_seqs -= 1
         self.context_tokens -= n
         self.num_blocks -= req.num_blocks
         self.phase_count[req.phase] -= 1
+
+    def _filling(self, req: Request) -> bool:
+        """Whether ``req`` (in the set) still fills its sliding windows: its next opening event
+        lies at or before ``_slide_last``."""
+        if not self.num_filling:
+            return False
+        n = req.prompt_tokens + req.g_join - 1  # its context at join
+        return n <= self._slide_last and self.steps - req.step_join <= self._slide_last - n
+
+    def blocks_at_next_step(self, req: Request) -> int:
+        """Blocks ``req`` opens in the next step: 0 unless its blocks are full."""
+        if (req.phase + self.steps) % self.block_size:
+            return 0
+        return self.w_full + (self.w_slide if self._filling(req) else 0)
 
     # -- look-ahead ---------------------------------------------------------------------------
     # Step j of a run computes the token at position n + j and needs ceil((n + j + 1) / bs)
     # blocks: one more than held exactly when (n + j) % bs == 0. A sequence of phase class q
     # first allocates at step r = -(q + steps) mod bs, then every bs steps; so the class with
     # first-allocation offset r is q = -(r + steps) mod bs.
+    # Weights: each event takes w_full blocks, plus w_slide for a sequence filling its window
+    # (constant along a run: a run ends where one stops, ``steps_to_next_change``).
     def _count_at_offset(self, r: int) -> int:
-        return self.phase_count[(-r - self.steps) % self.block_size]
+        q = (-r - self.steps) % self.block_size
+        if not self.num_filling:
+            return self.w_full * self.phase_count[q]
+        return self.w_full * self.phase_count[q] + self.w_slide * self.filling_count[q]
+
+    def _per_round(self) -> int:
+        return self.w_full * self.num_seqs + self.w_slide * self.num_filling
 
     def blocks_next_step(self) -> int:
         """``blocks_needed(1)``: the sequences whose blocks are full (offset r = 0)."""
-        return self.phase_count[-self.steps % self.block_size]
+        return self._count_at_offset(0)
 
     def blocks_needed(self, num_steps: int) -> int:
-        """New KV blocks the set takes over the next ``num_steps`` steps."""
+        """New KV blocks the set takes over the next ``num_steps`` steps (at most
+        ``steps_to_next_change``)."""
         if num_steps <= 0 or not self.num_seqs:
             return 0
         rounds, rem = divmod(num_steps, self.block_size)
-        counts, bs, base = self.phase_count, self.block_size, -self.steps
-        return rounds * self.num_seqs + sum(counts[(base - r) % bs] for r in range(rem))
+        return rounds * self._per_round() + sum(self._count_at_offset(r) for r in range(rem))
 
     def max_steps_within(self, free_blocks: int) -> int:
         """Largest k such that ``blocks_needed(k) <= free_blocks``."""
-        if self.num_seqs == 0:
+        per_round = self._per_round()
+        if self.num_seqs == 0 or per_round == 0:
             return 1 << 62
         # Allocation events come in rounds of bs steps, ordered inside a round by offset r;
-        # the event numbered free_blocks (0-based) is the first that cannot be met.
-        rounds, idx = divmod(free_blocks, self.num_seqs)
+        # the block numbered free_blocks (0-based) is the first that cannot be met.
+        rounds, idx = divmod(free_blocks, per_round)
         seen = 0
         for r in range(self.block_size):
             seen += self._count_at_offset(r)
@@ -100,12 +141,29 @@ class DecodeSet:
             return 1 << 62
         return heap[0][0] - self.steps
 
+    def steps_to_next_change(self) -> int:
+        """Steps until the set's block weights or membership change: the earliest finish, or the
+        step after which a sequence's sliding windows are full (>= 1)."""
+        k = self.steps_to_next_finish()
+        heap = self._fill_heap
+        while heap and heap[0][2] != heap[0][3].epoch:
+            heapq.heappop(heap)
+        if heap:
+            k = min(k, heap[0][0] - self.steps)
+        return k
+
     # -- progress -----------------------------------------------------------------------------
     def advance(self, num_steps: int, new_blocks: int) -> list[Request]:
         """Run ``num_steps`` decode steps (the caller allocated ``new_blocks``); return finishers."""
         self.steps += num_steps
         self.context_tokens += self.num_seqs * num_steps
         self.num_blocks += new_blocks
+        fill = self._fill_heap
+        while fill and fill[0][0] <= self.steps:
+            _, _, epoch, req = heapq.heappop(fill)
+            if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
+                self.num_filling -= 1
+                self.filling_count[req.phase] -= 1
         done = []
         heap = self._heap
         while heap and heap[0][0] <= self.steps:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sim.core.kv import blocks_for
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
 from sim.policies.registry import PolicySpec, register
@@ -44,7 +43,7 @@ class PrefillScheduler(ContinuousScheduler):
     def admission_error(self, req: Request) -> str:
         if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
             return f"prompt+output {req.prompt_tokens + req.output_tokens} tokens > max_model_len {self.limits.max_model_len}"
-        need = blocks_for(req.prompt_tokens, self.kv.block_size)
+        need = self.kv.blocks_for(req.prompt_tokens)
         if need > self.kv.num_blocks:
             return f"prompt needs {need} KV blocks; prefill replica has {self.kv.num_blocks}"
         return ""

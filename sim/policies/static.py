@@ -10,7 +10,6 @@ NOTE: vLLM has no static batching; this policy is a baseline, not a vLLM mode.
 
 from __future__ import annotations
 
-from sim.core.kv import blocks_for
 from sim.policies.base import Scheduler, StepPlan
 from sim.policies.registry import PolicySpec, register
 
@@ -26,10 +25,9 @@ class StaticScheduler(Scheduler):
         if self.running:
             return  # the batch in flight must drain first
         reserved, free = 0, self.kv.num_free
-        bs = self.kv.block_size
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
             req = self.waiting[0]
-            full = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
+            full = self.kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)
             if reserved + full > free:
                 break
             if self._try_admit(req, plan, budget, now) <= 0:
