@@ -109,14 +109,16 @@ def stage_weight_params(model: ModelSpec, pp: int) -> tuple[int, ...]:
 def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                 kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1,
-                kv_memory_basis: str = "total") -> MemoryPlan:
+                kv_memory_basis: str = "total", hybrid_kv: bool = True) -> MemoryPlan:
     """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers.
 
     ``kv_memory_basis`` says what ``gpu_memory_utilization`` is a fraction of: ``"total"``
     (vLLM, SGLang: the KV cache gets ``fraction x memory - weights - reserve``) or ``"free"``
     (TensorRT-LLM's ``free_gpu_memory_fraction``: "90% of free GPU memory (after loading
     weights)", docs/source/examples/kvcacheconfig.md; the KV cache gets
-    ``fraction x (memory - weights - reserve)``)."""
+    ``fraction x (memory - weights - reserve)``). ``hybrid_kv`` False charges sliding-window
+    layers in full, as vLLM does with its hybrid KV cache manager disabled
+    (``unify_hybrid_kv_cache_specs``: one group of every layer)."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
     # quantized linear layers at their own width: the model's mean bytes per weight
@@ -139,7 +141,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     # A block id is one page (block_size tokens) of one KV cache group's layers.
     # NOTE: under pipeline parallelism a stage's share of each group is taken as
     # group layers x stage layers / all layers, rounded up.
-    groups, group_layers = kv_groups(model, block_size)
+    groups, group_layers = kv_groups(model, block_size) if hybrid_kv else (KVGroups(), model.num_layers)
     best = None
     for s, (w, n) in enumerate(zip(stage_w, layers)):
         block_bytes = int(round(block_size * -(-group_layers * n // model.num_layers) * kv_layer_gpu))

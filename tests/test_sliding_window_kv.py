@@ -174,3 +174,31 @@ def test_all_sliding_model_says_prefix_caching_is_not_modelled():
                                       "output_tokens": {"dist": "fixed", "value": 8}}}}
     w = summarize(run_scenario(scenario_from_dict(raw)))["simsrv_warnings"]
     assert any("enable_prefix_caching: not modelled" in x for x in w)
+
+
+def test_disaggregated_pools_charge_sliding_layers_in_full():
+    """A KV connector disables vLLM's hybrid KV cache manager: one group of all 42 layers."""
+    raw = {"model": "gemma-2-9b", "hardware": {"gpu": "h100-sxm", "cost_model": "roofline"},
+           "engine": {"policy": "disaggregated", "max_model_len": 8192},
+           "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+           "workload": {"synthetic": {"num_requests": 4, "input_tokens": {"dist": "fixed", "value": 64},
+                                      "output_tokens": {"dist": "fixed", "value": 8}}}}
+    r = run_scenario(scenario_from_dict(raw))
+    assert r.deployment.memory.kv_groups == KVGroups()
+    assert r.deployment.memory.kv_block_bytes_per_gpu == 16 * 42 * 8192
+
+
+def test_prefill_attention_on_sliding_layers_spans_the_window_only():
+    from sim.core.batch import Batch
+    from sim.cost.roofline import RooflineCostModel
+
+    m, g = get_model("gpt-oss-20b"), get_gpu("h100-sxm")  # 64 heads x 64, 24 layers, 12 slide over 128
+    cm = RooflineCostModel.ideal(m, g, 1, bound="compute")
+    full = 4096 * 4097 / 2
+    window = 128 * 129 / 2 + 128 * (4096 - 128)   # sum of min(t, 128) for t = 1 .. 4096
+    t = cm.step_time(Batch(prefill_chunks=((4096, 0),), num_logits=1)).ops_s["attn_prefill"]
+    assert t == pytest.approx(4 * 64 * 64 * (12 * full + 12 * window) / g.bf16_flops_per_s, rel=1e-12)
+    # a chunk wholly past the window: every query attends 128 keys on sliding layers
+    t = cm.step_time(Batch(prefill_chunks=((512, 2048),), num_logits=1)).ops_s["attn_prefill"]
+    pairs = 12 * 512 * (2048 + 513 / 2) + 12 * 512 * 128
+    assert t == pytest.approx(4 * 64 * 64 * pairs / g.bf16_flops_per_s, rel=1e-12)

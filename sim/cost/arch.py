@@ -70,6 +70,26 @@ def mla_attention(cm, m: ModelSpec, tp: int) -> None:
     cm._prefill_kv_bytes = heads * ((nope + rope) + v) * cm.dtype_bytes
 
 
+def windowed_pairs(cm, c: int, x: int) -> float:
+    """Causal (query, key) pairs of a chunk of ``c`` new tokens after ``x`` cached ones,
+    averaged over layers: on a sliding-window layer the query at position p attends
+    min(p + 1, window) keys (FlashAttention's ``window_size`` skips the rest), elsewhere p + 1
+    (Dao 2023). Exact sum of min(t, W) for t = x + 1 .. x + c. NOTE: the chunk's K/V bytes
+    are still counted over all cached tokens (prefill attention is compute bound)."""
+    full = c * (x + (c + 1) / 2.0)
+    if cm._slide is None:
+        return full
+    frac, w = cm._slide
+    a, b = x + 1, x + c
+    if b <= w:
+        win = full
+    elif a > w:
+        win = float(w) * c
+    else:
+        win = (a + w) * (w - a + 1) / 2.0 + float(w) * (b - w)
+    return full * (1.0 - frac) + frac * win
+
+
 def windowed_context(cm, num_seqs: int, context: float) -> float:
     """Decode context summed over sequences, averaged over layers: sliding-window layers
     read at most ``window`` tokens per sequence. NOTE: per-sequence context taken as the

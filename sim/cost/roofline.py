@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from sim.core.batch import Batch
-from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context
+from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pairs
 from sim.cost.attention_backend import get_backend
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
@@ -273,7 +273,7 @@ class RooflineCostModel:
                 key = (n, c, x)
                 hit = cache.get(key)
                 if hit is None:
-                    pairs = prefill_pairs(c, x)
+                    pairs = prefill_pairs(c, x) if self._slide is None else windowed_pairs(self, c, x)
                     flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
                     bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
                     # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
@@ -284,7 +284,10 @@ class RooflineCostModel:
                 self._flag |= hit[1]
                 total += hit[0]
             return L * total
-        pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
+        if self._slide is None:
+            pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
+        else:  # sliding-window layers attend the window only
+            pairs = sum(windowed_pairs(self, c, x) for c, x in chunks)
         kv_tokens = sum(c + x for c, x in chunks)
         new_tokens = sum(c for c, _ in chunks)
         flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * sum(x for _, x in chunks)

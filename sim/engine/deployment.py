@@ -67,8 +67,13 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     max_model_len, budget = _checked_lengths(s, model)
     engine = engine_profile(e)
+    # A disaggregated pool runs with a KV connector; vLLM then disables its hybrid KV cache
+    # manager (VllmConfig: "Hybrid KV cache manager is not compatible with KV transfer"; later
+    # versions keep it only for connectors marked SupportsHMA), so sliding-window layers are
+    # charged in full there. NOTE: the connector is assumed not to support it.
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis)
+                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
+                      hybrid_kv=where == "scenario")
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     limits = EngineLimits(
