@@ -120,3 +120,13 @@ def test_disaggregated_pools_count_tp_gpus_and_refuse_pipeline_stages():
 def test_hf_config_reader_does_not_import_the_catalogue():
     code = "import sys, sim.hf_config; assert 'sim.models' not in sys.modules, 'import circle'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_explain_shows_mla_attention_flops_per_pair():
+    from sim.analysis.explain import explain
+
+    e = explain(build_deployment(_scn("deepseek-v3", "b200", tensor_parallel_size=8)), 4096, 1)
+    assert e["prefill_attn_flops_per_pair_per_layer"] == 2 * 16 * (192 + 128)
+    assert e["decode_attn_flops_per_pair_per_layer"] == 2 * 16 * (576 + 512)
+    e = explain(build_deployment(_scn("llama-3.1-8b", "h100-sxm")), 4096, 1)
+    assert e["prefill_attn_flops_per_pair_per_layer"] == e["decode_attn_flops_per_pair_per_layer"] == 4 * 32 * 128

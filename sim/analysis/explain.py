@@ -24,6 +24,7 @@ EXPLAIN_KEYS = (
     "kv_bytes_per_seq_at_context", "num_sliding_layers", "sliding_window_tokens", "pipeline_parallel_size",
     "max_layers_per_stage", "pp_send_bytes_per_token_per_gpu", "expert_parallel_size", "experts_per_gpu",
     "kv_full_groups", "kv_sliding_groups", "kv_layers_per_group", "kv_blocks_per_seq_at_context",
+    "prefill_attn_flops_per_pair_per_layer", "decode_attn_flops_per_pair_per_layer",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -64,6 +65,10 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "decode_step_floor_ms": _floor_s(mem, decode) * 1e3,
         "prefill_floor_ms": _floor_s(RooflineCostModel.ideal(m, g, tp, dep.kv_dtype_bytes, "compute"), prefill) * 1e3,
         **breadth_figures(dep, n),
+        # per GPU, per (query, key) pair and layer: 4 x heads x head_dim, MLA 2 x heads x (192 + 128)
+        # in prefill and 2 x heads x (576 + 512) in absorbed decode (sim/cost/arch.py)
+        "prefill_attn_flops_per_pair_per_layer": flops_cm._prefill_pair_flops,
+        "decode_attn_flops_per_pair_per_layer": flops_cm._decode_pair_flops,
     }
 
 

@@ -107,6 +107,8 @@ class DecodeSet:
 
     def blocks_next_step(self) -> int:
         """``blocks_needed(1)``: the sequences whose blocks are full (offset r = 0)."""
+        if not self.num_filling and self.w_full == 1:
+            return self.phase_count[-self.steps % self.block_size]
         return self._count_at_offset(0)
 
     def blocks_needed(self, num_steps: int) -> int:
@@ -115,6 +117,9 @@ class DecodeSet:
         if num_steps <= 0 or not self.num_seqs:
             return 0
         rounds, rem = divmod(num_steps, self.block_size)
+        if not self.num_filling and self.w_full == 1:  # one block per opening (no sliding windows filling)
+            counts, bs, base = self.phase_count, self.block_size, -self.steps
+            return rounds * self.num_seqs + sum(counts[(base - r) % bs] for r in range(rem))
         return rounds * self._per_round() + sum(self._count_at_offset(r) for r in range(rem))
 
     def max_steps_within(self, free_blocks: int) -> int:
