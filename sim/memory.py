@@ -70,10 +70,11 @@ def kv_groups(model: ModelSpec, block_size: int) -> tuple[KVGroups, int]:
     window_blocks = -(-(model.sliding_window - 1) // block_size) + 1
     f = L - s
     if f == 0:
-        return KVGroups(full=0, sliding=1, window_blocks=window_blocks), L
+        return KVGroups(full=0, sliding=1, window_blocks=window_blocks, window=model.sliding_window), L
     lo, hi = min(f, s), max(f, s)
     size = hi if hi < 1.5 * lo else lo
-    return KVGroups(full=-(-f // size), sliding=-(-s // size), window_blocks=window_blocks), size
+    return KVGroups(full=-(-f // size), sliding=-(-s // size), window_blocks=window_blocks,
+                    window=model.sliding_window), size
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:

@@ -24,13 +24,13 @@ from sim.analysis.summary import summarize
 def test_kv_groups_as_vllm_groups_layers():
     # Gemma-2-9B: 21 global + 21 local (window 4096) layers: two groups of 21; a sliding group
     # holds at most ceil(4095 / 16) + 1 = 257 blocks
-    assert kv_groups(get_model("gemma-2-9b"), 16) == (KVGroups(1, 1, 257), 21)
+    assert kv_groups(get_model("gemma-2-9b"), 16) == (KVGroups(1, 1, 257, 4096), 21)
     # Gemma-3-27B: 10 global, 52 local (window 1024): groups of 10, six local ones (8 padding layers)
-    assert kv_groups(get_model("gemma-3-27b"), 16) == (KVGroups(1, 6, 65), 10)
+    assert kv_groups(get_model("gemma-3-27b"), 16) == (KVGroups(1, 6, 65, 1024), 10)
     # gpt-oss-120b: 18 full + 18 sliding (window 128): ceil(127 / 16) + 1 = 9
-    assert kv_groups(get_model("gpt-oss-120b"), 16) == (KVGroups(1, 1, 9), 18)
+    assert kv_groups(get_model("gpt-oss-120b"), 16) == (KVGroups(1, 1, 9, 128), 18)
     # Mistral-7B-v0.1: every layer slides over 4096 tokens: one sliding group of 32 layers
-    assert kv_groups(get_model("mistral-7b-v0.1-window"), 16) == (KVGroups(0, 1, 257), 32)
+    assert kv_groups(get_model("mistral-7b-v0.1-window"), 16) == (KVGroups(0, 1, 257, 4096), 32)
     assert kv_groups(get_model("llama-3.1-8b"), 16) == (KVGroups(), 32)
 
 
@@ -70,14 +70,28 @@ def test_explain_shows_groups_and_more_sequences_at_long_context():
 
 
 def test_block_manager_charges_the_window_only():
-    kv = KVBlockManager(10_000, 16, groups=KVGroups(1, 1, 9))  # gpt-oss: window 128
+    kv = KVBlockManager(10_000, 16, groups=KVGroups(1, 1, 9, 128))  # gpt-oss: window 128
     r = Request(0, 0.0, 1000, 10)
-    assert kv.allocate(r, 1000)
+    assert kv.allocate(r, 1000)  # KV that exists whole: the window's 9 blocks
     assert r.num_blocks == kv.num_used == 63 + 9
     assert kv.allocate(r, 1600)
     assert r.num_blocks == kv.num_used == 100 + 9
     kv.free(r)
     assert kv.num_used == 0
+
+
+def test_a_long_chunk_holds_its_blocks_until_the_window_moves_on():
+    """vLLM frees a sliding group's blocks before token computed - window + 1, then allocates
+    the chunk's (remove_skipped_blocks before allocate_slots)."""
+    kv = KVBlockManager(10_000, 16, groups=KVGroups(1, 1, 9, 128))
+    r = Request(0, 0.0, 4096, 10)
+    assert kv.allocate(r, 2048, computed=0)          # first chunk: tokens 0 .. 2047
+    assert r.num_blocks == 128 + 128
+    r.num_computed = 2048
+    assert kv.allocate(r, 4096, computed=2048)       # blocks before token 1921 (120 of them) freed
+    assert r.num_blocks == kv.num_used == 256 + (256 - 1921 // 16)
+    kv.trim(r, kv.blocks_for(4096))                  # joining decode: the window's 9 remain
+    assert r.num_blocks == kv.num_used == 256 + 9
 
 
 @settings(max_examples=200, deadline=None)

@@ -43,23 +43,32 @@ class KVGroups:
     frees the blocks that left the window (``SlidingWindowManager.remove_skipped_blocks``),
     so it holds at most ``window_blocks`` = ceil((window - 1) / block_size) + 1.
     A model without sliding-window layers is one full group (the default).
+    A prefill chunk computing tokens ``computed`` .. T - 1 holds, in a sliding group, every
+    block from the one holding token computed - window + 1 on (vLLM frees only the blocks
+    before it, ``remove_skipped_blocks(num_computed_tokens)``, before allocating the chunk's):
+    a chunk longer than the window holds more until the request's next step.
     NOTE: a sliding group is charged its bound ``window_blocks`` once the window is full (the
-    exact count alternates between it and one less), and a prefill chunk longer than the
-    window is charged the window only (vLLM holds the chunk's blocks until its next step).
+    exact count alternates between it and one less).
     """
 
     full: int = 1          # full-attention groups
     sliding: int = 0       # sliding-window groups
     window_blocks: int = 0  # most blocks a sliding group holds
+    window: int = 0         # the window, tokens
 
     @property
     def plain(self) -> bool:
         return self.sliding == 0 and self.full == 1
 
-    def blocks(self, num_tokens: int, block_size: int) -> int:
-        """Block ids one request holds at ``num_tokens`` tokens of KV."""
+    def blocks(self, num_tokens: int, block_size: int, computed: int | None = None) -> int:
+        """Block ids one request holds at ``num_tokens`` tokens of KV; with ``computed``, while a
+        chunk computes the tokens from ``computed`` on."""
         b = -(-num_tokens // block_size)
-        return self.full * b + self.sliding * min(b, self.window_blocks)
+        held = min(b, self.window_blocks)
+        if computed is not None and self.sliding:
+            skipped = max(0, computed - self.window + 1) // block_size
+            held = max(held, b - skipped)
+        return self.full * b + self.sliding * held
 
 
 def prefix_keys(req: Request, block_size: int) -> list:
@@ -149,11 +158,12 @@ class KVBlockManager:
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Block ids a request holds at ``num_tokens`` tokens of KV (every group's)."""
+    def blocks_for(self, num_tokens: int, computed: int | None = None) -> int:
+        """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
+        ``computed``, while a chunk computes the tokens from ``computed`` on."""
         if self.groups.plain:
             return -(-num_tokens // self.block_size)
-        return self.groups.blocks(num_tokens, self.block_size)
+        return self.groups.blocks(num_tokens, self.block_size, computed)
 
     @property
     def num_used(self) -> int:
@@ -249,12 +259,18 @@ class KVBlockManager:
             own = min(t.freed.count, cap - len(hits))
         return hits, own
 
-    def allocate(self, req: Request, num_tokens: int, hits: list[Block] = (), own_hits: int = 0) -> bool:
+    def allocate(self, req: Request, num_tokens: int, hits: list[Block] = (), own_hits: int = 0,
+                 computed: int | None = None) -> bool:
         """Grow ``req``'s blocks to cover ``num_tokens`` slots, first taking the cache hits
         ``hits`` / ``own_hits`` from ``lookup`` (vLLM ``allocate_slots``); False, with no change,
-        if the free blocks do not suffice (hits nobody references count as taken from them)."""
+        if the free blocks do not suffice (hits nobody references count as taken from them).
+        ``computed``: the first token the step computes (a prefill chunk's start; sliding-window
+        groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
-        new = self.blocks_for(num_tokens) - req.num_blocks - num_hit
+        new = self.blocks_for(num_tokens, computed) - req.num_blocks - num_hit
+        if new < 0:  # a sliding window moved past blocks of an earlier chunk: freed first
+            self.trim(req, req.num_blocks + new)
+            new = 0
         evictable = own_hits + sum(1 for b in hits if b.ref == 0)
         if max(new, 0) + evictable > self.num_free:
             return False
@@ -285,6 +301,15 @@ class KVBlockManager:
             if used > self.peak_used:
                 self.peak_used = used
         return True
+
+    def trim(self, req: Request, num_blocks: int) -> None:
+        """Give back ``req``'s blocks beyond ``num_blocks``: sliding-window blocks a long chunk
+        held that left the window (uncached ones, to the queue's tail)."""
+        k = req.num_blocks - num_blocks
+        if k > 0:
+            req.num_blocks = num_blocks
+            self.num_free += k
+            self._append_plain(k)
 
     def cache(self, req: Request, num_tokens: int) -> None:
         """Publish the request's full blocks among its first ``num_tokens`` tokens."""

@@ -99,9 +99,13 @@ class Scheduler:
         total = req.prompt_tokens + req.output_tokens
         if total > self.limits.max_model_len:
             return f"prompt+output {total} tokens > max_model_len {self.limits.max_model_len}"
-        need = self.kv.blocks_for(total - 1)
-        if need > self.kv.num_blocks:
-            return f"needs {need} KV blocks for {total} tokens; replica has {self.kv.num_blocks}"
+        kv = self.kv
+        need = kv.blocks_for(total - 1)
+        if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
+            longest = min(total - 1, self.limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
+            need = max(need, kv.blocks_for(longest, 0))
+        if need > kv.num_blocks:
+            return f"needs {need} KV blocks for {total} tokens; replica has {kv.num_blocks}"
         return ""
 
     def add_request(self, req: Request, now: float) -> bool:
@@ -205,7 +209,7 @@ class Scheduler:
                 break
             chunks.append((req, n))
             left -= n
-            blocks += kv.blocks_for(req.num_computed + n) - req.num_blocks
+            blocks += max(0, kv.blocks_for(req.num_computed + n, req.num_computed) - req.num_blocks)
         return chunks if blocks <= kv.num_free else None
 
     def _chunk_tokens(self, n: int) -> int:
@@ -218,7 +222,7 @@ class Scheduler:
     def _run_chunk(self, plan: StepPlan, req: Request, n: int) -> None:
         """Give running prompt ``req`` a chunk of ``n`` tokens this step: its KV blocks (published
         to the prefix cache as computed) and its place in the plan."""
-        self.kv.allocate(req, req.num_computed + n)
+        self.kv.allocate(req, req.num_computed + n, computed=req.num_computed)
         self.kv.cache(req, req.num_computed + n)
         plan.chunks.append((req, n))
         plan.chunk_contexts.append(req.num_computed)
@@ -236,7 +240,7 @@ class Scheduler:
                 need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.request_id in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = kv.blocks_for(req.num_computed + n) - req.num_blocks
+                need = kv.blocks_for(req.num_computed + n, req.num_computed) - req.num_blocks
             else:
                 i += 1
                 continue
@@ -326,7 +330,7 @@ class Scheduler:
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
             return n
-        if not kv.allocate(req, start + n, hits, own):
+        if not kv.allocate(req, start + n, hits, own, computed=start):
             self.wait_clocks.kv_blocked = True
             return 0
         if kv.prefix_caching and not req.num_generated and not req.num_preemptions:
@@ -400,7 +404,9 @@ class Scheduler:
         return finished
 
     def _on_prefill_done(self, req: Request, now: float) -> None:
-        """The prompt's last chunk emitted a token: decode continues here (colocated)."""
+        """The prompt's last chunk emitted a token: decode continues here (colocated); blocks
+        its last chunk held beyond a sliding window go back first."""
+        self.kv.trim(req, self.kv.blocks_for(req.num_computed))
         self.decode.add(req)
 
     def _finish(self, req: Request, now: float, finished: list[Request]) -> None:
