@@ -130,3 +130,13 @@ def test_explain_shows_mla_attention_flops_per_pair():
     assert e["decode_attn_flops_per_pair_per_layer"] == 2 * 16 * (576 + 512)
     e = explain(build_deployment(_scn("llama-3.1-8b", "h100-sxm")), 4096, 1)
     assert e["prefill_attn_flops_per_pair_per_layer"] == e["decode_attn_flops_per_pair_per_layer"] == 4 * 32 * 128
+
+
+def test_a_pipeline_run_summarizes():
+    """``simsrv run`` of a pipeline-parallel scenario reaches its summary (the pipeline cost
+    model reports its stages' carried calibration curves like a single-stage one)."""
+    from sim.analysis.summary import summarize
+    from sim.run import run_scenario
+
+    s = summarize(run_scenario(_scn("llama-3.1-70b", "h100-sxm", tensor_parallel_size=2, pipeline_parallel_size=2)))
+    assert s["completed"] == 4 and s["simsrv_pipeline_parallel_size"] == 2 and s["simsrv_num_gpus"] == 4

@@ -70,6 +70,7 @@ class PipelineCostModel:
         self.stages = [make_stage(m) for m in stage_models(model, pp)]
         last = self.stages[-1]
         self.gpu, self.tp, self.calibration, self.eff, self.ep = last.gpu, last.tp, last.calibration, last.eff, last.ep
+        self.carried_from = last.carried_from  # operators borrowing another GPU's curve (summary)
         self.engine = last.engine
         self.link_bytes_per_s = link_bytes_per_s * link_eff
         self._flag = self._lm_flag = False
