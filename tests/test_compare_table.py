@@ -76,3 +76,18 @@ def test_compare_validates_every_policy_before_running_any(tmp_path):
     p = simsrv("compare", s, "--out", tmp_path / "b")
     assert p.returncode == 2 and "policy disaggregated: disaggregation.prefill" in p.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_compare_prints_a_policy_that_completes_nothing(tmp_path):
+    """continuous refuses prompts over its token budget: every request fails, and its line says
+    so instead of crashing on the missing latencies; chunked's 6 requests leave none between
+    the TTFT's p45 and p55, and the decomposition chart leaves that group out."""
+    raw = small_scenario(engine={"max_num_batched_tokens": 512},
+                         workload={"synthetic": {"num_requests": 6, "request_rate": 5,
+                                                 "input_tokens": {"dist": "fixed", "value": 1000},
+                                                 "output_tokens": {"dist": "fixed", "value": 10}}})
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(raw))
+    p = simsrv("compare", s, "--policies", "continuous,chunked", "--out", tmp_path / "c")
+    assert p.returncode == 0, p.stderr
+    assert "TTFT p50 - / p99 - ms" in p.stdout and "6 failed" in p.stdout

@@ -31,9 +31,12 @@ def compare(
     name = load_scenario(scenario, set_).dir_name
     out_dir = out or Path("reports/compare") / name
 
+    def ms(x) -> str:  # None: no request completed under that policy
+        return "-" if x is None else f"{x:,.1f}"
+
     def on_run(label: str, s: dict) -> None:
-        console.print(f"{label:>16}: TTFT p50 {s['p50_ttft_ms']:,.1f} / p99 {s['p99_ttft_ms']:,.1f} ms, "
-                      f"TPOT p99 {s['p99_tpot_ms'] or 0:,.1f} ms, {s['request_throughput']:.2f} req/s, "
+        console.print(f"{label:>16}: TTFT p50 {ms(s['p50_ttft_ms'])} / p99 {ms(s['p99_ttft_ms'])} ms, "
+                      f"TPOT p99 {ms(s['p99_tpot_ms'])} ms, {s['request_throughput']:.2f} req/s, "
                       f"{s['failed']} failed", markup=False, highlight=False)
         for w in s.get("simsrv_warnings", []):
             console.print(f"{'':>16}  warning: {w}", markup=False, highlight=False)

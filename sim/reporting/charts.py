@@ -103,6 +103,8 @@ def decomposition_frame(requests: pl.DataFrame, label: str) -> pl.DataFrame:
     rows = []
     for group, mask in (("p50", (t >= p45) & (t <= p55)), ("p99 tail", t >= p99)):
         sel = done.filter(pl.Series(mask))
+        if sel.height == 0:  # a few requests: none between p45 and p55
+            continue
         total = sum(float(sel[p].mean()) * 1e3 for p in TTFT_PARTS if p in sel.columns)
         for part in TTFT_PARTS:
             if part in sel.columns:
