@@ -96,23 +96,26 @@ def test_a_long_chunk_holds_its_blocks_until_the_window_moves_on():
 
 @settings(max_examples=200, deadline=None)
 @given(bs=st.sampled_from([1, 4, 16]), groups=st.sampled_from([(1, 0, 0), (1, 1, 3), (1, 6, 2), (0, 1, 4), (2, 1, 5)]),
-       steps0=st.integers(0, 100), seqs=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 8)), min_size=1, max_size=20),
+       steps0=st.integers(0, 100), seqs=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 8), st.integers(0, 40)),
+                                                 min_size=1, max_size=20),
        ks=st.lists(st.integers(0, 60), min_size=1, max_size=4), free=st.integers(0, 300))
 def test_decode_set_look_ahead_with_sliding_groups_matches_brute_force(bs, groups, steps0, seqs, ks, free):
     g = KVGroups(*groups)
     ds = DecodeSet(bs, g)
     ds.steps = steps0
     ns = []
-    for i, (p, gen) in enumerate(seqs):
+    for i, (p, gen, hit) in enumerate(seqs):
         r = Request(i, 0.0, p, 10_000)
         r.num_generated = gen
-        r.num_blocks = g.blocks(p + gen - 1, bs)
+        r.kv_hit_blocks = min(hit, (p - 1) // bs)  # a prefix-cache hit never covers the last token
+        r.num_blocks = g.blocks(p + gen - 1, bs, shared=r.kv_hit_blocks)
         ds.add(r)
-        ns.append(p + gen - 1)
+        ns.append((p + gen - 1, r.kv_hit_blocks))
     done = 0  # steps advanced so far
 
     def brute(k):
-        return sum(g.blocks(n + done + j + 1, bs) - g.blocks(n + done + j, bs) for n in ns for j in range(k))
+        return sum(g.blocks(n + done + j + 1, bs, shared=h) - g.blocks(n + done + j, bs, shared=h)
+                   for n, h in ns for j in range(k))
 
     for k in ks:
         change = ds.steps_to_next_change()
@@ -123,7 +126,7 @@ def test_decode_set_look_ahead_with_sliding_groups_matches_brute_force(bs, group
             assert brute(km) <= free < brute(km + 1)
         assert ds.advance(k, brute(k)) == []
         done += k
-    assert ds.num_blocks == sum(g.blocks(n + done, bs) for n in ns)
+    assert ds.num_blocks == sum(g.blocks(n + done, bs, shared=h) for n, h in ns)
 
 
 @pytest.mark.parametrize("model", ["gemma-2-9b", "gpt-oss-20b", "mistral-7b-v0.1-window", "gemma-3-1b"])
@@ -216,3 +219,33 @@ def test_prefill_attention_on_sliding_layers_spans_the_window_only():
     t = cm.step_time(Batch(prefill_chunks=((512, 2048),), num_logits=1)).ops_s["attn_prefill"]
     pairs = 12 * 512 * (2048 + 513 / 2) + 12 * 512 * 128
     assert t == pytest.approx(4 * 64 * 64 * pairs / g.bf16_flops_per_s, rel=1e-12)
+
+
+def test_a_prefix_hit_shares_the_sliding_pages_of_the_prefix():
+    """Gemma-2 pages (window 4096: 257 blocks): a request of 4,100 tokens (257 blocks) whose
+    first 250 blocks (4,000 tokens) are a cache hit holds 257 global pages (250 of them the
+    shared hit) and, of the sliding group, only the 7 pages past the hit: the hit's are shared."""
+    g = KVGroups(1, 1, 257, 4096)
+    assert g.blocks(4100, 16, shared=250) == 257 + 7
+    assert g.blocks(4100, 16) == 257 + 257
+    # decoding on, its own sliding pages grow until the window holds none of the hit's
+    assert g.blocks(8000, 16, shared=250) == 500 + 250
+    assert g.blocks(8192, 16, shared=250) == 512 + 257
+
+
+@pytest.mark.parametrize("model", ["gemma-2-9b", "gpt-oss-20b"])
+def test_shared_prefix_runs_fast_forward_exactly(model):
+    raw = {"model": model, "hardware": {"gpu": "l4" if model == "gemma-2-9b" else "h100-sxm", "cost_model": "roofline"},
+           "engine": {"policy": "chunked", "max_num_batched_tokens": 1024, "max_model_len": 8192,
+                      "gpu_memory_utilization": 0.95 if model == "gemma-2-9b" else 0.515},
+           "workload": {"synthetic": {"num_requests": 120, "request_rate": 4, "shared_prefix_tokens": 2000, "num_prefixes": 3,
+                                      "input_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5, "max": 800},
+                                      "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5, "max": 800}}}}
+    ff = run_scenario(scenario_from_dict(raw))
+    single = run_scenario(scenario_from_dict(raw), max_run_steps=1)
+    a, b = summarize(ff), summarize(single)
+    assert a["completed"] == b["completed"] == 120
+    assert a["simsrv_prefix_cache_hit_rate"] == b["simsrv_prefix_cache_hit_rate"] > 0.5
+    assert a["simsrv_num_preemptions"] == b["simsrv_num_preemptions"]
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms"):
+        assert a[key] == pytest.approx(b[key], rel=1e-3), key

@@ -160,10 +160,12 @@ def summarize(result) -> dict:
     })
     out["simsrv_warnings"] = run_warnings(out, rq["arrival_s"].to_numpy()[ok], cols["queue_s"][ok],
                                           (cols["e2el_s"] - cols["queue_s"])[ok])
-    if s.engine.enable_prefix_caching and dep.memory.kv_groups.full == 0:
+    g = dep.memory.kv_groups
+    if s.engine.enable_prefix_caching and g.sliding and g.full != 1:
         out["simsrv_warnings"].append(
-            f"engine.enable_prefix_caching: not modelled for {dep.model.name}, whose every layer attends over a "
-            f"{dep.model.sliding_window}-token sliding window: no prefix-cache hits were counted")
+            f"engine.enable_prefix_caching: not modelled for {dep.model.name}, whose KV cache groups are "
+            f"{g.full} full-attention and {g.sliding} sliding-window ({dep.model.sliding_window} tokens): "
+            "no prefix-cache hits were counted")
     return out
 
 

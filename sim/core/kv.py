@@ -47,8 +47,12 @@ class KVGroups:
     block from the one holding token computed - window + 1 on (vLLM frees only the blocks
     before it, ``remove_skipped_blocks(num_computed_tokens)``, before allocating the chunk's):
     a chunk longer than the window holds more until the request's next step.
+    With a prefix-cache hit of ``shared`` blocks the sliding pages of the hit are shared too
+    (vLLM's hybrid ``find_longest_cache_hit`` takes the window's cached blocks): a request's own
+    sliding pages are those past the hit within the window, min(b - shared, window_blocks).
     NOTE: a sliding group is charged its bound ``window_blocks`` once the window is full (the
-    exact count alternates between it and one less).
+    exact count alternates between it and one less); the shared sliding pages of a cached
+    prefix are charged to nobody (at most ``sliding x window_blocks`` per prefix in use).
     """
 
     full: int = 1          # full-attention groups
@@ -60,14 +64,15 @@ class KVGroups:
     def plain(self) -> bool:
         return self.sliding == 0 and self.full == 1
 
-    def blocks(self, num_tokens: int, block_size: int, computed: int | None = None) -> int:
-        """Block ids one request holds at ``num_tokens`` tokens of KV; with ``computed``, while a
-        chunk computes the tokens from ``computed`` on."""
+    def blocks(self, num_tokens: int, block_size: int, computed: int | None = None, shared: int = 0) -> int:
+        """Block ids one request holds at ``num_tokens`` tokens of KV, ``shared`` of its first
+        blocks a prefix-cache hit; with ``computed``, while a chunk computes the tokens from
+        ``computed`` on."""
         b = -(-num_tokens // block_size)
-        held = min(b, self.window_blocks)
+        held = min(b - shared, self.window_blocks)
         if computed is not None and self.sliding:
             skipped = max(0, computed - self.window + 1) // block_size
-            held = max(held, b - skipped)
+            held = max(held, b - max(skipped, shared))
         return self.full * b + self.sliding * held
 
 
@@ -144,10 +149,10 @@ class KVBlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.groups = groups
-        # NOTE: with sliding-window groups a cached block is the full-attention group's page of
-        # that prefix (one full group); the hit's sliding-window pages are allocated anew
-        # (vLLM shares them too: at most ``sliding x window_blocks`` more per request). With no
-        # full-attention group (every layer sliding) prefix caching is not modelled: no hits.
+        # With sliding-window groups a cached block is the full-attention group's page of that
+        # prefix (one full group); the hit's sliding pages are shared uncharged (``KVGroups``).
+        # NOTE: with no full-attention group (every layer sliding) or several, prefix caching
+        # is not modelled: no hits (the run's warnings say so for the first).
         self.prefix_caching = enable_prefix_caching and (groups.sliding == 0 or groups.full == 1)
         self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
         self.peak_used = 0
@@ -158,12 +163,18 @@ class KVBlockManager:
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
 
-    def blocks_for(self, num_tokens: int, computed: int | None = None) -> int:
+    def blocks_for(self, num_tokens: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
-        ``computed``, while a chunk computes the tokens from ``computed`` on."""
+        ``computed``, while a chunk computes the tokens from ``computed`` on (``KVGroups.blocks``)."""
         if self.groups.plain:
             return -(-num_tokens // self.block_size)
-        return self.groups.blocks(num_tokens, self.block_size, computed)
+        return self.groups.blocks(num_tokens, self.block_size, computed, shared)
+
+    def blocks_of(self, req: Request, num_tokens: int, computed: int | None = None) -> int:
+        """``blocks_for`` of ``req``, whose allocation began with ``req.kv_hit_blocks`` hits."""
+        if self.groups.plain:
+            return -(-num_tokens // self.block_size)
+        return self.groups.blocks(num_tokens, self.block_size, computed, req.kv_hit_blocks)
 
     @property
     def num_used(self) -> int:
@@ -267,7 +278,8 @@ class KVBlockManager:
         ``computed``: the first token the step computes (a prefill chunk's start; sliding-window
         groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
-        new = self.blocks_for(num_tokens, computed) - req.num_blocks - num_hit
+        shared = num_hit if num_hit else req.kv_hit_blocks
+        new = self.blocks_for(num_tokens, computed, shared) - req.num_blocks - num_hit
         if new < 0:  # a sliding window moved past blocks of an earlier chunk: freed first
             self.trim(req, req.num_blocks + new)
             new = 0
@@ -275,6 +287,7 @@ class KVBlockManager:
         if max(new, 0) + evictable > self.num_free:
             return False
         if num_hit:
+            req.kv_hit_blocks = num_hit
             t = self.table(req)
             q = self._queue
             for b in hits:
@@ -337,6 +350,7 @@ class KVBlockManager:
 
     def free(self, req: Request) -> None:
         """Release a request's blocks, tail first; cached ones stay resident, evictable."""
+        req.kv_hit_blocks = 0
         t = self.tables.pop(req.request_id, None)
         if t is None:
             if req.num_blocks:

@@ -22,7 +22,7 @@ class Request:
         "g_join", "step_join", "phase", "epoch", "in_decode",
         "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
         "hash_ids", "hash_block_size", "prefix_keys",
-        "prefix_hit_tokens",
+        "prefix_hit_tokens", "kv_hit_blocks",
         "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
         "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
@@ -67,6 +67,7 @@ class Request:
         self.hash_block_size = 16
         self.prefix_keys = None
         self.prefix_hit_tokens = 0
+        self.kv_hit_blocks = 0      # prefix-cache blocks its current allocation started with
         # TTFT decomposition (sim/core/ttft.py): parts that add up to first_token_s - arrival_s
         self.wait_mark_batch_s = 0.0
         self.wait_mark_kv_s = 0.0

@@ -209,7 +209,7 @@ class Scheduler:
                 break
             chunks.append((req, n))
             left -= n
-            blocks += max(0, kv.blocks_for(req.num_computed + n, req.num_computed) - req.num_blocks)
+            blocks += max(0, kv.blocks_of(req, req.num_computed + n, req.num_computed) - req.num_blocks)
         return chunks if blocks <= kv.num_free else None
 
     def _chunk_tokens(self, n: int) -> int:
@@ -240,7 +240,7 @@ class Scheduler:
                 need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.request_id in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = kv.blocks_for(req.num_computed + n, req.num_computed) - req.num_blocks
+                need = kv.blocks_of(req, req.num_computed + n, req.num_computed) - req.num_blocks
             else:
                 i += 1
                 continue
@@ -295,7 +295,7 @@ class Scheduler:
         replica) straight into the decode set, if its blocks and its first decode step fit."""
         kv, ds = self.kv, self.decode
         n = req.prompt_tokens + req.num_generated - 1
-        if kv.blocks_for(n + 1) > kv.num_free:
+        if kv.blocks_of(req, n + 1) > kv.num_free:
             self.wait_clocks.kv_blocked = True
             return False
         kv.allocate(req, n)
@@ -310,7 +310,7 @@ class Scheduler:
         self._on_kv_admitted(req, now)
         self.running[req.request_id] = req
         ds.add(req)
-        opened = kv.blocks_for(n + 1) - kv.blocks_for(n)
+        opened = kv.blocks_of(req, n + 1) - kv.blocks_of(req, n)
         if opened:  # its first decode step opens a block
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
@@ -406,7 +406,7 @@ class Scheduler:
     def _on_prefill_done(self, req: Request, now: float) -> None:
         """The prompt's last chunk emitted a token: decode continues here (colocated); blocks
         its last chunk held beyond a sliding window go back first."""
-        self.kv.trim(req, self.kv.blocks_for(req.num_computed))
+        self.kv.trim(req, self.kv.blocks_of(req, req.num_computed))
         self.decode.add(req)
 
     def _finish(self, req: Request, now: float, finished: list[Request]) -> None:

@@ -26,8 +26,9 @@ class DecodeSet:
         self.block_size = block_size
         self.groups = groups
         self.w_full, self.w_slide = groups.full, groups.sliding  # blocks per opening event
-        # the last token position (0-based) whose block opening still fills a sliding window
-        self._slide_last = (groups.window_blocks - 1) * block_size if groups.sliding else -1
+        # a sequence's sliding pages grow with each block opening at a position up to
+        # (hit blocks + window_blocks - 1) x block_size (``_slide_last``)
+        self._sliding = groups.sliding > 0
         self.num_filling = 0        # sequences whose sliding-window blocks still grow
         self.filling_count = [0] * block_size  # those, by phase class (as phase_count)
         self._fill_heap: list[tuple[int, int, int, Request]] = []  # (step it stops, id, epoch, request)
@@ -54,17 +55,18 @@ class DecodeSet:
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
         heapq.heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
-        if n <= self._slide_last:  # it opens blocks at n + j for j = 0, bs, ... up to _slide_last
+        last = self._slide_last(req)
+        if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
             self.filling_count[req.phase] += 1
-            heapq.heappush(self._fill_heap, (self.steps + self._slide_last - n + 1, req.request_id, req.epoch, req))
+            heapq.heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish or preemption), writing back its tokens and blocks."""
         g = req.g_join + (self.steps - req.step_join)
         n = req.prompt_tokens + g - 1
         req.num_generated = g
-        req.num_blocks = self.groups.blocks(n, self.block_size)
+        req.num_blocks = self.groups.blocks(n, self.block_size, shared=req.kv_hit_blocks)
         req.in_decode = False
         if self._filling(req):
             self.num_filling -= 1
@@ -75,13 +77,22 @@ class DecodeSet:
         self.num_blocks -= req.num_blocks
         self.phase_count[req.phase] -= 1
 
+    def _slide_last(self, req: Request) -> int:
+        """The last token position (0-based) whose block opening adds sliding pages for
+        ``req``: its own sliding pages, min(b - hit blocks, window_blocks), grow until then;
+        -1 without sliding groups."""
+        if not self._sliding:
+            return -1
+        return (req.kv_hit_blocks + self.groups.window_blocks - 1) * self.block_size
+
     def _filling(self, req: Request) -> bool:
         """Whether ``req`` (in the set) still fills its sliding windows: its next opening event
         lies at or before ``_slide_last``."""
         if not self.num_filling:
             return False
         n = req.prompt_tokens + req.g_join - 1  # its context at join
-        return n <= self._slide_last and self.steps - req.step_join <= self._slide_last - n
+        last = self._slide_last(req)
+        return n <= last and self.steps - req.step_join <= last - n
 
     def blocks_at_next_step(self, req: Request) -> int:
         """Blocks ``req`` opens in the next step: 0 unless its blocks are full."""
