@@ -275,6 +275,8 @@ class KVBlockManager:
         """Grow ``req``'s blocks to cover ``num_tokens`` slots, first taking the cache hits
         ``hits`` / ``own_hits`` from ``lookup`` (vLLM ``allocate_slots``); False, with no change,
         if the free blocks do not suffice (hits nobody references count as taken from them).
+        Sliding-window blocks that left the window are freed first either way, as vLLM's
+        ``remove_skipped_blocks`` runs before it counts the blocks to allocate.
         ``computed``: the first token the step computes (a prefill chunk's start; sliding-window
         groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
