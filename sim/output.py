@@ -19,7 +19,7 @@ REQUEST_COLUMNS = (
 )
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens",
-    "kv_blocks_used", "num_waiting", "first_step_duration_s", "last_step_duration_s",
+    "kv_blocks_used", "num_waiting", "first_step_duration_s", "last_step_duration_s", "multi_step",
 )
 
 

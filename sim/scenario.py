@@ -105,6 +105,8 @@ class EngineOverhead(_Strict):
     per_seq_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_extra_tp_rank_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     eager_launch_per_layer_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    output_step_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    output_per_seq_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)
@@ -135,6 +137,14 @@ class Engine(_Strict):
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_TOKENS)
     max_num_partial_prefills: int = Field(0, ge=0, le=MAX_COUNT)  # vLLM V0 knob; 0 = not enforced (V1)
+    # vLLM 0.6 multi-step scheduling (--num-scheduler-steps): decode steps per scheduling round
+    num_scheduler_steps: int = Field(1, ge=1, le=MAX_COUNT)
+    # prompts in steps of their own that pause the decodes (vLLM V0 without chunked prefill,
+    # SGLang without --enable-mixed-chunk); false: prompts join decode steps (vLLM V1)
+    separate_prefill_steps: bool = False
+    # TensorRT-LLM's capacity scheduler policy: max_utilization = KV on demand, preempt when short
+    # (vLLM); guaranteed_no_evict = admit only requests whose whole length fits (TRT-LLM default)
+    capacity_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
     step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)
@@ -354,6 +364,18 @@ class Scenario(_Strict):
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")
+        if e.num_scheduler_steps > 1 and (e.policy != "continuous" or e.preemption_mode != "recompute"):
+            # vLLM 0.6.0 refuses chunked prefill with multi-step (vllm/engine/arg_utils.py:
+            # "Chunked prefill is not supported with multi-step"); swap is not modelled with it
+            raise ValueError(f"engine.num_scheduler_steps: {e.num_scheduler_steps} (multi-step) needs "
+                             "engine.policy: continuous and preemption_mode: recompute (vLLM 0.6.0 "
+                             "refuses chunked prefill with multi-step)")
+        if e.capacity_scheduler_policy != "max_utilization" and e.policy not in ("continuous", "chunked"):
+            raise ValueError(f"engine.capacity_scheduler_policy: {e.capacity_scheduler_policy} applies to policies "
+                             f"continuous and chunked, not {e.policy}")
+        if e.separate_prefill_steps and e.policy != "continuous":
+            raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
+                             f"not {e.policy}")
         if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
             raise ValueError(
                 f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "

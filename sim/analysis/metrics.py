@@ -58,11 +58,14 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
     """(gap seconds, count) pairs: each decode step's duration once per decode sequence in it.
 
     A fast-forwarded row of k steps holds steps evenly spaced from ``first_step_duration_s`` to
-    ``last_step_duration_s``; it is expanded per step (not per token). Gaps spanning a preemption are
-    added from the schedulers' records.
+    ``last_step_duration_s``; it is expanded per step (not per token). Gaps spanning a preemption, and
+    those of multi-step blocks (tokens released at a block's end: one gap per sequence per
+    block), are added from the schedulers' records.
     """
     k = steps["num_steps"]
     has = steps["decode_tokens"] > 0
+    if "multi_step" in steps:  # a multi-step block's gaps are listed per request (resume_gaps_s)
+        has &= steps["multi_step"] == 0
     k, first, last = k[has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
     row = np.repeat(np.arange(len(k)), k)

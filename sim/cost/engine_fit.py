@@ -39,6 +39,19 @@ def cpu_rows(profile_dir: Path, gpu_key: str = "a100-80g") -> pl.DataFrame:
     return tot.with_columns(time_ms=pl.Series(tot["time_ms"].to_numpy() - kernel_ms))
 
 
+def fit_output_processing(profile_dir: Path, gpu_key: str = "a100-80g") -> dict:
+    """The per-token output-processing part of the fit (vidur's ``process_model_outputs`` rows
+    alone, same calibration rows): fixed ms and ms per sequence of one step's outputs. Multi-step
+    scheduling amortises scheduling and input preparation over its steps but still processes
+    every step's tokens (sim/cost/engine_profile.py)."""
+    df = pl.read_parquet(Path(profile_dir) / f"{gpu_key}.parquet").filter(
+        (pl.col("op") == "overhead") & (pl.col("detail") == "process_model_outputs"))
+    tot = df.group_by("model", "tp", "batch").agg(pl.col("time_ms").sum()).sort("model", "tp", "batch")
+    train = tot.filter(pl.Series(~holdout_mask(tot, "overhead")))
+    a, c, _ = overhead_coefs(train)
+    return {"step_ms": a, "per_seq_ms": c}
+
+
 def fit_cpu_profile(profile_dir: Path, gpu_key: str = "a100-80g") -> dict:
     """Fixed ms, ms per sequence, ms per extra TP rank (fitted on the calibration rows) and the
     held-out rows' median and p90 absolute % error."""

@@ -10,7 +10,11 @@ scenario names one (``engine.profile``) and may override any term (``engine.over
 
 Model of one step of ``g`` GPU seconds (kernels only, sampler included):
 - CPU work ``cpu`` = fixed (prefill-carrying or decode-only step) + per sequence + per extra
-  TP rank;
+  TP rank; with multi-step scheduling (``engine.num_scheduler_steps`` = N, vLLM 0.6) one
+  scheduling and input preparation serve N decode steps, so a decode-only step pays that part
+  / N (vLLM multi-step RFC, vllm-project/vllm#6854), while every step's output tokens are still
+  processed (``output_step`` + ``output_per_seq`` per sequence: vidur's process_model_outputs;
+  vllm/engine/output_processor/multi_step.py appends and checks each token);
 - kernel launches ``launch`` = layers x per-layer launch time, unless the step replays a
   CUDA graph (decode-only steps of at most ``cuda_graph_max_batch`` sequences); launches are
   asynchronous, so the GPU hides them when its kernels take longer;
@@ -54,11 +58,20 @@ class EngineProfile:
     basis: str = ""
     sources: tuple[str, ...] = ()
     overridden: tuple[str, ...] = ()
+    output_step_s: float = 0.0     # the part of the fixed terms processing the step's outputs
+    output_per_seq_s: float = 0.0  # the part of per_seq_s doing so
+    num_scheduler_steps: int = 1  # decode steps per scheduling (engine.num_scheduler_steps)
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
-        """Fixed + per-sequence + per-extra-rank CPU seconds of one step."""
+        """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
+        ``num_scheduler_steps`` > 1 a decode-only step pays its share of one scheduling plus its
+        own output processing."""
         fixed = self.prefill_step_s if has_prefill else self.decode_step_s
-        return fixed + self.per_seq_s * num_seqs + self.per_extra_tp_rank_s * (tp - 1)
+        cpu = fixed + self.per_seq_s * num_seqs + self.per_extra_tp_rank_s * (tp - 1)
+        if has_prefill or self.num_scheduler_steps == 1:
+            return cpu
+        out = min(cpu, self.output_step_s + self.output_per_seq_s * num_seqs)
+        return (cpu - out) / self.num_scheduler_steps + out
 
     def graphed(self, num_seqs: int, has_prefill: bool) -> bool:
         """Whether the step replays a CUDA graph (decode-only, within the captured sizes)."""
@@ -98,13 +111,16 @@ class EngineProfile:
             "attention_backend": self.attention_backend,
             "batch_range": list(self.batch_range) if self.batch_range else None,
             "kv_memory_basis": self.kv_memory_basis,
+            "output_step_ms": self.output_step_s * 1e3, "output_per_seq_ms": self.output_per_seq_s * 1e3,
+            "num_scheduler_steps": self.num_scheduler_steps,
             "overridden": list(self.overridden),
         }
 
 
 # scenario key (ms or plain) -> EngineProfile field
 _MS_KEYS = {"prefill_step_ms": "prefill_step_s", "decode_step_ms": "decode_step_s", "per_seq_ms": "per_seq_s",
-            "per_extra_tp_rank_ms": "per_extra_tp_rank_s", "eager_launch_per_layer_ms": "eager_launch_per_layer_s"}
+            "per_extra_tp_rank_ms": "per_extra_tp_rank_s", "eager_launch_per_layer_ms": "eager_launch_per_layer_s",
+            "output_step_ms": "output_step_s", "output_per_seq_ms": "output_per_seq_s"}
 _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range")
 
 
@@ -115,7 +131,7 @@ def _catalog() -> dict:
 
 
 def _from_entry(name: str, d: dict) -> EngineProfile:
-    kw = {f: float(d[k]) / 1e3 for k, f in _MS_KEYS.items()}
+    kw = {f: float(d.get(k, 0.0)) / 1e3 for k, f in _MS_KEYS.items()}
     kw.update({k: d[k] for k in _PLAIN_KEYS})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")

@@ -6,7 +6,9 @@ decode steps is interrupted by an arrival and cut at the step boundary after it,
 engine would let the new request in. The cost model may cover only a run's first steps (one
 piece along which step times follow a smooth curve: ``sim/cost/runs.py``); the replica runs
 those and plans again, so a run costs what its steps cost one at a time. Disaggregation is a
-topology (sim/engine/topology.py), not a mode inside one scheduler.
+topology (sim/engine/topology.py), not a mode inside one scheduler. A multi-step block
+(``engine.num_scheduler_steps``) is not interrupted: it runs all its steps, costed piece by
+piece, and arrivals wait for its end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
+from sim.core.batch import Batch
 from sim.cost.runs import run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
@@ -124,6 +127,20 @@ class Replica:
             prefilling = list(sched.prefilling.values()) if len(sched.prefilling) > len(plan.chunks) else ()
             # the cost model may cover only the run's first steps (its affine piece): run those,
             # then plan again (the scheduler takes back the rest's KV blocks)
+            if plan.block:
+                start = env.now
+                first, last = yield from self._block(plan)
+                done = plan.num_steps
+                kv_used = sched.kv.num_used
+                finished = sched.on_step_done(plan, env.now, done)
+                rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs, 0,
+                          plan.num_decode_seqs * done, kv_used, len(sched.waiting), first, last, 1))
+                if finished:
+                    self.on_finish(finished)
+                self.last_step_s = env.now - start
+                if self.on_step is not None:
+                    self.on_step(self)
+                continue
             rc = self.cost.run_cost(plan.batch)
             first, last, k, curve = rc.first_s, rc.last_s, rc.num_steps, rc.curve_s
             if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
@@ -154,7 +171,7 @@ class Replica:
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
                       plan.prefill_tokens, plan.num_decode_seqs * done, kv_used,
-                      len(sched.waiting), first, last))
+                      len(sched.waiting), first, last, 0))
             for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
                 rec.itl_adjust.append((first, first + gap))
             if finished:
@@ -162,6 +179,28 @@ class Replica:
             self.last_step_s = env.now - start
             if self.on_step is not None:
                 self.on_step(self)
+
+
+    def _block(self, plan):
+        """Run a multi-step block's ``num_steps`` decode steps whole (SimPy sub-process): the cost
+        model's pieces one after another (each at most ``max_run_steps``), uninterrupted.
+        Returns the first and the last step's seconds."""
+        b = plan.batch
+        n, k, cap = b.num_decode_seqs, b.num_steps, self.scheduler.limits.max_run_steps
+        done, first, last = 0, 0.0, 0.0
+        while done < k:
+            rc = self.cost.run_cost(Batch(n, b.decode_context_tokens + n * done, (), b.num_logits,
+                                          min(k - done, cap)))
+            if not done:
+                first = rc.first_s
+            last = rc.last_s
+            yield self.env.timeout(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
+            if rc.extrapolated:
+                self.recorder.count_extrapolated(self.index, rc.num_steps)
+            if rc.lm_head_extrapolated:
+                self.recorder.lm_head_extrapolated = True
+            done += rc.num_steps
+        return first, last
 
 
 class Colocated:
@@ -267,6 +306,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
             gc.enable()
     for s in topo.schedulers:
         rec.resume_gaps_s.extend(s.resume_gaps_s)
+        rec.resume_gaps_s.extend(s.burst_gaps_s)
     if progress is not None:
         progress(ended[0])
     return requests, rec

@@ -5,7 +5,7 @@ Why: ``run``, ``explain`` and tests build a deployment the same way, in one plac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.cost.calibration import load_calibration
@@ -83,6 +83,9 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         max_num_partial_prefills=e.max_num_partial_prefills,
         preemption_mode=e.preemption_mode,
+        num_scheduler_steps=e.num_scheduler_steps,
+        separate_prefill_steps=e.separate_prefill_steps,
+        capacity_scheduler_policy=e.capacity_scheduler_policy,
     )
     c = s.cluster
 
@@ -122,7 +125,8 @@ def engine_profile(e):
         over["per_seq_ms"] = e.per_seq_overhead_ms
     if e.attention_backend is not None:
         over["attention_backend"] = e.attention_backend
-    return get_profile(e.profile, over)
+    p = get_profile(e.profile, over)
+    return replace(p, num_scheduler_steps=e.num_scheduler_steps) if e.num_scheduler_steps > 1 else p
 
 
 # vLLM's max_num_batched_tokens default without chunked prefill is max(max_model_len, 2048)

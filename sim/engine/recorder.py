@@ -12,13 +12,17 @@ import numpy as np
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens",
     "decode_tokens", "kv_blocks_used", "num_waiting", "first_step_duration_s", "last_step_duration_s",
+    "multi_step",
 )
-_INT = {"replica", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "num_waiting"}
+_INT = {"replica", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "num_waiting",
+        "multi_step"}
 
 
 class Recorder:
     def __init__(self) -> None:
         self.steps: list[tuple] = []
+        # inter-token gaps listed one by one: spanning a recompute, or to the end of a multi-step
+        # block (``multi_step`` rows: their tokens come out at the block's end, not step by step)
         self.resume_gaps_s: list[float] = []
         # (step duration counted once in the step log, the true gap that replaces it) for a
         # request whose first decode step came after waiting with its KV elsewhere

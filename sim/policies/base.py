@@ -35,6 +35,14 @@ class EngineLimits:
     # vLLM V0's cap on concurrent partial prefills; V1 does not enforce it. 0 = off (as V1).
     max_num_partial_prefills: int = 0
     preemption_mode: str = "recompute"     # recompute | swap (swap: vLLM V0 only)
+    # vLLM 0.6 multi-step scheduling (--num-scheduler-steps): decode steps per scheduling round
+    num_scheduler_steps: int = 1
+    # prompts run in steps of their own, pausing the decodes (vLLM V0 without chunked prefill,
+    # SGLang without --enable-mixed-chunk); multi-step implies it
+    separate_prefill_steps: bool = False
+    # TensorRT-LLM's capacity scheduler: max_utilization (KV blocks on demand, preempt when
+    # short: vLLM) | guaranteed_no_evict (admit only what can finish: TRT-LLM's default)
+    capacity_scheduler_policy: str = "max_utilization"
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
 
 
@@ -53,6 +61,9 @@ class StepPlan:
     # first decode step (their next token's inter-token latency is that gap + the step).
     ready_gaps_s: list[float] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)  # request ids preempted planning it
+    # multi-step block (``num_scheduler_steps`` > 1): all ``num_steps`` run, nothing joins
+    # meanwhile, and the tokens of every sequence in it are released together at its end
+    block: bool = False
 
     @property
     def batch(self) -> Batch:
@@ -87,11 +98,13 @@ class Scheduler:
         self.num_swaps = 0
         self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
+        self.burst_gaps_s: list[float] = []   # multi-step: each sequence's gap to each block's end
         self._swap_blocks = 0
         self.num_schedules = 0               # scheduling rounds so far
         self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/core/ttft.py)
         self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
+        self.reserved_blocks = 0  # guaranteed_no_evict: KV blocks the running requests may grow to
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -156,6 +169,18 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         budget = self.limits.max_num_batched_tokens
         plan = StepPlan(1, 0, 0, 0)
+        multi = self.limits.num_scheduler_steps > 1
+        separate = multi or self.limits.separate_prefill_steps
+        if separate and self.waiting:
+            # vLLM V0 without chunked prefill (vllm/core/scheduler.py _schedule_default) and
+            # SGLang without --enable-mixed-chunk (managers/tp_worker.py forward_step): waiting
+            # prompts first, in a step of their own that pauses every decode; decodes run only
+            # when no prompt could be admitted. vLLM 0.6 multi-step runs on that scheduler (the
+            # only mode 0.6.0 allows with it), the prompt step single (no lookahead slots:
+            # _get_num_lookahead_slots(is_prefill=True) == 0).
+            self._fill_prefills(plan, budget, now)
+            if plan.chunks:
+                return plan
         fast = self._running_without_conflict(budget)
         if fast is None:
             budget = self._schedule_running(plan, budget, now)
@@ -168,17 +193,29 @@ class Scheduler:
                 budget -= n
         if plan.preempted:
             self.wait_clocks.kv_blocked = True  # V1 admits nothing in a step that preempted
-        elif self.waiting:
+        elif self.waiting and not separate:  # separate: the waiting ones did not fit (above)
             self._fill_prefills(plan, budget, now)
         plan.num_decode_seqs = ds.num_seqs
         plan.decode_context_tokens = ds.context_tokens + ds.num_seqs
         plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        plan.block = multi and ds.num_seqs > 0 and not plan.chunks
         if (plan.chunks or not ds.num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
                 or self._paused):
             return plan
-        # Nothing else can join until a sequence finishes: fast-forward identical steps.
         kv.release_blocks(plan.decode_blocks)
-        k = min(ds.steps_to_next_change(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
+        if multi:
+            # One scheduling covers num_scheduler_steps decode steps of this batch, with KV
+            # slots reserved ahead (lookahead slots); a sequence that ends inside the block
+            # keeps running to its end and its extra tokens are dropped (vLLM
+            # engine/output_processor/multi_step.py truncates to max_tokens).
+            # NOTE: where KV for the whole block is short, the block is cut to the steps that
+            # fit (vLLM would preempt to make room for the lookahead slots); with sliding-window
+            # layers still filling, it is cut where the set changes (finish or full window).
+            k = min(self.limits.num_scheduler_steps, ds.max_steps_within(kv.num_free))
+            if ds.num_filling:
+                k = min(k, ds.steps_to_next_change())
+        else:  # nothing else can join until a sequence finishes: fast-forward identical steps
+            k = min(ds.steps_to_next_change(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
         plan.num_steps = k
         plan.decode_blocks = ds.blocks_needed(k)
         kv.allocate_blocks(plan.decode_blocks)
@@ -325,6 +362,10 @@ class Scheduler:
         its KV blocks do not fit, -1 if the policy skips it this step. A prefix-cache hit
         (vLLM ``get_computed_blocks``) skips the cached blocks' prefill."""
         kv = self.kv
+        no_evict = self.limits.capacity_scheduler_policy == "guaranteed_no_evict"
+        if no_evict and self.reserved_blocks + self._full_blocks(req) > kv.num_blocks:
+            self.wait_clocks.kv_blocked = True
+            return 0
         hits, own = kv.lookup(req)
         start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
@@ -333,6 +374,8 @@ class Scheduler:
         if not kv.allocate(req, start + n, hits, own, computed=start):
             self.wait_clocks.kv_blocked = True
             return 0
+        if no_evict:
+            self.reserved_blocks += self._full_blocks(req)
         if kv.prefix_caching and not req.num_generated and not req.num_preemptions:
             kv.query_tokens += req.prompt_tokens
             kv.hit_tokens += start
@@ -341,6 +384,14 @@ class Scheduler:
         kv.cache(req, start + n)
         self._admit(req, plan, n, now)
         return n
+
+    def _full_blocks(self, req: Request) -> int:
+        """KV blocks ``req`` holds at its last token. TensorRT-LLM's GUARANTEED_NO_EVICT (its
+        default capacity scheduler policy: docs performance-tuning-guide/useful-runtime-flags)
+        admits a request only while every started one can reach its maximum length, so nothing
+        is ever paused. NOTE: the request's output length stands for its max_tokens (exact for
+        fixed-length benchmarks such as trtllm-bench's); prefix-cache hits are not discounted."""
+        return blocks_for(req.prompt_tokens + req.output_tokens - 1, self.kv.block_size)
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         """Tokens of a waiting request's first chunk: > 0, 0 to stop admitting, -1 to skip it."""
@@ -376,8 +427,14 @@ class Scheduler:
                 blocks = ds.blocks_needed(k)
                 kv.release_blocks(plan.decode_blocks - blocks)
             self.tokens_emitted += ds.num_seqs * k
+            if plan.block:
+                self._release_burst(now)
             for req in ds.advance(k, blocks):
                 ds.remove(req)
+                extra = req.num_generated - req.output_tokens  # run past its end in a block
+                if extra > 0:
+                    req.num_generated -= extra
+                    self.tokens_emitted -= extra
                 self._finish(req, now, finished)
         if self._paused:
             for req in self._paused:
@@ -403,6 +460,17 @@ class Scheduler:
                 self._on_prefill_done(req, now)
         return finished
 
+    def _release_burst(self, now: float) -> None:
+        """A multi-step block ended: every sequence in it receives its tokens now, in one burst
+        (vLLM 0.6 processes a block's outputs after its last step; the measured inter-token
+        latency is then about num_scheduler_steps x TPOT: sgl-project/sglang
+        benchmark/benchmark_vllm_060). One gap per sequence, from its previous output."""
+        gaps = self.burst_gaps_s
+        for req in self.running.values():
+            if req.in_decode:
+                gaps.append(now - req.last_token_s)
+                req.last_token_s = now
+
     def _on_prefill_done(self, req: Request, now: float) -> None:
         """The prompt's last chunk emitted a token: decode continues here (colocated); blocks
         its last chunk held beyond a sliding window go back first."""
@@ -413,6 +481,8 @@ class Scheduler:
         req.status = "completed"
         req.finish_s = now
         kv = self.kv
+        if self.limits.capacity_scheduler_policy == "guaranteed_no_evict":
+            self.reserved_blocks -= self._full_blocks(req)
         kv.cache(req, req.prompt_tokens + req.num_generated - 1)  # its generated blocks too
         kv.free(req)
         kv.forget(req)
@@ -430,6 +500,8 @@ class Scheduler:
         PCIe and back. NOTE: vLLM V1 only recomputes; swap is vLLM V0's option. A prefill in
         progress is always recomputed, and host memory is assumed large enough."""
         del self.running[req.request_id]
+        if self.limits.capacity_scheduler_policy == "guaranteed_no_evict":
+            self.reserved_blocks -= self._full_blocks(req)
         swap = False
         if req.in_decode:  # it emitted a token at the end of the step that just ended
             self.decode.remove(req)
