@@ -21,6 +21,8 @@ def main() -> None:
             continue
         if r.level == "ordering":
             print(f"| {r.id} | ordering | {r.metric} | ranked | {'same' if r.simulated == 1.0 else '**wrong**'} | | |")
+        elif r.measured is None:  # a simulated capacity that only a ratio row compares
+            print(f"| {r.id} | {r.level} | {r.metric} | - | {fmt_value(r.simulated)} | | |")
         else:
             flag = "" if r.within else " **x**"
             print(f"| {r.id} | {r.level} | {r.metric} | {fmt_value(r.measured)} | {fmt_value(r.simulated)} | "

@@ -6,6 +6,9 @@ VC-23 (Sarathi-Serve Table 4, openchat_sharegpt4 part): 128 requests drawn witho
 sdist, MIT), with Poisson arrivals at 1.0 req/s (seed 0), written in vidur's trace format.
 NOTE: the artifact's own 128-request sample and arrival seed are not published; this is one draw.
 
+VC-22 (Sarathi-Serve capacity, openchat_sharegpt4): 2048 requests drawn the same way (seed 1),
+Poisson at 1.0 req/s (a capacity search rescales the rate: ``workload.trace.target_rate``).
+
     python validation/make_traces.py /path/to/sharegpt_8k_filtered_stats_llama2_tokenizer.csv
 """
 
@@ -16,19 +19,24 @@ import numpy as np
 import polars as pl
 
 
-def main(src: str) -> None:
-    df = pl.read_csv(src)
-    rng = np.random.default_rng(0)
-    idx = rng.choice(len(df), size=128, replace=False)
+def draw(df: pl.DataFrame, n: int, seed: int, name: str) -> None:
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(df), size=n, replace=False)
     rows = df[idx.tolist()]
-    arrivals = np.cumsum(rng.exponential(1.0, size=128)) - 0.0
+    arrivals = np.cumsum(rng.exponential(1.0, size=n)) - 0.0
     arrivals -= arrivals[0]
     out = pl.DataFrame({"arrived_at": np.round(arrivals, 6), "num_prefill_tokens": rows["num_prefill_tokens"],
                         "num_decode_tokens": rows["num_decode_tokens"]})
-    dest = Path(__file__).parent / "traces" / "vc23_openchat_qps1_128.csv"
+    dest = Path(__file__).parent / "traces" / name
     out.write_csv(dest)
     print(f"wrote {dest}: prompt median {int(out['num_prefill_tokens'].median())}, "
           f"output median {int(out['num_decode_tokens'].median())}")
+
+
+def main(src: str) -> None:
+    df = pl.read_csv(src)
+    draw(df, 128, 0, "vc23_openchat_qps1_128.csv")
+    draw(df, 2048, 1, "vc22_openchat_qps1_2048.csv")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ merged with the row's ``scenario``), the metric, the measured value, the toleran
 (step: one step, one kernel or a fixed batch; request: serving metrics under a workload;
 ordering: simulated values must rank as the measured ones do) and the role (calibration rows
 may have fitted a free parameter, held-out rows never did). ``err = simulated / measured - 1``.
+A ``capacity`` row finds the highest request rate meeting its limits (the sweep's knee search,
+``sim/sweep/capacity.py``); published capacities are often ratios only, so such a row may have
+no measured value (shown, not counted) and a ``ratio`` row divides two rows' simulated values.
 Rows the simulator cannot reproduce yet are listed with their reason, never silently dropped.
 """
 
@@ -44,13 +47,15 @@ class Row:
     scenario: dict | None = None
     allreduce: dict | None = None
     order: list[str] = field(default_factory=list)
+    capacity: dict | None = None  # result.json key -> limit (ms): the highest rate meeting all
+    ratio: list[str] = field(default_factory=list)  # [a, b]: simulated(a) / simulated(b)
     status: str = "ok"
     reason: str = ""
     simulated: float | None = None
 
     @property
     def err(self) -> float | None:
-        if self.simulated is None or not self.measured:
+        if self.simulated is None or self.measured is None or not self.measured:
             return None
         return self.simulated / self.measured - 1.0
 
@@ -93,24 +98,30 @@ def load_rows(directory: Path | None = None) -> list[Row]:
             if "scenario" in r or ("allreduce" not in r and level != "ordering"):
                 scen = _merge(c.get("base") or {}, r.get("scenario") or {})
                 scen.setdefault("name", r["id"].replace("/", "_"))
+            if r.get("measured") is None and level != "ordering" and not r.get("capacity"):
+                raise UserError(f"{f}: row {r['id']}: 'measured' is missing (only a capacity row may omit it)")
             status, reason = r.get("status", "ok"), r.get("reason", "")
             missing = [k for k in (r.get("requires") or c.get("requires") or []) if not scenario_key_exists(k)]
             if status == "ok" and missing:
                 status, reason = "not-reproducible", f"needs scenario key {', '.join(missing)} (not on this version)"
             rows.append(Row(id=r["id"], case=c["case"], level=level, metric=r["metric"],
-                            measured=1.0 if level == "ordering" else float(r["measured"]),
+                            measured=1.0 if level == "ordering" else
+                            (None if r.get("measured") is None else float(r["measured"])),
                             tolerance=float(tol), role=r.get("role", "held-out"), source=c.get("source", ""),
-                            scenario=scen, allreduce=r.get("allreduce"), order=list(r.get("order") or []),
-                            status=status, reason=reason))
+                            scenario=None if r.get("ratio") else scen, allreduce=r.get("allreduce"),
+                            order=list(r.get("order") or []), capacity=r.get("capacity"),
+                            ratio=list(r.get("ratio") or []), status=status, reason=reason))
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
         raise UserError(f"{d}: duplicate validation row ids: {', '.join(sorted(dup))}")
     known = set(ids)
     for r in rows:
-        missing = [o for o in r.order if o not in known]
+        missing = [o for o in r.order + r.ratio if o not in known]
         if missing:
-            raise UserError(f"{d}: ordering row {r.id} names unknown rows: {', '.join(missing)}")
+            raise UserError(f"{d}: row {r.id} names unknown rows: {', '.join(missing)}")
+        if r.ratio and len(r.ratio) != 2:
+            raise UserError(f"{d}: row {r.id}: ratio names two rows [numerator, denominator]")
     return rows
 
 
@@ -177,7 +188,27 @@ class Runner:
     def simulate(self, row: Row) -> float:
         if row.allreduce is not None:
             return allreduce_ms(**row.allreduce)
+        if row.capacity is not None:
+            return self.capacity(row.scenario, row.capacity, row.id)
         return _metric(self.summary(row.scenario), row.metric)
+
+    def capacity(self, scen: dict, limits: dict, where: str) -> float:
+        """Requests per second at the knee of ``scen`` under ``limits`` (one seed; the sweep's
+        search brackets the rate to 5%): the request rate (or trace rate) is scaled."""
+        from sim.scenario import scenario_from_dict
+        from sim.sweep.capacity import run_capacity
+        from sim.sweep.executors import SerialExecutor
+        from sim.sweep.grid import expand
+        from sim.sweep.slo import SLOTerm
+
+        s = scenario_from_dict(copy.deepcopy(scen), f"validation {where}", base_dir=str(self.dir))
+        terms = [SLOTerm(k, k, k, float(v)) for k, v in limits.items()]
+        res = run_capacity(expand(s, [{}], f"validation {where}"), terms, [s.seed], SerialExecutor(), tolerance=0.05)
+        knee = res.knees[0]
+        if res.errors[0] or knee is None or knee.rate_per_s is None or knee.censored:
+            why = res.errors[0] or (knee.censored and f"the limits hold {knee.censored} every probed rate") or "no knee"
+            raise MetricMissing(f"no capacity: {why}")
+        return float(knee.rate_per_s)
 
 
 def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") -> float:
@@ -203,9 +234,9 @@ def run_validation(case: str | None = None, directory: Path | None = None, progr
     rows = load_rows(directory)
     by_id = {r.id: r for r in rows}
     chosen = select(rows, case)
-    needed = {r.id for r in chosen} | {o for r in chosen for o in r.order}
+    needed = {r.id for r in chosen} | {o for r in chosen for o in r.order + r.ratio}
     runner = Runner(directory)
-    todo = [r for r in rows if r.id in needed and r.level != "ordering" and r.status == "ok"]
+    todo = [r for r in rows if r.id in needed and r.level != "ordering" and not r.ratio and r.status == "ok"]
     for i, r in enumerate(todo):
         try:
             r.simulated = runner.simulate(r)
@@ -213,6 +244,13 @@ def run_validation(case: str | None = None, directory: Path | None = None, progr
             r.status, r.reason = "not-reproducible", str(e)
         if progress is not None:
             progress(i + 1, len(todo), r.id)
+    for r in rows:
+        if r.ratio and r.id in needed and r.status == "ok":
+            a, b = (by_id[x].simulated for x in r.ratio)
+            if a is None or not b:
+                r.status, r.reason = "not-reproducible", "a row of its ratio is not reproducible"
+            else:
+                r.simulated = a / b
     for r in chosen:
         if r.level == "ordering" and r.status == "ok":
             vals = [by_id[o].simulated for o in r.order]
@@ -232,7 +270,7 @@ def _stats(errs: list[float]) -> dict:
 
 def summarize_rows(rows: list[Row]) -> dict:
     ran = [r for r in rows if r.simulated is not None]
-    out = {lvl: _stats([r.err for r in ran if r.level == lvl]) for lvl in ("step", "request")}
+    out = {lvl: _stats([r.err for r in ran if r.level == lvl and r.err is not None]) for lvl in ("step", "request")}
     orders = [r for r in ran if r.level == "ordering"]
     out["ordering"] = {"correct": sum(1 for r in orders if r.simulated == 1.0), "total": len(orders)}
     return out

@@ -174,6 +174,8 @@ class Replica:
                       len(sched.waiting), first, last, 0))
             for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
                 rec.itl_adjust.append((first, first + gap))
+            for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
+                rec.itl_adjust.extend([(first, first + extra)] * count)
             if finished:
                 self.on_finish(finished)
             self.last_step_s = env.now - start

@@ -64,6 +64,10 @@ class StepPlan:
     # multi-step block (``num_scheduler_steps`` > 1): all ``num_steps`` run, nothing joins
     # meanwhile, and the tokens of every sequence in it are released together at its end
     block: bool = False
+    # separate prefill steps: (extra seconds, sequences) whose gap to this plan's first decode
+    # step also spans the prompt steps that paused them
+    pause_extras: list[tuple[float, int]] = field(default_factory=list)
+    planned_s: float = 0.0  # when it was planned (the step's start)
 
     @property
     def batch(self) -> Batch:
@@ -105,6 +109,7 @@ class Scheduler:
         self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
         self.reserved_blocks = 0  # guaranteed_no_evict: KV blocks the running requests may grow to
+        self._pending_pause: list[list] = []  # separate prefill steps: [extra seconds, sequences]
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -168,7 +173,7 @@ class Scheduler:
         preempted, waiting requests in order. The plan may be empty (it only preempted)."""
         kv, ds = self.kv, self.decode
         budget = self.limits.max_num_batched_tokens
-        plan = StepPlan(1, 0, 0, 0)
+        plan = StepPlan(1, 0, 0, 0, planned_s=now)
         multi = self.limits.num_scheduler_steps > 1
         separate = multi or self.limits.separate_prefill_steps
         if separate and self.waiting:
@@ -199,6 +204,12 @@ class Scheduler:
         plan.decode_context_tokens = ds.context_tokens + ds.num_seqs
         plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
         plan.block = multi and ds.num_seqs > 0 and not plan.chunks
+        if self._pending_pause and ds.num_seqs:
+            if not plan.preempted and not self._paused and not plan.block:
+                # NOTE: after a preemption (or a budget pause) the paused gaps are not lengthened;
+                # a multi-step block measures its gaps itself
+                plan.pause_extras = [(e, c) for e, c in self._pending_pause if e > 0]
+            self._pending_pause.clear()
         if (plan.chunks or not ds.num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
                 or self._paused):
             return plan
@@ -420,6 +431,15 @@ class Scheduler:
         """Apply a finished plan (or its first ``steps_done`` steps); return finished requests."""
         ds, kv = self.decode, self.kv
         finished: list[Request] = []
+        pending = self._pending_pause
+        if plan.chunks and not plan.num_decode_seqs and not plan.block:
+            # a prompt step of its own: every decode waiting meanwhile gains its length
+            d = now - plan.planned_s
+            for e in pending:
+                e[0] += d
+            if ds.num_seqs and not pending:
+                pending.append([d, ds.num_seqs])
+            before = ds.num_seqs
         if plan.num_decode_seqs:
             k = plan.num_steps if steps_done is None else steps_done
             blocks = plan.decode_blocks
@@ -458,6 +478,8 @@ class Scheduler:
                 self._finish(req, now, finished)
             else:
                 self._on_prefill_done(req, now)
+        if plan.chunks and not plan.num_decode_seqs and not plan.block and ds.num_seqs > before:
+            pending.append([0.0, ds.num_seqs - before])  # joined now: their wait starts here
         return finished
 
     def _release_burst(self, now: float) -> None:

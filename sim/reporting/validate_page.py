@@ -27,7 +27,8 @@ def rows_table(rows: list[Row]) -> tuple[list[str], list[list]]:
         else:
             meas, sim = fmt_value(r.measured), fmt_value(r.simulated)
         body.append([r.id, r.level, r.role, r.metric, meas, sim, _pct(r.err) if r.level != "ordering" else "-",
-                     f"±{r.tolerance:.0%}" if r.level != "ordering" else "-", "yes" if r.within else "NO"])
+                     f"±{r.tolerance:.0%}" if r.level != "ordering" and r.measured is not None else "-",
+                     "-" if r.within is None else ("yes" if r.within else "NO")])
     return header, body
 
 
@@ -36,7 +37,7 @@ def summary_lines(rows: list[Row]) -> list[str]:
     out = []
     for lvl, target in (("step", "median <= 10%, p90 <= 25%"), ("request", "median <= 15%")):
         st = s[lvl]
-        n = sum(1 for r in rows if r.level == lvl and r.simulated is not None)
+        n = sum(1 for r in rows if r.level == lvl and r.err is not None)
         if st["median_abs_err"] is None:
             out.append(f"{lvl}: no rows run")
         else:
@@ -59,7 +60,7 @@ def build_validate_page(rows: list[Row]) -> Page:
     page.heading("Cases")
     page.table(header, body, best={(i, 8) for i, b in enumerate(body) if b[8] == "yes"})
     pts = [{"row": r.id, "level": r.level, "measured": r.measured, "simulated": r.simulated}
-           for r in rows if r.simulated is not None and r.level != "ordering" and r.measured > 0]
+           for r in rows if r.simulated is not None and r.level != "ordering" and r.measured]
     if pts:
         df = pl.DataFrame(pts)
         lo, hi = float(min(df["measured"].min(), df["simulated"].min())), float(max(df["measured"].max(), df["simulated"].max()))
