@@ -17,8 +17,11 @@ def test_every_shipped_row_is_attributed_and_runnable_or_explained():
     assert len({r.case for r in rows}) >= 7
     for r in rows:
         assert r.source and r.level in ("step", "request", "ordering") and r.role in ("calibration", "held-out")
-        if r.status == "ok" and r.level != "ordering":
-            assert r.measured > 0 and (r.scenario is not None) != (r.allreduce is not None), r.id
+        if r.status == "ok" and r.ratio:
+            assert r.measured > 0 and r.scenario is None, r.id
+        elif r.status == "ok" and r.level != "ordering":
+            assert (r.scenario is not None) != (r.allreduce is not None), r.id
+            assert (r.measured is None and r.capacity) or r.measured > 0, r.id
         if r.status != "ok":
             assert r.reason, r.id
     assert sum(r.level == "ordering" for r in rows) >= 5
@@ -96,3 +99,31 @@ def test_a_row_whose_requests_all_fail_is_listed_with_the_reason(tmp_path):
     rows = {r.id: r for r in run_validation(None, tmp_path)}
     assert rows["T/1024"].simulated is None and "max_model_len 512" in rows["T/1024"].reason
     assert rows["T/order"].simulated is None  # it ranks a row that did not run
+
+
+def test_capacity_and_ratio_rows(tmp_path):
+    """A capacity row is the knee of its limits (no measured value: shown, not counted); a
+    ratio row divides two rows and is compared with its published ratio."""
+    base = {"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+            "workload": {"synthetic": {"num_requests": 60, "request_rate": 2.0,
+                                       "input_tokens": {"dist": "fixed", "value": 500},
+                                       "output_tokens": {"dist": "fixed", "value": 50}}}}
+    case = {"case": "VC-T", "source": "test", "base": base, "rows": [
+        {"id": "VC-T/a", "level": "request", "metric": "capacity_qps", "capacity": {"p99_ttft_ms": 200},
+         "scenario": {"engine": {"max_num_seqs": 64}}},
+        {"id": "VC-T/b", "level": "request", "metric": "capacity_qps", "capacity": {"p99_ttft_ms": 200},
+         "scenario": {"engine": {"max_num_seqs": 2}}},
+        {"id": "VC-T/a-over-b", "level": "request", "metric": "capacity_ratio", "measured": 3.0,
+         "tolerance": 0.3, "ratio": ["VC-T/a", "VC-T/b"]},
+    ]}
+    (tmp_path / "VC-T.yaml").write_text(yaml.safe_dump(case))
+    rows = {r.id: r for r in run_validation(directory=tmp_path)}
+    a, b, ratio = rows["VC-T/a"], rows["VC-T/b"], rows["VC-T/a-over-b"]
+    assert a.simulated > b.simulated > 0 and a.err is None
+    assert ratio.simulated == pytest.approx(a.simulated / b.simulated)
+    s = summarize_rows(list(rows.values()))
+    assert s["request"]["median_abs_err"] == pytest.approx(abs(ratio.err))
+    bad = dict(case, rows=[{"id": "VC-T/x", "level": "request", "metric": "median_ttft_ms", "scenario": {}}])
+    (tmp_path / "VC-T.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(UserError, match="measured"):
+        load_rows(tmp_path)
