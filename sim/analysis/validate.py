@@ -8,8 +8,9 @@ merged with the row's ``scenario``), the metric, the measured value, the toleran
 ordering: simulated values must rank as the measured ones do) and the role (calibration rows
 may have fitted a free parameter, held-out rows never did). ``err = simulated / measured - 1``.
 A ``capacity`` row finds the highest request rate meeting its limits (the sweep's knee search,
-``sim/sweep/capacity.py``); published capacities are often ratios only, so such a row may have
-no measured value (shown, not counted) and a ``ratio`` row divides two rows' simulated values.
+``sim/sweep/capacity.py``); published capacities are often ratios only, so such a row, or any row
+an ordering or ratio compares, may have no measured value (shown, not counted), and a ``ratio``
+row divides two rows' simulated values.
 Rows the simulator cannot reproduce yet are listed with their reason, never silently dropped.
 """
 
@@ -98,8 +99,6 @@ def load_rows(directory: Path | None = None) -> list[Row]:
             if "scenario" in r or ("allreduce" not in r and level != "ordering"):
                 scen = _merge(c.get("base") or {}, r.get("scenario") or {})
                 scen.setdefault("name", r["id"].replace("/", "_"))
-            if r.get("measured") is None and level != "ordering" and not r.get("capacity"):
-                raise UserError(f"{f}: row {r['id']}: 'measured' is missing (only a capacity row may omit it)")
             status, reason = r.get("status", "ok"), r.get("reason", "")
             missing = [k for k in (r.get("requires") or c.get("requires") or []) if not scenario_key_exists(k)]
             if status == "ok" and missing:
@@ -116,7 +115,11 @@ def load_rows(directory: Path | None = None) -> list[Row]:
     if dup:
         raise UserError(f"{d}: duplicate validation row ids: {', '.join(sorted(dup))}")
     known = set(ids)
+    compared = {o for r in rows for o in r.order + r.ratio}
     for r in rows:
+        if r.measured is None and r.level != "ordering" and not r.capacity and r.id not in compared:
+            raise UserError(f"{d}: row {r.id}: 'measured' is missing (only a capacity row, or a row an ordering "
+                            "or ratio compares, may omit it)")
         missing = [o for o in r.order + r.ratio if o not in known]
         if missing:
             raise UserError(f"{d}: row {r.id} names unknown rows: {', '.join(missing)}")
