@@ -162,3 +162,26 @@ def test_multi_step_run_is_deterministic():
     wall = {"simsrv_wall_s", "simsrv_requests_per_wall_s"}
     assert {k: v for k, v in a.items() if k not in wall} == {k: v for k, v in b.items() if k not in wall}
     assert np.isfinite(a["median_itl_ms"])
+
+
+@pytest.mark.parametrize("engine", [{}, {"separate_prefill_steps": True}, {"num_scheduler_steps": 6}])
+def test_inter_token_gaps_add_up_to_each_requests_decode_time(engine):
+    """Every gap between a request's consecutive outputs is counted once: the ITL samples sum to
+    the requests' (finish - first token), whether decodes pause for prompt steps or tokens come
+    out in multi-step bursts; one sample per token after the first unless bursts merge them."""
+    raw = {"name": "gaps", "model": "llama-3-8b", "hardware": {"gpu": "a100-80g"},
+           "engine": {"policy": "continuous", "profile": "vllm-v0", **engine},
+           "workload": {"synthetic": {"num_requests": 60, "request_rate": 8.0,
+                                      "input_tokens": {"dist": "lognormal", "mean": 400, "sigma": 0.8, "max": 2000},
+                                      "output_tokens": {"dist": "lognormal", "mean": 80, "sigma": 0.8, "max": 400}}}}
+    res = run_scenario(scenario_from_dict(raw))
+    s = summarize(res)
+    rq = res.requests
+    assert s["simsrv_num_preemptions"] == 0
+    decode_s = float((rq["finish_s"] - rq["first_token_s"]).sum())
+    assert s["mean_itl_ms"] * s["simsrv_num_itl_samples"] / 1e3 == pytest.approx(decode_s, rel=1e-6)
+    tokens_after_first = int((rq["output_tokens"] - 1).sum())
+    if "num_scheduler_steps" in engine:
+        assert s["simsrv_num_itl_samples"] < tokens_after_first / 3
+    else:
+        assert s["simsrv_num_itl_samples"] == tokens_after_first

@@ -432,8 +432,11 @@ class Scheduler:
         ds, kv = self.decode, self.kv
         finished: list[Request] = []
         pending = self._pending_pause
-        if plan.chunks and not plan.num_decode_seqs and not plan.block:
-            # a prompt step of its own: every decode waiting meanwhile gains its length
+        # a prompt step of its own (separate_prefill_steps; a multi-step block measures its own
+        # gaps): every decode waiting meanwhile gains its length
+        paused_step = (plan.chunks and not plan.num_decode_seqs and self.limits.separate_prefill_steps
+                       and self.limits.num_scheduler_steps == 1)
+        if paused_step:
             d = now - plan.planned_s
             for e in pending:
                 e[0] += d
@@ -478,7 +481,7 @@ class Scheduler:
                 self._finish(req, now, finished)
             else:
                 self._on_prefill_done(req, now)
-        if plan.chunks and not plan.num_decode_seqs and not plan.block and ds.num_seqs > before:
+        if paused_step and ds.num_seqs > before:
             pending.append([0.0, ds.num_seqs - before])  # joined now: their wait starts here
         return finished
 
