@@ -402,7 +402,7 @@ class Scheduler:
         admits a request only while every started one can reach its maximum length, so nothing
         is ever paused. NOTE: the request's output length stands for its max_tokens (exact for
         fixed-length benchmarks such as trtllm-bench's); prefix-cache hits are not discounted."""
-        return blocks_for(req.prompt_tokens + req.output_tokens - 1, self.kv.block_size)
+        return self.kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         """Tokens of a waiting request's first chunk: > 0, 0 to stop admitting, -1 to skip it."""
