@@ -110,7 +110,7 @@ def stage_weight_params(model: ModelSpec, pp: int) -> tuple[int, ...]:
 def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                 kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1,
-                kv_memory_basis: str = "total", hybrid_kv: bool = True) -> MemoryPlan:
+                kv_memory_basis: str = "total", hybrid_kv: bool = True, expert_dp: int = 1) -> MemoryPlan:
     """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers.
 
     ``kv_memory_basis`` says what ``gpu_memory_utilization`` is a fraction of: ``"total"``
@@ -119,13 +119,18 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     weights)", docs/source/examples/kvcacheconfig.md; the KV cache gets
     ``fraction x (memory - weights - reserve)``). ``hybrid_kv`` False charges sliding-window
     layers in full, as vLLM does with its hybrid KV cache manager disabled
-    (``unify_hybrid_kv_cache_specs``: one group of every layer)."""
+    (``unify_hybrid_kv_cache_specs``: one group of every layer). ``expert_dp`` > 1: the routed
+    experts are spread over ``expert_dp`` x ``tp`` GPUs (data-parallel attention with expert
+    parallelism, sim/cost/dp_ep.py); everything else is split over ``tp`` only."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
     # quantized linear layers at their own width: the model's mean bytes per weight
     # (NOTE: a pipeline stage is assumed to hold the model's mix of linear and other weights)
     b_w = model.weight_bytes() / model.num_params
     stage_w = tuple(p * b_w / tp for p in stage_weight_params(model, pp))
+    if expert_dp > 1:  # one stage (the scenario check refuses pp > 1 with data_parallel_size > 1)
+        routed = model.num_moe_layers * model.num_experts * model.expert_params * model.linear_weight_bytes_per_param
+        stage_w = tuple(w - routed * (1 - 1 / expert_dp) / tp for w in stage_w)
     layers = stage_layers(model.num_layers, pp)
     # Peak activations of a profiling forward pass of max_num_batched_tokens tokens: the widest
     # live tensors of one layer (hidden in and out, q/k/v, gate+up and its activation), plus

@@ -91,6 +91,9 @@ class Cluster(_Strict):
     pipeline_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)           # stages of tensor_parallel_size GPUs each
     pipeline_link_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # stage-to-stage link, one direction
     enable_expert_parallel: bool = False                   # MoE experts spread over the TP ranks
+    # vLLM --data-parallel-size: engine cores per replica, each with its own scheduler, KV cache
+    # and attention at tensor_parallel_size; MoE layers span all of them (sim/engine/dp_group.py)
+    data_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
     expert_load_imbalance: float = Field(1.0, ge=1, le=MAX_FIGURE)        # busiest rank's routed tokens / mean
     router: Literal["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity",
                     "cache_aware"] = "least_outstanding"
@@ -361,6 +364,14 @@ class Scenario(_Strict):
             # tensor_parallel_size per pool replica: refused rather than silently dropped
             raise ValueError("cluster.pipeline_parallel_size applies to colocated replicas; disaggregation "
                              "pools take tensor_parallel_size only")
+        if c.data_parallel_size > 1:
+            if not c.enable_expert_parallel:
+                raise ValueError("cluster.data_parallel_size > 1 needs cluster.enable_expert_parallel: true (a MoE "
+                                 "model's experts spread over the data-parallel ranks); for independent copies "
+                                 "use cluster.replicas")
+            if c.pipeline_parallel_size > 1 or get_policy(e.policy).pools:
+                raise ValueError("cluster.data_parallel_size > 1 applies to colocated replicas of one pipeline "
+                                 "stage (pipeline_parallel_size 1, no disaggregation pools)")
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")

@@ -8,9 +8,11 @@ memory figures from its memory plan, so they cannot drift from what a run costs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from sim.core.batch import Batch
+from sim.cost.all2all import all2all_layer_bytes
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
 
@@ -25,6 +27,9 @@ EXPLAIN_KEYS = (
     "max_layers_per_stage", "pp_send_bytes_per_token_per_gpu", "expert_parallel_size", "experts_per_gpu",
     "kv_full_groups", "kv_sliding_groups", "kv_layers_per_group", "kv_blocks_per_seq_at_context",
     "prefill_attn_flops_per_pair_per_layer", "decode_attn_flops_per_pair_per_layer",
+    # data-parallel attention with expert parallelism (sim/cost/all2all.py), at --batch tokens per rank
+    "data_parallel_size", "all2all_dispatch_bytes_per_layer_per_gpu", "all2all_combine_bytes_per_layer_per_gpu",
+    "all2all_ms_per_layer",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -44,10 +49,15 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
     kv_tok = m.kv_bytes_per_token(dep.kv_dtype_bytes)
     prefill = Batch(prefill_chunks=((n, 0),), num_logits=1)
     decode = Batch(num_decode_seqs=b, decode_context_tokens=b * n, num_logits=b)
-    mem = RooflineCostModel.ideal(m, g, tp, dep.kv_dtype_bytes, "memory")
+    # data-parallel ranks: the routed experts of every rank's tokens (each carrying the batch)
+    # over the whole group (sim/cost/dp_ep.py)
+    ideal, kw = RooflineCostModel.ideal, {}
+    if dep.dp > 1:
+        ideal, kw = type(dep.cost).ideal, {"dp": dep.dp, "links": dep.cost.links}
+    mem = ideal(m, g, tp, dep.kv_dtype_bytes, "memory", **kw)
     # FLOPs do not depend on how weights are stored: the intensities count them at the bf16
     # peak; the prefill floor runs at the quantized GEMM peak (fp8 / int8 W8A8).
-    flops_cm = RooflineCostModel.ideal(replace(m, quantization=None), g, tp, dep.kv_dtype_bytes, "compute")
+    flops_cm = ideal(replace(m, quantization=None), g, tp, dep.kv_dtype_bytes, "compute", **kw)
     peak = g.bf16_flops_per_s
 
     def intensity(bt: Batch) -> float:
@@ -63,13 +73,28 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "prefill_intensity_flops_per_byte": intensity(prefill),
         "decode_intensity_flops_per_byte": intensity(decode),
         "decode_step_floor_ms": _floor_s(mem, decode) * 1e3,
-        "prefill_floor_ms": _floor_s(RooflineCostModel.ideal(m, g, tp, dep.kv_dtype_bytes, "compute"), prefill) * 1e3,
+        "prefill_floor_ms": _floor_s(ideal(m, g, tp, dep.kv_dtype_bytes, "compute", **kw), prefill) * 1e3,
         **breadth_figures(dep, n),
         # per GPU, per (query, key) pair and layer: 4 x heads x head_dim, MLA 2 x heads x (192 + 128)
         # in prefill and 2 x heads x (576 + 512) in absorbed decode (sim/cost/arch.py)
         "prefill_attn_flops_per_pair_per_layer": flops_cm._prefill_pair_flops,
         "decode_attn_flops_per_pair_per_layer": flops_cm._decode_pair_flops,
+        **all2all_figures(dep, b),
     }
+
+
+def all2all_figures(dep: Deployment, tokens: int) -> dict[str, float | int]:
+    """One MoE layer's all-to-all on one GPU for ``tokens`` tokens on its rank (ceil(tokens /
+    tp) per GPU): dispatch and combine bytes it sends (sim/cost/all2all.py) and the seconds the
+    run charges for both (0 without data-parallel ranks: no all-to-all)."""
+    if dep.dp <= 1:
+        return {"data_parallel_size": 1, "all2all_dispatch_bytes_per_layer_per_gpu": 0,
+                "all2all_combine_bytes_per_layer_per_gpu": 0, "all2all_ms_per_layer": 0.0}
+    cm, m = dep.cost, dep.model
+    di, dx, ci, cx = all2all_layer_bytes(math.ceil(tokens / dep.tp), m.hidden_size, m.num_experts_per_tok, cm.ep,
+                                         cm.links.gpus_per_node, cm.fp8_dispatch, cm.dtype_bytes)
+    return {"data_parallel_size": dep.dp, "all2all_dispatch_bytes_per_layer_per_gpu": di + dx,
+            "all2all_combine_bytes_per_layer_per_gpu": ci + cx, "all2all_ms_per_layer": cm.all2all_layer_s(tokens) * 1e3}
 
 
 def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:

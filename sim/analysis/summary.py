@@ -126,6 +126,7 @@ def summarize(result) -> dict:
         "simsrv_replicas": s.cluster.replicas,
         "simsrv_tensor_parallel_size": s.cluster.tensor_parallel_size,
         "simsrv_pipeline_parallel_size": s.cluster.pipeline_parallel_size,
+        "simsrv_data_parallel_size": s.cluster.data_parallel_size,
         "simsrv_num_gpus": num_gpus(s),
         "simsrv_router": s.cluster.router,
         "simsrv_seed": s.seed,

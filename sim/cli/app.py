@@ -52,9 +52,14 @@ def _overrides(policy: Optional[str], chunk: Optional[int], sets: List[str]) -> 
     return out
 
 
+def _dp(summary: dict) -> str:
+    dp = summary.get("simsrv_data_parallel_size", 1)
+    return f", DP {dp} + EP" if dp > 1 else ""
+
+
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"simsrv {summary['model_id']} on {summary['simsrv_gpu']} x{summary['simsrv_replicas']}"
-                    f" (TP {summary['simsrv_tensor_parallel_size']}), policy {summary['simsrv_policy']}")
+                    f" (TP {summary['simsrv_tensor_parallel_size']}{_dp(summary)}), policy {summary['simsrv_policy']}")
     t.add_column("metric (ms)")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")

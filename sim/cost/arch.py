@@ -24,7 +24,8 @@ def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
     summed by the layer's all-reduce, as without EP. vLLM uses dispatch/combine all-to-all
     kernels (DeepEP, pplx, allgather/reduce-scatter) only when data_parallel_size > 1
     (``FusedMoEParallelConfig.use_all2all_kernels``: ``dp_size > 1 and use_ep``), i.e. with
-    data-parallel attention, which this simulator does not model; none is costed here.
+    data-parallel attention (``cluster.data_parallel_size``: EP size = DP x TP, the all-to-all
+    costed by sim/cost/dp_ep.py and sim/cost/all2all.py).
     """
     up = 2 if m.mlp_gated else 1
     cm._up = (h, up * cm.mlp_dim)
@@ -100,19 +101,22 @@ def windowed_context(cm, num_seqs: int, context: float) -> float:
     return context * (1.0 - frac) + frac * num_seqs * min(context / num_seqs, w)
 
 
-def moe_mlp_s(cm, tokens: int) -> tuple[float, float]:
+def moe_mlp_s(cm, tokens: int, routed_tokens: int | None = None) -> tuple[float, float]:
     """(up, down) seconds of one MoE layer: each token runs top-k experts (FLOPs); the
     weights read are those of the experts touched, E * (1 - (1 - k/E)^T) in expectation
     under uniform routing (Jiang et al. 2024, "Mixtral of Experts"). Under expert
     parallelism the slowest rank holds E/ep experts and gets ``expert_load_imbalance``
-    times the mean share k*T/ep of the routed tokens (the knob is max/mean rank load)."""
+    times the mean share k*T/ep of the routed tokens (the knob is max/mean rank load).
+    ``routed_tokens``: the tokens whose routed experts span the EP group (data-parallel
+    attention: every rank's, sim/cost/dp_ep.py); shared experts run on ``tokens``."""
     m = cm.model
     k, E = m.num_experts_per_tok, m.num_experts
-    touched = E * (1.0 - (1.0 - k / E) ** tokens)
+    rt = tokens if routed_tokens is None else routed_tokens
+    touched = E * (1.0 - (1.0 - k / E) ** rt)
     if cm.ep > 1:
         touched, k = touched / cm.ep, k * cm.expert_load_imbalance / cm.ep
-    up = cm._linear_s(tokens, cm._eup, touched, k, name="up")
-    down = cm._linear_s(tokens, cm._edown, touched, k, name="down")
+    up = cm._linear_s(rt, cm._eup, touched, k, name="up")
+    down = cm._linear_s(rt, cm._edown, touched, k, name="down")
     if cm._shared is not None:
         up += cm._linear_s(tokens, cm._shared[0], name="up")
         down += cm._linear_s(tokens, cm._shared[1], name="down")

@@ -77,9 +77,10 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
                  eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
                  calibration: Calibration | None = None, engine: EngineProfile | None = None,
-                 enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0):
+                 enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0, dp: int = 1):
         self.model, self.gpu, self.tp = model, gpu, tp
-        self.ep = tp if enable_expert_parallel and model.num_experts > 1 else 1
+        # EP size = TP x DP (vLLM FusedMoEParallelConfig: ep_size = dp_size x tp_size)
+        self.ep = tp * dp if enable_expert_parallel and model.num_experts > 1 else 1
         self.expert_load_imbalance = expert_load_imbalance
         # Host-side step cost of the serving engine (sim/cost/engine_profile.py).
         self.engine = engine or get_profile()
@@ -172,7 +173,7 @@ class RooflineCostModel:
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
-              bound: str = "both") -> "RooflineCostModel":
+              bound: str = "both", **kwargs) -> "RooflineCostModel":
         """The same operators at 100% of the vendor peaks, no engine overhead, no latency terms:
         each operator's time is its pure roofline bound. ``bound="compute"`` gives FLOPs / peak
         only (bandwidths made unlimited), ``"memory"`` bytes / HBM bandwidth only (peaks made
@@ -188,7 +189,7 @@ class RooflineCostModel:
                            nvlink_bw_bytes_per_s=inf)
         eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
                            custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
-        return cls(model, gpu, tp, kv_dtype_bytes, eff)
+        return cls(model, gpu, tp, kv_dtype_bytes, eff, **kwargs)
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
@@ -231,7 +232,7 @@ class RooflineCostModel:
         Lm = m.num_moe_layers  # MoE layers; the others (all of a dense model) have a dense MLP
         up = down = 0.0
         if Lm:
-            eu, ed = moe_mlp_s(self, tokens)
+            eu, ed = self._moe_layer_s(tokens)
             up, down = Lm * eu, Lm * ed
         if L - Lm:
             up += (L - Lm) * self._linear_s(tokens, self._up, name="up")
@@ -240,6 +241,10 @@ class RooflineCostModel:
                up, down)
         self._gemm_cache[tokens] = out
         return out
+
+    def _moe_layer_s(self, tokens: int) -> tuple[float, float]:
+        """(up, down) seconds of one MoE layer of ``tokens`` (sim/cost/dp_ep.py: the group's)."""
+        return moe_mlp_s(self, tokens)
 
     def _lm_head_s(self, num_logits: int) -> float:
         """LM head GEMM over the sampled positions; cached by their count."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sim.cost.all2all import All2AllLinks
 from sim.cost.calibration import load_calibration
+from sim.cost.dp_ep import DataParallelEPCostModel
 from sim.cost.engine_profile import get_profile
 from sim.cost.pipeline import PipelineCostModel
 from sim.cost.roofline import Efficiencies, RooflineCostModel
@@ -33,6 +35,7 @@ class Deployment:
 
     prefix_caching: bool = False
     pp: int = 1
+    dp: int = 1  # data-parallel ranks whose MoE layers span them all (sim/cost/dp_ep.py)
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
@@ -64,6 +67,11 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     pp = s.cluster.pipeline_parallel_size if where == "scenario" else 1
     if pp > model.num_layers:
         raise UserError(f"cluster.pipeline_parallel_size: {pp} stages for {model.name}'s {model.num_layers} layers")
+    dp = s.cluster.data_parallel_size if where == "scenario" else 1
+    if dp > 1 and model.num_experts <= 1:
+        raise UserError(f"cluster.data_parallel_size: {dp} needs a MoE model ({model.name} is dense): data-parallel "
+                        "attention with expert parallelism spreads the experts over the ranks; for independent "
+                        "copies of a dense model use cluster.replicas")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     max_model_len, budget = _checked_lengths(s, model)
     engine = engine_profile(e)
@@ -73,7 +81,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     # charged in full there. NOTE: the connector is assumed not to support it.
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       budget, e.max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
-                      hybrid_kv=where == "scenario")
+                      hybrid_kv=where == "scenario", expert_dp=dp)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     limits = EngineLimits(
@@ -90,12 +98,16 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     c = s.cluster
 
     def make_cost(m: ModelSpec) -> RooflineCostModel:
+        if dp > 1:
+            return DataParallelEPCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
+                                           expert_load_imbalance=c.expert_load_imbalance, dp=dp,
+                                           links=all2all_links(gpu, tp * dp))
         return RooflineCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
                                  enable_expert_parallel=c.enable_expert_parallel,
                                  expert_load_imbalance=c.expert_load_imbalance)
 
     cost = make_cost(model) if pp == 1 else PipelineCostModel(model, pp, make_cost, pipeline_link_bytes_per_s(s, gpu, tp))
-    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp)
+    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp)
 
 
 GPUS_PER_NODE = 8          # HGX / DGX baseboards
@@ -111,6 +123,18 @@ def pipeline_link_bytes_per_s(s: Scenario, gpu: GPUSpec, tp: int) -> float:
     if tp * s.cluster.pipeline_parallel_size <= GPUS_PER_NODE:
         return gpu.nvlink_bw_bytes_per_s
     return min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s)
+
+
+def all2all_links(gpu: GPUSpec, ep: int) -> All2AllLinks:
+    """The links of the MoE all-to-all over ``ep`` GPUs (sim/cost/all2all.py): the GPU's NVLink
+    within its 8-GPU node, one 400 Gb/s NIC per GPU beyond (the node layout of
+    ``pipeline_link_bytes_per_s``), both at the link efficiency the all-reduce uses (0.8; DeepEP
+    measured 153 GB/s over H800's 200 GB/s-per-direction NVLink at EP8, 0.77, and 43 GB/s over a
+    50 GB/s CX7 NIC at EP16, 0.86: docs/legacy.md "Performance"), and the all-reduce's per-call
+    latency. NOTE: ranks are assumed laid out node by node."""
+    eff = Efficiencies()
+    return All2AllLinks(gpu.nvlink_bw_bytes_per_s * eff.link, min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s) * eff.link,
+                        GPUS_PER_NODE, eff.allreduce_latency_s)
 
 
 def engine_profile(e):

@@ -149,7 +149,11 @@ class DisaggregatedLayout(ColocatedLayout):
 
 
 def layout_for(s: Scenario) -> ColocatedLayout:
-    """The layout of ``s``: pools when its policy runs as pools (the policy registry's ``pools``)."""
+    """The layout of ``s``: pools when its policy runs as pools (the policy registry's ``pools``);
+    lockstep data-parallel groups with ``cluster.data_parallel_size`` > 1 (sim/engine/dp_group.py)."""
+    if s.cluster.data_parallel_size > 1:
+        from sim.engine.dp_group import DataParallelLayout  # it builds on this module's layouts
+        return DataParallelLayout(s)
     return DisaggregatedLayout(s) if get_policy(s.engine.policy).pools else ColocatedLayout(s)
 
 

@@ -1,0 +1,76 @@
+"""Step cost of one rank of a data-parallel group whose MoE layers span every rank.
+
+Why: vLLM ``--data-parallel-size D --enable-expert-parallel`` runs D engine cores, each with
+attention (and dense layers, shared experts) at its own TP over its own batch, while every MoE
+layer's routed experts are spread over all D x TP GPUs (EP size = DP x TP,
+``FusedMoEParallelConfig``). A rank's step therefore costs:
+
+- its own batch through everything but the routed experts (as ``RooflineCostModel``);
+- the routed experts of the whole group's tokens: each GPU holds E/ep experts and runs
+  ``expert_load_imbalance`` x the mean share k x G / ep of the G group tokens' routed copies
+  (``moe_mlp_s`` with ``routed_tokens``); the group sets G before costing each rank's batch
+  (``group_run_cost``); a batch costed alone (``explain``, the TTFT decomposition) takes every
+  rank as carrying the same tokens (G = D x its own);
+- the all-to-all dispatch and combine of its own tokens in every MoE layer
+  (sim/cost/all2all.py), reported under the ``allreduce`` operator class (communication).
+  With TP > 1 per rank each GPU dispatches ceil(T / TP) of the rank's T tokens (vLLM
+  ``ParallelConfig.use_sequence_parallel_moe``: dp > 1, tp > 1, EP with DeepEP / pplx).
+
+NOTE: the rank's two TP all-reduces per layer are kept as without DP (under sequence-parallel
+MoE vLLM replaces the MoE layer's by an all-gather of the token shards).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.core.batch import Batch
+from sim.cost.all2all import All2AllLinks, all2all_layer_s
+from sim.cost.arch import moe_mlp_s
+from sim.cost.roofline import RooflineCostModel
+from sim.cost.runs import RunCost
+
+_MAX_GROUP_CACHES = 4096  # distinct group token counts whose GEMM costs are kept
+
+
+class DataParallelEPCostModel(RooflineCostModel):
+    """One engine core (``tp`` GPUs) of a group of ``dp`` whose routed experts span all of them."""
+
+    def __init__(self, *args, dp: int, links: All2AllLinks, **kwargs):
+        super().__init__(*args, enable_expert_parallel=True, dp=dp, **kwargs)
+        self.dp, self.links = dp, links
+        # vLLM dispatches in fp8 when the MoE runs fp8 W8A8 (its DeepEP prepare step quantizes
+        # the input, DEEPEP_QUANT_BLOCK_SHAPE); else in the activation dtype
+        self.fp8_dispatch = self.quant is not None and self.quant.compute == "fp8"
+        self._group_tokens: int | None = None
+        self._group_caches: dict[int | None, dict] = {None: self._gemm_cache}
+
+    def _set_group(self, group_tokens: int | None) -> None:
+        if group_tokens not in self._group_caches and len(self._group_caches) > _MAX_GROUP_CACHES:
+            self._group_caches = {None: self._group_caches[None]}
+        self._group_tokens = group_tokens
+        self._gemm_cache = self._group_caches.setdefault(group_tokens, {})
+
+    def _moe_layer_s(self, tokens: int) -> tuple[float, float]:
+        g = self._group_tokens if self._group_tokens is not None else tokens * self.dp
+        return moe_mlp_s(self, tokens, routed_tokens=g)
+
+    def all2all_layer_s(self, tokens: int) -> float:
+        """Dispatch + combine seconds of one MoE layer for a rank batch of ``tokens``."""
+        m = self.model
+        per_gpu = math.ceil(tokens / self.tp)
+        return all2all_layer_s(per_gpu, m.hidden_size, m.num_experts_per_tok, self.ep, self.links,
+                               self.fp8_dispatch, self.dtype_bytes)
+
+    def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
+        elem, ar, flag = super()._per_tokens(tokens)
+        return elem, ar + self.model.num_moe_layers * self.all2all_layer_s(tokens), flag
+
+    def group_run_cost(self, batch: Batch, group_tokens: int) -> RunCost:
+        """``run_cost`` of this rank's ``batch`` while the group's ranks carry ``group_tokens``
+        tokens in all (this rank's included)."""
+        self._set_group(group_tokens)
+        try:
+            return self.run_cost(batch)
+        finally:
+            self._set_group(None)
