@@ -194,3 +194,22 @@ def test_dense_model_refused_in_build():
     s = s.model_copy(update={"model": "llama-3-8b"})
     with pytest.raises(UserError, match="needs a MoE model"):
         build_deployment(s)
+
+
+def test_diagnose_decode_floor_reads_a_dp_share_of_the_groups_touched_experts():
+    import polars as pl
+    from types import SimpleNamespace
+
+    from sim.analysis.diagnose import _decode_floor
+
+    dep = build_deployment(_scenario("deepseek-v3", "h200", dp=8, quantization="fp8", max_num_seqs=64))
+    m = dep.model
+    steps = pl.DataFrame({"decode_tokens": [16], "num_steps": [1], "duration_s": [0.05]})
+    reqs = pl.DataFrame({"status": ["completed"], "input_tokens": [3000], "output_tokens": [2000]})
+    f = _decode_floor(SimpleNamespace(deployment=dep, steps=steps, requests=reqs), {"median_tpot_ms": 40.0})
+    # every rank's 16 sequences touch the experts: E (1 - (1 - 8/256)^128) of 256 per MoE layer,
+    # 1/8 of them on this GPU (fp8: 1 byte per expert weight); the rest of the weights whole (TP 1)
+    touched = 256 * (1 - (1 - 8 / 256) ** 128)
+    routed = 58 * touched * m.expert_params * 1 / 8
+    kv = 16 * 4000 * 70_272
+    assert f["bytes_per_step"] == pytest.approx(m.bytes_read(0) + routed + kv)

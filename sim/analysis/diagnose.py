@@ -92,7 +92,11 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
     # one sequence's KV on one GPU: the MLA latent whole on every TP rank, KV heads split;
     # sliding-window layers hold (and read) at most the window (ModelSpec.kv_bytes_for_context)
     kv_seq_gpu = m.kv_bytes_for_context(round(ctx), dep.kv_dtype_bytes) * m.kv_gpu_fraction(dep.tp)
-    weights = m.bytes_read(max(1, round(batch))) / dep.tp  # quantized linear layers at their width
+    n = max(1, round(batch))
+    weights = m.bytes_read(n) / dep.tp  # quantized linear layers at their width
+    if dep.dp > 1:  # data-parallel ranks: the routed experts every rank's tokens touch, over DP x TP GPUs
+        base = m.bytes_read(0)
+        weights = base / dep.tp + (m.bytes_read(n * dep.dp) - base) / (dep.tp * dep.dp)
     bytes_per_step = weights + batch * kv_seq_gpu
     floor_ms = bytes_per_step / dep.gpu.hbm_bw_bytes_per_s * 1e3
     tpot = summary["median_tpot_ms"]
