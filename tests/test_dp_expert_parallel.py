@@ -62,6 +62,9 @@ def test_all2all_bytes_and_time_for_deepseek_v3_by_hand():
     assert t16 * 1e6 == pytest.approx(20 + 3_784_704 / 40e3 + 7_340_032 / 40e3, abs=1e-6)
     assert t16 * 1e6 == pytest.approx(298.1, abs=0.1)  # DeepEP low-latency EP16, H800: 118 + 195 us
     assert all2all_layer_s(128, H, K, 1, nv, True, 2) == 0.0 and all2all_layer_s(0, H, K, 8, nv, True, 2) == 0.0
+    # the busiest GPU receives 1.5x the mean's copies: the byte terms grow, the call latency does not
+    t15 = all2all_layer_s(128, H, K, 8, nv, True, 2, load_imbalance=1.5)
+    assert t15 == pytest.approx(2 * 10e-6 + 1.5 * (6_623_232 + 12_845_056) / 360e9)
 
 
 def test_rank_cost_charges_the_all2all_of_its_tokens_in_every_moe_layer():
@@ -79,6 +82,16 @@ def test_rank_cost_charges_the_all2all_of_its_tokens_in_every_moe_layer():
     assert e["all2all_dispatch_bytes_per_layer_per_gpu"] == 6_623_232
     assert e["all2all_combine_bytes_per_layer_per_gpu"] == 12_845_056
     assert e["all2all_ms_per_layer"] == pytest.approx(0.07408, abs=1e-5)
+
+
+def test_expert_load_imbalance_slows_the_all2all_and_the_expert_gemms():
+    flat = build_deployment(_scenario("deepseek-v3", "h200", dp=8, quantization="fp8")).cost
+    s = _scenario("deepseek-v3", "h200", dp=8, quantization="fp8")
+    s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"expert_load_imbalance": 1.5})})
+    skew = build_deployment(s).cost
+    assert skew.all2all_layer_s(128) - 2 * 10e-6 == pytest.approx(1.5 * (flat.all2all_layer_s(128) - 2 * 10e-6))
+    b = Batch(num_decode_seqs=128, decode_context_tokens=128 * 2000, num_logits=128)
+    assert skew.step_time(b).ops_s["gemm_mlp_up"] > flat.step_time(b).ops_s["gemm_mlp_up"]
 
 
 def test_tp_within_a_rank_dispatches_a_token_slice_per_gpu():

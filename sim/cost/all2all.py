@@ -25,10 +25,14 @@ GB/s of H800's ~160 GB/s NVLink at EP8, 43-58 GB/s of a 400 Gb/s CX7 NIC's ~50 G
 EP16-64, DeepEP docs/legacy.md "Performance"), plus one per-call latency (NCCL-class launch and
 synchronisation, the all-reduce's ``Efficiencies.allreduce_latency_s``).
 
+Load imbalance: a GPU sends the mean's bytes (its own tokens), but the GPU holding the most
+requested experts receives ``expert_load_imbalance`` x the mean in dispatch and sends as much
+back in combine, and the collective ends when it does: the byte terms of the time are scaled
+by the knob (the bytes reported are the mean's).
+
 NOTE: DeepEP's high-throughput (prefill) kernels send a token once per destination GPU, not
-once per expert; the per-expert count is an upper bound for them. Routing is taken uniform;
-the busiest GPU's extra expert work is ``expert_load_imbalance`` (sim/cost/arch.py), the
-all-to-all bytes are the mean's.
+once per expert; the per-expert count is an upper bound for them. Routing is otherwise taken
+uniform over the GPUs.
 """
 
 from __future__ import annotations
@@ -78,12 +82,13 @@ def all2all_layer_bytes(tokens: float, hidden: int, top_k: int, ep: int, gpus_pe
 
 
 def all2all_layer_s(tokens: float, hidden: int, top_k: int, ep: int, links: All2AllLinks,
-                    fp8_dispatch: bool, act_bytes: int) -> float:
-    """Seconds of one MoE layer's dispatch plus combine on one GPU (0 when nothing moves)."""
+                    fp8_dispatch: bool, act_bytes: int, load_imbalance: float = 1.0) -> float:
+    """Seconds of one MoE layer's dispatch plus combine for ``tokens`` tokens per GPU (0 when
+    nothing moves); the busiest GPU moves ``load_imbalance`` x the mean's bytes."""
     if ep <= 1 or tokens <= 0:
         return 0.0
     di, dx, ci, cx = all2all_layer_bytes(tokens, hidden, top_k, ep, links.gpus_per_node, fp8_dispatch, act_bytes)
-    nv, nic = links.nvlink_bytes_per_s, links.nic_bytes_per_s
+    nv, nic = links.nvlink_bytes_per_s / load_imbalance, links.nic_bytes_per_s / load_imbalance
     dispatch = links.latency_s + max(di / nv, dx / nic)
     combine = links.latency_s + max(ci / nv, cx / nic)
     return dispatch + combine

@@ -12,7 +12,8 @@ layer's routed experts are spread over all D x TP GPUs (EP size = DP x TP,
   (``group_run_cost``); a batch costed alone (``explain``, the TTFT decomposition) takes every
   rank as carrying the same tokens (G = D x its own);
 - the all-to-all dispatch and combine of its own tokens in every MoE layer
-  (sim/cost/all2all.py), reported under the ``allreduce`` operator class (communication).
+  (sim/cost/all2all.py; the busiest GPU receives ``expert_load_imbalance`` x the mean),
+  reported under the ``allreduce`` operator class (communication).
   With TP > 1 per rank each GPU dispatches ceil(T / TP) of the rank's T tokens (vLLM
   ``ParallelConfig.use_sequence_parallel_moe``: dp > 1, tp > 1, EP with DeepEP / pplx).
 
@@ -60,7 +61,7 @@ class DataParallelEPCostModel(RooflineCostModel):
         m = self.model
         per_gpu = math.ceil(tokens / self.tp)
         return all2all_layer_s(per_gpu, m.hidden_size, m.num_experts_per_tok, self.ep, self.links,
-                               self.fp8_dispatch, self.dtype_bytes)
+                               self.fp8_dispatch, self.dtype_bytes, self.expert_load_imbalance)
 
     def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
         elem, ar, flag = super()._per_tokens(tokens)
