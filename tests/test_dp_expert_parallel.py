@@ -147,8 +147,17 @@ def test_a_round_lasts_the_slowest_rank_and_idle_ranks_run_a_dummy_batch():
     both, (cs, cb) = round_s(cm, [small, big])
     assert both == cb.first_s > cs.first_s  # the busy rank sets the pace
     assert both > alone  # a busy rank slows the other
-    # the dummy's one token is counted among the routed tokens
-    assert alone == pytest.approx(cm.group_run_cost(small, small.num_tokens + DUMMY_BATCH.num_tokens).first_s)
+    # CUDA graphs on: every rank runs the round's most tokens (vLLM get_dp_padding), the dummy too
+    assert cm.pads_to_max
+    assert alone == pytest.approx(cm.group_run_cost(small, 2 * 4, 4).first_s)
+    # the decode rank pays 2048 rows of GEMMs, collectives and experts beside the prefill
+    assert cs.first_s == pytest.approx(cm.group_run_cost(small, 2 * 2048, 2048).first_s)
+    assert cs.first_s > 1.5 * cm.group_run_cost(small, 2048 + 4).first_s  # unpadded
+    # eager (vLLM --enforce-eager): no padding; the dummy's one token is counted among the routed tokens
+    eager = build_deployment(_scenario(dp=2, overhead={"cuda_graph_decode": False})).cost
+    assert not eager.pads_to_max
+    dur, _ = round_s(eager, [small, None])
+    assert dur == pytest.approx(eager.group_run_cost(small, small.num_tokens + DUMMY_BATCH.num_tokens).first_s)
 
 
 def test_lockstep_run_a_long_prefill_on_one_rank_holds_the_others_decodes():

@@ -17,6 +17,12 @@ layer's routed experts are spread over all D x TP GPUs (EP size = DP x TP,
   With TP > 1 per rank each GPU dispatches ceil(T / TP) of the rank's T tokens (vLLM
   ``ParallelConfig.use_sequence_parallel_moe``: dp > 1, tp > 1, EP with DeepEP / pplx).
 
+With CUDA graphs on (the engine profile's ``cuda_graph_decode``; vLLM without
+``--enforce-eager``) every rank pads its step to the most tokens any rank runs in the round
+(vLLM ``GPUModelRunner.get_dp_padding``: the max over DP ranks, applied to the step's input
+tokens and to the dummy batch): the padding rows pass the GEMMs, elementwise kernels,
+collectives and the experts (``group_run_cost``'s ``pad_tokens``), not attention or sampling.
+
 NOTE: the rank's two TP all-reduces per layer are kept as without DP (under sequence-parallel
 MoE vLLM replaces the MoE layer's by an all-gather of the token shards).
 """
@@ -43,14 +49,21 @@ class DataParallelEPCostModel(RooflineCostModel):
         # vLLM dispatches in fp8 when the MoE runs fp8 W8A8 (its DeepEP prepare step quantizes
         # the input, DEEPEP_QUANT_BLOCK_SHAPE); else in the activation dtype
         self.fp8_dispatch = self.quant is not None and self.quant.compute == "fp8"
+        # vLLM pads every rank to the round's most tokens unless it runs eager (get_dp_padding)
+        self.pads_to_max = self.engine.cuda_graph_decode
         self._group_tokens: int | None = None
-        self._group_caches: dict[int | None, dict] = {None: self._gemm_cache}
+        self._pad_tokens = 0
+        self._group_caches: dict[tuple[int | None, int], dict] = {(None, 0): self._gemm_cache}
 
-    def _set_group(self, group_tokens: int | None) -> None:
-        if group_tokens not in self._group_caches and len(self._group_caches) > _MAX_GROUP_CACHES:
-            self._group_caches = {None: self._group_caches[None]}
-        self._group_tokens = group_tokens
-        self._gemm_cache = self._group_caches.setdefault(group_tokens, {})
+    def _set_group(self, group_tokens: int | None, pad_tokens: int = 0) -> None:
+        key = (group_tokens, pad_tokens)
+        if key not in self._group_caches and len(self._group_caches) > _MAX_GROUP_CACHES:
+            self._group_caches = {(None, 0): self._group_caches[(None, 0)]}
+        self._group_tokens, self._pad_tokens = group_tokens, pad_tokens
+        self._gemm_cache = self._group_caches.setdefault(key, {})
+
+    def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
+        return super()._gemms(max(tokens, self._pad_tokens))
 
     def _moe_layer_s(self, tokens: int) -> tuple[float, float]:
         g = self._group_tokens if self._group_tokens is not None else tokens * self.dp
@@ -64,13 +77,14 @@ class DataParallelEPCostModel(RooflineCostModel):
                                self.fp8_dispatch, self.dtype_bytes, self.expert_load_imbalance)
 
     def _per_tokens(self, tokens: int) -> tuple[float, float, bool]:
+        tokens = max(tokens, self._pad_tokens)
         elem, ar, flag = super()._per_tokens(tokens)
         return elem, ar + self.model.num_moe_layers * self.all2all_layer_s(tokens), flag
 
-    def group_run_cost(self, batch: Batch, group_tokens: int) -> RunCost:
+    def group_run_cost(self, batch: Batch, group_tokens: int, pad_tokens: int = 0) -> RunCost:
         """``run_cost`` of this rank's ``batch`` while the group's ranks carry ``group_tokens``
-        tokens in all (this rank's included)."""
-        self._set_group(group_tokens)
+        tokens in all (this rank's included), the batch padded to ``pad_tokens`` rows."""
+        self._set_group(group_tokens, pad_tokens)
         try:
             return self.run_cost(batch)
         finally:

@@ -46,9 +46,12 @@ DUMMY_BATCH = Batch(num_decode_seqs=1, decode_context_tokens=1)
 def round_s(cost, batches: list[Batch | None], extra_s: list[float] | None = None) -> tuple[float, list]:
     """(seconds of one lockstep round, each rank's ``RunCost`` or None for a dummy batch):
     the slowest rank's step (plus its ``extra_s``), every rank's batch (an idle one's dummy)
-    counted in the group's routed tokens."""
-    group_tokens = sum(b.num_tokens if b is not None else DUMMY_BATCH.num_tokens for b in batches)
-    costs = [cost.group_run_cost(b if b is not None else DUMMY_BATCH, group_tokens) for b in batches]
+    counted in the group's routed tokens; with CUDA graphs every rank padded to the round's
+    most tokens (vLLM ``get_dp_padding``, sim/cost/dp_ep.py)."""
+    real = [b.num_tokens if b is not None else DUMMY_BATCH.num_tokens for b in batches]
+    pad = max(real) if cost.pads_to_max else 0
+    group_tokens = pad * len(batches) if pad else sum(real)
+    costs = [cost.group_run_cost(b if b is not None else DUMMY_BATCH, group_tokens, pad) for b in batches]
     extra = extra_s or [0.0] * len(batches)
     return (max(c.first_s + x for c, x in zip(costs, extra)),
             [c if b is not None else None for c, b in zip(costs, batches)])
