@@ -26,7 +26,8 @@ def setup_sentence(s: Scenario, summary: dict) -> str:
         shape = f"a disaggregated deployment on {summary['simsrv_gpu']}"
     else:
         shape = (f"{s.cluster.replicas} x {summary['simsrv_gpu']} replica{'s' if s.cluster.replicas > 1 else ''} "
-                 f"(TP {s.cluster.tensor_parallel_size})")
+                 f"(TP {s.cluster.tensor_parallel_size}"
+                 f"{f', DP {s.cluster.data_parallel_size} + EP' if s.cluster.data_parallel_size > 1 else ''})")
     return (f"Replayed {summary['num_prompts']:,} requests with {summary['model_id']} on {shape}: "
             f"{summary['simsrv_num_gpus']} GPU{'s' if summary['simsrv_num_gpus'] != 1 else ''}, policy "
             f"{s.engine.policy}, router {s.cluster.router}.")
@@ -89,7 +90,7 @@ def reuse_check(s: Scenario, arrays: RequestArrays, summary: dict) -> tuple[floa
     if reuse is None or reuse < REUSE_MIN or (hit is not None and hit >= HIT_FRACTION * reuse):
         return reuse, False, ""
     replicas = (s.disaggregation.prefill.replicas if get_policy(s.engine.policy).pools and s.disaggregation
-                else s.cluster.replicas)
+                else s.cluster.replicas * s.cluster.data_parallel_size)  # each DP engine core has its own cache
     head = f"The trace reuses {reuse:.0%} of its prompt blocks (an unbounded cache's hit rate)"
     if not s.engine.enable_prefix_caching:
         text = f"{head}, but prefix caching is off."

@@ -37,7 +37,6 @@ from sim.engine.recorder import Recorder
 from sim.engine.router import RouterFn
 from sim.engine.topology import ColocatedLayout, _capped, _router
 from sim.policies.base import Scheduler
-from sim.scenario import Scenario
 
 # vLLM EngineCore.execute_dummy_batch: a forward pass of one token (model_runner._dummy_run(1))
 DUMMY_BATCH = Batch(num_decode_seqs=1, decode_context_tokens=1)
