@@ -372,6 +372,10 @@ class Scenario(_Strict):
             if c.pipeline_parallel_size > 1 or get_policy(e.policy).pools:
                 raise ValueError("cluster.data_parallel_size > 1 applies to colocated replicas of one pipeline "
                                  "stage (pipeline_parallel_size 1, no disaggregation pools)")
+            if e.num_scheduler_steps > 1:
+                # multi-step scheduling is vLLM 0.6's (V0); data-parallel expert parallelism is V1's
+                raise ValueError("cluster.data_parallel_size > 1 runs steps in lockstep one at a time; "
+                                 "engine.num_scheduler_steps (vLLM 0.6 multi-step) does not apply")
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")

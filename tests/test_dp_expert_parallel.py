@@ -200,6 +200,7 @@ def test_dp1_keeps_the_colocated_layout_and_cost_model():
     (["cluster.enable_expert_parallel=false"], "needs cluster.enable_expert_parallel"),
     (["cluster.pipeline_parallel_size=2"], "pipeline_parallel_size 1"),
     (["model=llama-3-8b"], "needs a MoE model"),
+    (["engine.policy=continuous", "engine.num_scheduler_steps=8"], "num_scheduler_steps"),
 ])
 def test_bad_data_parallel_settings_exit_2_with_one_line(sets, needle):
     args = [sys.executable, "-m", "sim", "run", "scenarios/deepseek_v3_dp8_ep.yaml", "--out", "/dev/null/x"]

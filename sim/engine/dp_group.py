@@ -104,9 +104,11 @@ class DataParallelGroup:
                 kv_used = sched.kv.num_used
                 finished = sched.on_step_done(plan, env.now, 1)
                 rec.step((index, start, dur, 1, plan.num_decode_seqs + len(plan.chunks), plan.prefill_tokens,
-                          plan.num_decode_seqs, kv_used, len(sched.waiting), dur, dur))
-                for gap in plan.ready_gaps_s:
+                          plan.num_decode_seqs, kv_used, len(sched.waiting), dur, dur, 0))
+                for gap in plan.ready_gaps_s:  # as sim/engine/cluster.py
                     rec.itl_adjust.append((dur, dur + gap))
+                for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
+                    rec.itl_adjust.extend([(dur, dur + extra)] * count)
                 if finished:
                     self.on_finish(finished)
 
