@@ -91,3 +91,17 @@ def test_compare_prints_a_policy_that_completes_nothing(tmp_path):
     p = simsrv("compare", s, "--policies", "continuous,chunked", "--out", tmp_path / "c")
     assert p.returncode == 0, p.stderr
     assert "TTFT p50 - / p99 - ms" in p.stdout and "6 failed" in p.stdout
+
+
+def test_compare_default_leaves_out_a_disaggregated_form_the_layout_lacks():
+    """With no --policies, a data-parallel deployment (no disaggregated form, no disaggregation
+    section) compares the colocated policies and names why disaggregated was left out; a
+    scenario that configures disaggregation badly still fails (the test above)."""
+    from sim.analysis.compare import usable_policies
+
+    dp = ROOT / "scenarios" / "deepseek_v3_dp8_ep.yaml"
+    usable, skipped = usable_policies(dp, None, [])
+    assert usable == ["static", "continuous", "chunked"]
+    assert len(skipped) == 1 and skipped[0].startswith("policy disaggregated: ") and "data_parallel_size" in skipped[0]
+    usable, skipped = usable_policies(ROOT / "scenarios" / "chat.yaml", None, [])
+    assert "disaggregated" in usable and skipped == []

@@ -31,6 +31,25 @@ def parse_policies(text: str) -> list[str]:
     return policies
 
 
+def usable_policies(scenario_path: Path, chunk: int | None, sets: list[str]) -> tuple[list[str], list[str]]:
+    """The default policy list: every registered policy, except a disaggregated (pools) policy
+    when the scenario has no ``disaggregation`` section and its deployment has no disaggregated
+    form (data- or pipeline-parallel layouts); one line per policy left out, naming why. A
+    policy the scenario does configure and that fails is an error, as with ``--policies``."""
+    configured = load_scenario(scenario_path, sets).disaggregation is not None
+    usable, skipped = [], []
+    for policy in policy_names():
+        try:
+            policy_scenarios(scenario_path, [policy], chunk, sets)
+        except UserError as e:
+            if configured or not get_policy(policy).pools:
+                raise
+            skipped.append(f"{e}")
+            continue
+        usable.append(policy)
+    return usable, skipped
+
+
 def policy_scenarios(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str]) -> list:
     """Every policy's scenario, loaded and its deployment built, before any run: a key, a chunk
     size or a deployment that one policy cannot use fails here, not after the other runs."""

@@ -16,18 +16,24 @@ console = Console()
 
 def compare(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    policies: str = typer.Option(",".join(policy_names()), "--policies",
-                                 help="Comma-separated policies to compare."),
+    policies: Optional[str] = typer.Option(None, "--policies",
+                                           help="Comma-separated policies to compare (default: every policy "
+                                                "the scenario's deployment can run: " + ",".join(policy_names()) + ")."),
     chunk: Optional[int] = typer.Option(None, "--chunk", help="max_num_batched_tokens of the chunked run."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key for every run: dotted.key=value."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/compare/NAME)."),
     force: bool = typer.Option(False, "--force", help="Overwrite the run directories if they already exist."),
 ):
     """Same workload and seed through each policy; one self-contained HTML report."""
-    from sim.analysis.compare import parse_policies, run_compare
+    from sim.analysis.compare import parse_policies, run_compare, usable_policies
     from sim.scenario import load_scenario
 
-    pols = parse_policies(policies)
+    if policies is None:
+        pols, skipped = usable_policies(scenario, chunk, set_)
+        for why in skipped:
+            console.print(f"skipped {why}", markup=False, highlight=False)
+    else:
+        pols = parse_policies(policies)
     name = load_scenario(scenario, set_).dir_name
     out_dir = out or Path("reports/compare") / name
 
