@@ -167,6 +167,8 @@ class Replica:
                 rec.count_extrapolated(self.index, done)
             if rc.lm_head_extrapolated:
                 rec.lm_head_extrapolated = True
+            if rc.overhead_outside_seqs is not None:
+                rec.count_overhead_outside(self.index, rc.overhead_outside_seqs)
             kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
             finished = sched.on_step_done(plan, env.now, done)
             rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
