@@ -142,7 +142,11 @@ class CalibratedOps:
         n = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
         nodes = grid.b_nodes
         first, last = nodes[0], nodes[-1]
-        u = grid.rows[0].axis.u
+        axis = grid.rows[0].axis
+        u, exp, log = axis.u, math.exp, math.log
+        # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
+        # the same operations as ``Axis.u`` without its call
+        plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
         cells: dict[int, tuple | bool] = {}
 
         def eff(context_per_seq: float) -> tuple[float, bool]:
@@ -154,7 +158,9 @@ class CalibratedOps:
             if cell is False:  # a cubic row: no closed form
                 return grid.eff(n, x)
             a, b, out = cell
-            return math.exp(a + b * u(x)) if b else math.exp(a), out or x < first or x > last
+            if not b:
+                return exp(a), out or x < first or x > last
+            return exp(a + b * (log(ua * x + ushift) if plain else u(x))), out or x < first or x > last
         return eff
 
     def _decode_cell(self, num_seqs: int, k: int):
@@ -191,9 +197,16 @@ class CalibratedOps:
         ds = self.decode_split
         if not ds:
             return lambda context_per_seq: 0.0
-        combine_s, block, splits = ds["combine_s"], ds["block"], self._splits
-        return lambda context_per_seq: combine_s if splits(num_seqs, math.ceil(max(1.0, context_per_seq) / block)) \
-            else 0.0
+        combine_s, block, ceil = ds["combine_s"], ds["block"], math.ceil
+        by_blocks: dict[int, float] = {}  # KV blocks per sequence -> seconds
+
+        def combine(context_per_seq: float) -> float:
+            nb = ceil(max(1.0, context_per_seq) / block)
+            t = by_blocks.get(nb)
+            if t is None:
+                t = by_blocks[nb] = combine_s if self._splits(num_seqs, nb) else 0.0
+            return t
+        return combine
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
         ds = self.decode_split

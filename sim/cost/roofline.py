@@ -182,6 +182,9 @@ class RooflineCostModel:
         # decode attention and the overhead (``_fixed``), decode attention as a function of the
         # context (``_decode_fn``) and the engine's host terms (``_host``).
         self._fixed_cache: dict[tuple[int, int], _Fixed] = {}
+        self._token_cache: dict[int, tuple] = {}
+        self._logit_cache: dict[int, tuple[float, float, bool]] = {}
+        self._run_fns: dict[tuple[int, int], tuple] = {}
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
 
@@ -426,40 +429,68 @@ class RooflineCostModel:
     def _fixed(self, b: Batch) -> "_Fixed":
         """Every operator of ``b``'s steps but decode attention and the engine overhead (fixed
         along a decode run), with their flags; memoised for batches without prompt chunks."""
-        key = None if b.prefill_chunks else (b.num_tokens, b.num_logits)
+        chunks = b.prefill_chunks
+        key = None if chunks else (b.num_tokens, b.num_logits)
         if key is not None:
             hit = self._fixed_cache.get(key)
             if hit is not None:
                 return hit
-        saved, saved_lm = self._flag, self._lm_flag
-        self._flag = self._lm_flag = False
-        tokens = b.num_tokens
-        if tokens:
+        qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
+        lm, sampling, lm_flag = self._logit_ops(b.num_logits)
+        if chunks:
+            saved, self._flag = self._flag, False
+            prefill = self._attn_prefill_s(chunks)
+            flag |= self._flag
+            self._flag = saved
+        else:
+            prefill = 0.0
+        # summed left to right, as sum() of the parts
+        fixed = _Fixed((qkv, o, up, down, prefill), (elem, ar, lm, sampling), qkv + o + up + down + prefill,
+                       elem + ar + lm + sampling, flag, lm_flag)
+        if key is not None and len(self._fixed_cache) < 500_000:
+            self._fixed_cache[key] = fixed
+        return fixed
+
+    def _token_ops(self, tokens: int) -> tuple[float, float, float, float, float, float, bool]:
+        """(qkv, o, mlp_up, mlp_down, elementwise, all-reduce seconds, extrapolated) of a step of
+        ``tokens``; memoised by token count."""
+        hit = self._token_cache.get(tokens)
+        if hit is not None:
+            return hit
+        if not tokens:
+            hit = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)
+        else:
+            saved, self._flag = self._flag, False
             if self._gemm_cal and tokens not in self._gemm_cache:
                 qkv, o, up, down = self._gemms(tokens)
                 if self._flag:
                     self._gemm_extrap.add(tokens)
             else:
                 qkv, o, up, down = self._gemms(tokens)
-            if tokens in self._gemm_extrap:
-                self._flag = True
             elem, ar, out = self._per_tokens(tokens)
-            self._flag |= out
+            hit = (qkv, o, up, down, elem, ar, tokens in self._gemm_extrap or out)
+            self._flag = saved
+        self._token_cache[tokens] = hit
+        return hit
+
+    def _logit_ops(self, num_logits: int) -> tuple[float, float, bool]:
+        """(LM head, sampling seconds, the LM head extrapolated) of ``num_logits`` sampled
+        positions; memoised by their count."""
+        hit = self._logit_cache.get(num_logits)
+        if hit is not None:
+            return hit
+        if not num_logits:
+            hit = (0.0, 0.0, False)
         else:
-            qkv = o = up = down = elem = ar = 0.0
-        lm = self._lm_head_s(b.num_logits) if b.num_logits else 0.0
-        # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
-        # sampler (vLLM gathers the vocab shards before sampling).
-        sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
-        if b.num_logits:
-            sampling = max(sampling, self.eff.kernel_floor_s)
-        before = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks))
-        after = (elem, ar, lm, sampling)
-        fixed = _Fixed(before, after, sum(before), sum(after), self._flag, self._lm_flag)
-        self._flag, self._lm_flag = saved, saved_lm
-        if key is not None and len(self._fixed_cache) < 500_000:
-            self._fixed_cache[key] = fixed
-        return fixed
+            saved, self._lm_flag = self._lm_flag, False
+            lm = self._lm_head_s(num_logits)
+            # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and
+            # the sampler (vLLM gathers the vocab shards before sampling).
+            sampling = max(num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw, self.eff.kernel_floor_s)
+            hit = (lm, sampling, self._lm_flag)
+            self._lm_flag = saved
+        self._logit_cache[num_logits] = hit
+        return hit
 
     def _components(self, b: Batch, decode_context: int) -> tuple[float, ...]:
         """Seconds per operator (``OPS``) of ``b``'s step at ``decode_context``."""
@@ -548,7 +579,7 @@ class RooflineCostModel:
         if batch.num_steps == 1 or not n:
             return RunCost(first, first, 1, flag, fx.lm_flag, 0.0, outside)
         step_s, kinked = self._run_step_fn(batch, fx)
-        j, a, z, q = next(self._pieces(batch, step_s, first, kinked))
+        j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
         return RunCost(first, z, j, self._flag, fx.lm_flag, q, outside)
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
@@ -562,8 +593,14 @@ class RooflineCostModel:
         """(step seconds of ``b`` as a function of its total decode context, and where that
         function has a kink): every kernel but decode attention is fixed along a run; the
         engine overhead follows the GPU time. The kink test (None: no kink) says whether the
-        GPU time at a context has overtaken the engine profile's knee."""
+        GPU time at a context has overtaken the engine profile's knee. Memoised for batches
+        without prompt chunks (one per decode batch shape)."""
         n, has_prefill = b.num_decode_seqs, bool(b.prefill_chunks)
+        key = None if has_prefill else (b.num_tokens, b.num_logits)
+        if key is not None:
+            hit = self._run_fns.get(key)
+            if hit is not None:
+                return hit
         rest = fx.head + fx.tail  # kernels but decode attention
         attn = self._decode_fn(n)
         overhead_fn, knee, _ = self._host(n, has_prefill)
@@ -582,37 +619,46 @@ class RooflineCostModel:
             return rest + t >= knee
 
         # the GPU time is at least the other kernels': no knee to find when they alone reach it
-        return step_s, (None if rest >= knee else kinked)
+        fns = (step_s, None if rest >= knee else kinked)
+        if key is not None and len(self._run_fns) < 100_000:
+            self._run_fns[key] = fns
+        return fns
 
     def _pieces(self, b: Batch, f, f0: float, kinked=None):
-        """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run,
-        for ``f`` (seconds as a function of the total decode context; ``f0`` at the first
-        step). A piece never crosses a node of the efficiency table, a change of FA2's split
-        decision (where decode attention bends or jumps) or the engine overhead's knee
-        (``kinked``: where the GPU time overtakes the host's), and within one its steps deviate
-        from the straight line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
+        """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run
+        (``_piece``), for ``f`` (seconds as a function of the total decode context; ``f0`` at
+        the first step)."""
         n, c, left = b.num_decode_seqs, b.decode_context_tokens, b.num_steps
         a = f0
         while left:
-            j = left
-            if self.cops is not None and self.cops.decode_grid is not None:
-                x0 = c / n
-                end = self.cops.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
-                j = min(left, int(end - x0 + 1e-9) + 1)
-            if kinked is not None and j > 1:
-                side = kinked(c)
-                if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
-                    lo, hi = 1, j - 1
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        if kinked(c + (mid - 1) * n) == side:
-                            lo = mid
-                        else:
-                            hi = mid - 1
-                    j = lo
-            j, z, q = affine_steps(f, c, n, j, a, a)
+            j, z, q = self._piece(n, c, left, f, a, kinked)
             yield j, a, z, q
             c += j * n
             left -= j
             if left:
                 a = f(c)
+
+    def _piece(self, n: int, c: int, left: int, f, a: float, kinked=None) -> tuple[int, float, float]:
+        """(steps, f at the last step, curve_s) of the first piece of a run of ``left`` decode
+        steps of ``n`` sequences from total context ``c`` (``a``: f at its first step). A piece
+        never crosses a node of the efficiency table, a change of FA2's split decision (where
+        decode attention bends or jumps) or the engine overhead's knee (``kinked``: where the
+        GPU time overtakes the host's), and within one its steps deviate from the straight
+        line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
+        j = left
+        if self.cops is not None and self.cops.decode_grid is not None:
+            x0 = c / n
+            end = self.cops.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
+            j = min(left, int(end - x0 + 1e-9) + 1)
+        if kinked is not None and j > 1:
+            side = kinked(c)
+            if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
+                lo, hi = 1, j - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if kinked(c + (mid - 1) * n) == side:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                j = lo
+        return affine_steps(f, c, n, j, a, a)
