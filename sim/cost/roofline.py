@@ -36,6 +36,9 @@ OPS = (
     "elementwise", "allreduce", "lm_head", "sampling", "overhead",
 )
 ATTN_DECODE = OPS.index("attn_decode")  # the only operator whose cost changes along a decode run
+# A NamedTuple with every field given, built without its generated __new__ (a Python call per
+# step on the hot path): what ``NamedTuple._make`` does, without the length check.
+_new = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -445,8 +448,8 @@ class RooflineCostModel:
         else:
             prefill = 0.0
         # summed left to right, as sum() of the parts
-        fixed = _Fixed((qkv, o, up, down, prefill), (elem, ar, lm, sampling), qkv + o + up + down + prefill,
-                       elem + ar + lm + sampling, flag, lm_flag)
+        fixed = _new(_Fixed, ((qkv, o, up, down, prefill), (elem, ar, lm, sampling), qkv + o + up + down + prefill,
+                              elem + ar + lm + sampling, flag, lm_flag))
         if key is not None and len(self._fixed_cache) < 500_000:
             self._fixed_cache[key] = fixed
         return fixed
@@ -577,10 +580,10 @@ class RooflineCostModel:
         else:
             first = g + 0.0
         if batch.num_steps == 1 or not n:
-            return RunCost(first, first, 1, flag, fx.lm_flag, 0.0, outside)
+            return _new(RunCost, (first, first, 1, flag, fx.lm_flag, 0.0, outside))
         step_s, kinked = self._run_step_fn(batch, fx)
         j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
-        return RunCost(first, z, j, self._flag, fx.lm_flag, q, outside)
+        return _new(RunCost, (first, z, j, self._flag, fx.lm_flag, q, outside))
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
         """(first step, last step) seconds of ``batch``, each at its own context."""
