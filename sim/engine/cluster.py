@@ -116,7 +116,7 @@ class Replica:
 
     def _loop(self):
         env, sched, rec, cost = self.env, self.scheduler, self.recorder, self.cost
-        record = rec.steps.append  # Recorder.step, without its call
+        record = rec.step
         while True:
             now = env.now
             plan = sched.schedule(now)
