@@ -207,6 +207,8 @@ class Replica:
                 self.recorder.count_extrapolated(self.index, rc.num_steps)
             if rc.lm_head_extrapolated:
                 self.recorder.lm_head_extrapolated = True
+            if rc.overhead_outside_seqs is not None:
+                self.recorder.count_overhead_outside(self.index, rc.overhead_outside_seqs)
             done += rc.num_steps
         return first, last
 
