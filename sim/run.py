@@ -34,6 +34,9 @@ class RunResult:
     # engine steps run at shapes outside a calibrated table, per replica index (sim/engine/recorder.py)
     extrapolated_steps: dict[int, int] = field(default_factory=dict)
     lm_head_extrapolated: bool = False
+    # (fewest, most) scheduled sequences of a step whose engine overhead was taken outside the
+    # profile's measured batch range, per replica index (sim/engine/recorder.py)
+    overhead_outside_seqs: dict[int, tuple[int, int]] = field(default_factory=dict)
     layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
 
     @property
@@ -104,4 +107,5 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
                                frame["output_tokens"].to_numpy())
     return RunResult(scenario, layout.deployment, arrays, frame, steps, rec.resume_gaps_s,
                      time.perf_counter() - t0, layout.schedulers, rec.itl_adjust, layout.transfer_stats(),
-                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated, layout)
+                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated, layout=layout,
+                     overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())))

@@ -56,8 +56,10 @@ def _cost_models(result) -> str:
                      for name, dep in pools)
 
 
-def _outside(costs) -> list | None:
-    seen = [c.overhead_outside_seqs for c in costs if c.overhead_outside_seqs is not None]
+def _outside(result) -> list | None:
+    """[fewest, most] scheduled sequences of a step, on any replica, whose engine overhead was
+    taken outside the profile's measured batch range (None: no step was)."""
+    seen = result.overhead_outside_seqs.values()
     return [min(lo for lo, _ in seen), max(hi for _, hi in seen)] if seen else None
 
 
@@ -155,7 +157,7 @@ def summarize(result) -> dict:
         "simsrv_engine_profile": dep.cost.engine.describe(),
         # scheduled-sequence counts [min, max] whose engine overhead used the per-sequence term
         # outside the profile's measured batch range (null: none did)
-        "simsrv_overhead_outside_batch_range": _outside(_costs(result)),
+        "simsrv_overhead_outside_batch_range": _outside(result),
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
     })

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
@@ -40,7 +41,7 @@ class CalibratedOps:
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
-        self._cell_cache: dict[tuple[int, int], tuple | bool] = {}
+        self._eff_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}  # decode_eff_fn, per batch size
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
@@ -122,23 +123,45 @@ class CalibratedOps:
         return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
 
     def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
-        """``Grid2.eff`` of the decode table, in closed form per table cell: between two
-        measured contexts log(efficiency) is linear in the axis coordinate u (piecewise-linear
-        rows, blended linearly in log batch), so a cell is two numbers, memoised per (batch,
-        cell); a step then costs one log and one exp (this runs for every decode step)."""
+        """``Grid2.eff`` of the decode table at this batch size and context (``decode_eff_fn``)."""
+        return self.decode_eff_fn(num_seqs)(context_per_seq)
+
+    def decode_eff_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
+        """``Grid2.eff`` of the decode table at ``num_seqs`` as a function of the context per
+        sequence, in closed form per table cell: between two measured contexts log(efficiency)
+        is linear in the axis coordinate u (piecewise-linear rows, blended linearly in log
+        batch), so a cell is two numbers, memoised per (batch, cell); a step then costs one log
+        and one exp (this runs for every decode step). Built once per batch size."""
+        fn = self._eff_fns.get(num_seqs)
+        if fn is None:
+            fn = self._eff_fns[num_seqs] = self._make_decode_eff_fn(num_seqs)
+        return fn
+
+    def _make_decode_eff_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
         grid = self.decode_grid[0]
-        num_seqs = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
-        x = context_per_seq if context_per_seq > 1.0 else 1.0
+        n = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
         nodes = grid.b_nodes
-        k = bisect_right(nodes, x) - 1
-        key = (num_seqs, k)
-        cell = self._cell_cache.get(key)
-        if cell is None:
-            cell = self._cell_cache[key] = self._decode_cell(num_seqs, k)
-        if cell is False:  # a cubic row: no closed form
-            return grid.eff(num_seqs, x)
-        a, b, out = cell
-        return math.exp(a + b * grid.rows[0].axis.u(x)) if b else math.exp(a), out or x < nodes[0] or x > nodes[-1]
+        first, last = nodes[0], nodes[-1]
+        axis = grid.rows[0].axis
+        u, exp, log = axis.u, math.exp, math.log
+        # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
+        # the same operations as ``Axis.u`` without its call
+        plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
+        cells: dict[int, tuple | bool] = {}
+
+        def eff(context_per_seq: float) -> tuple[float, bool]:
+            x = context_per_seq if context_per_seq > 1.0 else 1.0
+            k = bisect_right(nodes, x) - 1
+            cell = cells.get(k)
+            if cell is None:
+                cell = cells[k] = self._decode_cell(n, k)
+            if cell is False:  # a cubic row: no closed form
+                return grid.eff(n, x)
+            a, b, out = cell
+            if not b:
+                return exp(a), out or x < first or x > last
+            return exp(a + b * (log(ua * x + ushift) if plain else u(x))), out or x < first or x > last
+        return eff
 
     def _decode_cell(self, num_seqs: int, k: int):
         """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
@@ -167,10 +190,23 @@ class CalibratedOps:
         """Per-layer seconds of FA2's split-KV combine kernel, when this decode splits (the
         calibration's ``split_kv``; 0 otherwise). NOTE: the mean context stands for FA2's
         max_seqlen_k, which sets the number of KV blocks."""
+        return self.decode_combine_fn(num_seqs)(context_per_seq)
+
+    def decode_combine_fn(self, num_seqs: int) -> Callable[[float], float]:
+        """``decode_combine_s`` at ``num_seqs`` as a function of the context per sequence."""
         ds = self.decode_split
         if not ds:
-            return 0.0
-        return ds["combine_s"] if self._splits(num_seqs, math.ceil(max(1.0, context_per_seq) / ds["block"])) else 0.0
+            return lambda context_per_seq: 0.0
+        combine_s, block, ceil = ds["combine_s"], ds["block"], math.ceil
+        by_blocks: dict[int, float] = {}  # KV blocks per sequence -> seconds
+
+        def combine(context_per_seq: float) -> float:
+            nb = ceil(max(1.0, context_per_seq) / block)
+            t = by_blocks.get(nb)
+            if t is None:
+                t = by_blocks[nb] = combine_s if self._splits(num_seqs, nb) else 0.0
+            return t
+        return combine
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
         ds = self.decode_split

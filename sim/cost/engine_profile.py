@@ -26,6 +26,7 @@ GPU (the profile was measured on A100 hosts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
@@ -79,13 +80,16 @@ class EngineProfile:
 
     def overhead_s(self, gpu_s: float, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> float:
         """Seconds the step takes beyond its ``gpu_s`` of kernels (see the module docstring)."""
+        return self.overhead_fn(num_seqs, has_prefill, tp, num_layers)(gpu_s)
+
+    def overhead_fn(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> Callable[[float], float]:
+        """``overhead_s`` as a function of the GPU seconds, the host terms fixed by the batch
+        computed once (every step of a decode run shares them)."""
         cpu = self.cpu_s(num_seqs, has_prefill, tp)
         launch = 0.0 if self.graphed(num_seqs, has_prefill) else num_layers * self.eager_launch_per_layer_s
         if self.overlap_cpu:
-            step = max(gpu_s, launch, cpu)
-        else:
-            step = cpu + max(gpu_s, launch)
-        return step - gpu_s
+            return lambda gpu_s: max(gpu_s, launch, cpu) - gpu_s
+        return lambda gpu_s: cpu + max(gpu_s, launch) - gpu_s
 
     def attributed_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """The part of a step's time reported as engine overhead when only its total is known

@@ -73,11 +73,9 @@ class PipelineCostModel:
         self.carried_from = last.carried_from  # operators borrowing another GPU's curve (summary)
         self.engine = last.engine
         self.link_bytes_per_s = link_bytes_per_s * link_eff
+        # scratch registers of one synchronous call (reset on entry, returned with the durations)
         self._flag = self._lm_flag = False
-
-    @property
-    def overhead_outside_seqs(self):
-        return self.stages[-1].overhead_outside_seqs
+        self._outside: tuple[int, int] | None = None
 
     def overhead_s(self, num_seqs: int, has_prefill: bool = True) -> float:
         return self.stages[-1].overhead_s(num_seqs, has_prefill)
@@ -99,10 +97,12 @@ class PipelineCostModel:
         return t
 
     def _round(self, b: Batch, last_step: bool) -> float:
-        """Seconds of one pipelined round, at the run's first step or its last."""
+        """Seconds of one pipelined round, at the run's first step or its last; notes the
+        micro-batches whose engine overhead lies outside the profile's measured batch range."""
         pp = self.pp
         busy = [0.0] * pp
         latency = 0.0
+        outside = self._outside
         for mb in split_batch(b, pp):
             if not mb.num_tokens:
                 continue
@@ -119,10 +119,14 @@ class PipelineCostModel:
             n = mb.num_decode_seqs + len(mb.prefill_chunks)
             trip += self.engine.overhead_s(trip, n, bool(mb.prefill_chunks), self.tp, self.model.num_layers)
             latency = max(latency, trip)
+            if self.engine.outside_range(n):
+                outside = (min(outside[0], n), max(outside[1], n)) if outside else (n, n)
+        self._outside = outside
         return max(max(busy), latency)
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
         self._flag = self._lm_flag = False
+        self._outside = None
         first = self._round(batch, False)
         return first, (first if batch.num_steps == 1 else self._round(batch, True))
 
@@ -131,7 +135,7 @@ class PipelineCostModel:
         NOTE: a round is a max and sum over stages and micro-batches of steps affine in the
         context, so the run's steps are taken evenly spaced between its first and last."""
         first, last = self.run_durations_s(batch)
-        return RunCost(first, last, batch.num_steps, self._flag, self._lm_flag)
+        return RunCost(first, last, batch.num_steps, self._flag, self._lm_flag, 0.0, self._outside)
 
     def step_time(self, batch: Batch) -> StepCost:
         """Per-operator seconds summed over stages (the work), scaled so that they add up to

@@ -15,7 +15,9 @@ All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Sho
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sim.core.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pairs
@@ -34,6 +36,9 @@ OPS = (
     "elementwise", "allreduce", "lm_head", "sampling", "overhead",
 )
 ATTN_DECODE = OPS.index("attn_decode")  # the only operator whose cost changes along a decode run
+# A NamedTuple with every field given, built without its generated __new__ (a Python call per
+# step on the hot path): what ``NamedTuple._make`` does, without the length check.
+_new = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,17 @@ class StepCost:
         return sum(self.ops_s.values())
 
 
+class _Fixed(NamedTuple):
+    """A batch's operators but decode attention and the overhead: they stay fixed along a run."""
+
+    before: tuple[float, ...]  # OPS before decode attention (GEMMs, prefill attention)
+    after: tuple[float, ...]   # OPS after it, but the overhead (elementwise, all-reduce, LM head, sampling)
+    head: float                # sum(before)
+    tail: float                # sum(after)
+    flag: bool                 # a calibrated operator's shape lies outside its table
+    lm_flag: bool              # the LM head's does
+
+
 class RooflineCostModel:
     """Per-step time of a batch on one replica of ``tp`` GPUs."""
 
@@ -84,9 +100,6 @@ class RooflineCostModel:
         self.expert_load_imbalance = expert_load_imbalance
         # Host-side step cost of the serving engine (sim/cost/engine_profile.py).
         self.engine = engine or get_profile()
-        # Largest / smallest scheduled-sequence count whose overhead used the per-sequence term
-        # outside the profile's measured batch range (None: never); read into result.json.
-        self.overhead_outside_seqs: tuple[int, int] | None = None
         self.eff = eff or Efficiencies()
         m, e = model, self.eff
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
@@ -169,7 +182,15 @@ class RooflineCostModel:
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         self._lm_cache: dict[int, tuple[float, bool]] = {}
-        self._decode_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+        # Memoised per batch shape (the per-step path, sim/engine/cluster.py): everything but
+        # decode attention and the overhead (``_fixed``), decode attention as a function of the
+        # context (``_decode_fn``) and the engine's host terms (``_host``).
+        self._fixed_cache: dict[tuple[int, int], _Fixed] = {}
+        self._token_cache: dict[int, tuple] = {}
+        self._logit_cache: dict[int, tuple[float, float, bool]] = {}
+        self._run_fns: dict[tuple[int, int], tuple] = {}
+        self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
+        self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
@@ -300,42 +321,63 @@ class RooflineCostModel:
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
-        """Decode attention reads every cached K and V of the batch: bandwidth bound. With a
-        calibration: the raw bound over the efficiency measured at this batch size and this
-        step's own mean context per sequence, plus FA2's split-KV combine kernel when the step
-        splits. Memoised by (sequences, total context): a step's cost is a function of its own
-        shape only, so a fast-forwarded run costs what its single steps cost (``run_cost``)."""
-        if not num_seqs:
-            return 0.0
-        if self._slide is not None:  # sliding-window layers read at most the window (sim/cost/arch.py)
-            context_tokens = windowed_context(self, num_seqs, context_tokens)
-        if self.cops is not None and self.cops.decode_grid is not None:
-            key = (num_seqs, context_tokens)
-            hit = self._decode_cache.get(key)
-            if hit is None:
-                hit = self._attn_decode_cal(num_seqs, context_tokens)
-                if len(self._decode_cache) < 500_000:
-                    self._decode_cache[key] = hit
-            self._flag |= hit[1]
-            return hit[0]
-        flops = self._decode_pair_flops * context_tokens
-        bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * num_seqs * self.q_dim * self.dtype_bytes
-        # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
-        # affine in the growing context, so fast-forwarded runs stay exact.
-        return self.model.num_layers * (max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw)
-                                        + self.eff.kernel_floor_s)
+        """Seconds of decode attention of ``num_seqs`` sequences over ``context_tokens`` cached
+        tokens in all (``_decode_fn``); notes a shape outside a calibrated table."""
+        t, out = self._decode_fn(num_seqs)(context_tokens)
+        self._flag |= out
+        return t
 
-    def _attn_decode_cal(self, n: int, context_tokens: float) -> tuple[float, bool]:
-        flops = self._decode_pair_flops * context_tokens
-        bytes_ = context_tokens * self.kv_layer_bytes * self.decode_kv_reads + 2 * n * self.q_dim * self.dtype_bytes
-        ctx = context_tokens / n
-        # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
-        # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
-        # (at short contexts, latency-bound, its step then costs what a bf16 step does).
-        # FA2's split decision counts KV blocks of tokens, whatever their dtype.
-        e, out = self.cops.decode_eff(n, ctx * self._kv_scale)
-        t = max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e + self.cops.decode_combine_s(n, ctx)
-        return self.model.num_layers * t, out
+    def _decode_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
+        """Decode attention of ``num_seqs`` sequences as a function of their total context:
+        context_tokens -> (seconds, outside a calibrated table); built once per batch size
+        with the terms the batch fixes, so a step alone and every step of a fast-forwarded run
+        evaluate the same expression (``run_cost``).
+
+        Decode attention reads every cached K and V of the batch: bandwidth bound. With a
+        calibration: the raw bound over the efficiency measured at this batch size and this
+        step's own mean context per sequence (closed form per table cell, ``decode_eff_fn``),
+        plus FA2's split-KV combine kernel when the step splits."""
+        fn = self._decode_fns.get(num_seqs)
+        if fn is None:
+            fn = self._decode_fns[num_seqs] = self._make_decode_fn(num_seqs)
+        return fn
+
+    def _make_decode_fn(self, n: int) -> Callable[[float], tuple[float, bool]]:
+        if not n:
+            return lambda context_tokens: (0.0, False)
+        L = self.model.num_layers
+        slide = self._slide  # sliding-window layers read at most the window (sim/cost/arch.py)
+        flops_per_token = self._decode_pair_flops  # per cached token (sim/cost/arch.py for MLA)
+        kv_bytes, kv_reads = self.kv_layer_bytes, self.decode_kv_reads
+        q_bytes = 2 * n * self.q_dim * self.dtype_bytes  # the queries read, the outputs written
+        if self.cops is not None and self.cops.decode_grid is not None:
+            # The tables were measured with KV in the model's dtype; a kernel's efficiency follows
+            # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
+            # (at short contexts, latency-bound, its step then costs what a bf16 step does).
+            # FA2's split decision counts KV blocks of tokens, whatever their dtype.
+            eff, combine = self.cops.decode_eff_fn(n), self.cops.decode_combine_fn(n)
+            peak, bw, kv_scale = self.flops_s, self.gpu.hbm_bw_bytes_per_s, self._kv_scale
+
+            def calibrated(context_tokens: float) -> tuple[float, bool]:
+                if slide is not None:
+                    context_tokens = windowed_context(self, n, context_tokens)
+                flops = flops_per_token * context_tokens
+                bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
+                ctx = context_tokens / n
+                e, out = eff(ctx * kv_scale)
+                return L * (max(flops / peak, bytes_ / bw) / e + combine(ctx)), out
+            return calibrated
+        peak, bw, floor = self.flops_s * self.eff.attn_compute, self.mem_bw, self.eff.kernel_floor_s
+
+        def roofline(context_tokens: float) -> tuple[float, bool]:
+            if slide is not None:
+                context_tokens = windowed_context(self, n, context_tokens)
+            flops = flops_per_token * context_tokens
+            bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
+            # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
+            # affine in the growing context, so fast-forwarded runs stay exact.
+            return L * (max(flops / peak, bytes_ / bw) + floor), False
+        return roofline
 
     def _uses_custom_ar(self, tokens: int) -> bool:
         return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
@@ -392,43 +434,97 @@ class RooflineCostModel:
         self._tok_cache[tokens] = hit = (elem, ar, flag)
         return hit
 
-    def _components(self, b: Batch, decode_context: int) -> tuple[float, ...]:
-        tokens = b.num_tokens
-        if tokens:
+    def _fixed(self, b: Batch) -> "_Fixed":
+        """Every operator of ``b``'s steps but decode attention and the engine overhead (fixed
+        along a decode run), with their flags; memoised for batches without prompt chunks."""
+        chunks = b.prefill_chunks
+        key = None if chunks else (b.num_tokens, b.num_logits)
+        if key is not None:
+            hit = self._fixed_cache.get(key)
+            if hit is not None:
+                return hit
+        qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
+        lm, sampling, lm_flag = self._logit_ops(b.num_logits)
+        if chunks:
+            saved, self._flag = self._flag, False
+            prefill = self._attn_prefill_s(chunks)
+            flag |= self._flag
+            self._flag = saved
+        else:
+            prefill = 0.0
+        # summed left to right, as sum() of the parts
+        fixed = _new(_Fixed, ((qkv, o, up, down, prefill), (elem, ar, lm, sampling), qkv + o + up + down + prefill,
+                              elem + ar + lm + sampling, flag, lm_flag))
+        if key is not None and len(self._fixed_cache) < 500_000:
+            self._fixed_cache[key] = fixed
+        return fixed
+
+    def _token_ops(self, tokens: int) -> tuple[float, float, float, float, float, float, bool]:
+        """(qkv, o, mlp_up, mlp_down, elementwise, all-reduce seconds, extrapolated) of a step of
+        ``tokens``; memoised by token count."""
+        hit = self._token_cache.get(tokens)
+        if hit is not None:
+            return hit
+        if not tokens:
+            hit = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)
+        else:
+            saved, self._flag = self._flag, False
             if self._gemm_cal and tokens not in self._gemm_cache:
-                saved, self._flag = self._flag, False
                 qkv, o, up, down = self._gemms(tokens)
                 if self._flag:
                     self._gemm_extrap.add(tokens)
-                self._flag = saved
             else:
                 qkv, o, up, down = self._gemms(tokens)
-            if tokens in self._gemm_extrap:
-                self._flag = True
             elem, ar, out = self._per_tokens(tokens)
-            self._flag |= out
+            hit = (qkv, o, up, down, elem, ar, tokens in self._gemm_extrap or out)
+            self._flag = saved
+        self._token_cache[tokens] = hit
+        return hit
+
+    def _logit_ops(self, num_logits: int) -> tuple[float, float, bool]:
+        """(LM head, sampling seconds, the LM head extrapolated) of ``num_logits`` sampled
+        positions; memoised by their count."""
+        hit = self._logit_cache.get(num_logits)
+        if hit is not None:
+            return hit
+        if not num_logits:
+            hit = (0.0, 0.0, False)
         else:
-            qkv = o = up = down = elem = ar = 0.0
-        lm = self._lm_head_s(b.num_logits) if b.num_logits else 0.0
-        # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and the
-        # sampler (vLLM gathers the vocab shards before sampling).
-        sampling = b.num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw
-        if b.num_logits:
-            sampling = max(sampling, self.eff.kernel_floor_s)
-        parts = (qkv, o, up, down, self._attn_prefill_s(b.prefill_chunks),
-                 self._attn_decode_s(b.num_decode_seqs, decode_context), elem, ar, lm, sampling)
-        overhead = self._step_overhead_s(sum(parts), b) if tokens else 0.0
+            saved, self._lm_flag = self._lm_flag, False
+            lm = self._lm_head_s(num_logits)
+            # Sampling: fp32 logits over the full vocabulary, written, then read by softmax and
+            # the sampler (vLLM gathers the vocab shards before sampling).
+            sampling = max(num_logits * self.model.vocab_size * 4 * 3 / self.mem_bw, self.eff.kernel_floor_s)
+            hit = (lm, sampling, self._lm_flag)
+            self._lm_flag = saved
+        self._logit_cache[num_logits] = hit
+        return hit
+
+    def _components(self, b: Batch, decode_context: int) -> tuple[float, ...]:
+        """Seconds per operator (``OPS``) of ``b``'s step at ``decode_context``."""
+        fx = self._fixed(b)
+        self._flag |= fx.flag
+        self._lm_flag |= fx.lm_flag
+        parts = (*fx.before, self._attn_decode_s(b.num_decode_seqs, decode_context), *fx.after)
+        overhead = self._host(b.num_decode_seqs + len(b.prefill_chunks), bool(b.prefill_chunks))[0](sum(parts)) \
+            if b.num_tokens else 0.0
         return (*parts, overhead)
 
-    def _step_overhead_s(self, gpu_s: float, b: Batch) -> float:
-        """The engine profile's cost of this step beyond its kernels (the one place overhead
-        enters a step); notes a batch outside the profile's measured range."""
-        n = b.num_decode_seqs + len(b.prefill_chunks)
-        eng = self.engine
-        if eng.outside_range(n):
-            lo, hi = self.overhead_outside_seqs or (n, n)
-            self.overhead_outside_seqs = (min(lo, n), max(hi, n))
-        return eng.overhead_s(gpu_s, n, bool(b.prefill_chunks), self.tp, self.model.num_layers)
+    def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool]:
+        """The engine profile's terms of a step of ``num_seqs`` scheduled sequences (the one place
+        overhead enters a step): (GPU seconds -> overhead seconds, the knee: GPU seconds beyond
+        which the host no longer adds to the step, whether the batch lies outside the profile's
+        measured range). Memoised: fixed along a decode run."""
+        key = (num_seqs, has_prefill)
+        hit = self._host_cache.get(key)
+        if hit is None:
+            eng, L = self.engine, self.model.num_layers
+            # the step's total is max(gpu, knee) (+ serial CPU): it bends where gpu crosses the knee
+            launch = 0.0 if eng.graphed(num_seqs, has_prefill) else L * eng.eager_launch_per_layer_s
+            knee = max(launch, eng.cpu_s(num_seqs, has_prefill, self.tp)) if eng.overlap_cpu else launch
+            hit = self._host_cache[key] = (eng.overhead_fn(num_seqs, has_prefill, self.tp, L), knee,
+                                           eng.outside_range(num_seqs))
+        return hit
 
     # -- public ---------------------------------------------------------------------------------
     def prefill_alone_s(self, tokens: int, context_tokens: int, completing: bool) -> float:
@@ -459,8 +555,8 @@ class RooflineCostModel:
             n = batch.num_decode_seqs
             attn = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
                        self._pieces(batch, lambda c: self._attn_decode_s(n, c), first[ATTN_DECODE]))
-            total = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
-                        self._pieces(batch, self._run_step_fn(batch, first), sum(first)))
+            step_s, kinked = self._run_step_fn(batch, self._fixed(batch))
+            total = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in self._pieces(batch, step_s, sum(first), kinked))
             ops["overhead"] = total - sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead")) - attn
             ops["attn_decode"] = attn
         return StepCost(ops)
@@ -468,72 +564,109 @@ class RooflineCostModel:
     def run_cost(self, batch: Batch) -> RunCost:
         """The first ``num_steps`` steps of ``batch`` (all of them, or the longest prefix along
         which step time follows one smooth curve of the context within ``RUN_REL_TOL``): first
-        and last step seconds, their bend (``RunCost.curve_s``), and whether the shape lies
-        outside a calibrated table. The caller runs that prefix (``sim.cost.runs.run_sum_s``),
-        then plans again."""
+        and last step seconds, their bend (``RunCost.curve_s``), whether the shape lies outside
+        a calibrated table, and whether the engine overhead was taken outside the profile's
+        measured batch range. The caller runs that prefix (``sim.cost.runs.run_sum_s``), then
+        plans again. The same operators as ``_components``, summed in the same order."""
         self._flag = self._lm_flag = False
-        parts = self._components(batch, batch.decode_context_tokens)
-        first = sum(parts)
-        if batch.num_steps == 1 or not batch.num_decode_seqs:
-            return RunCost(first, first, 1, self._flag, self._lm_flag)
-        j, a, z, q = next(self._pieces(batch, self._run_step_fn(batch, parts), first))
-        return RunCost(first, z, j, self._flag, self._lm_flag, q)
+        fx = self._fixed(batch)
+        n, chunks = batch.num_decode_seqs, batch.prefill_chunks
+        d, flag = self._decode_fn(n)(batch.decode_context_tokens)
+        self._flag = flag = flag or fx.flag
+        elem, ar, lm, sampling = fx.after
+        g = fx.head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
+        outside = None
+        if batch.num_tokens:
+            seqs = n + len(chunks)
+            overhead_fn, _, out = self._host(seqs, bool(chunks))
+            first = g + overhead_fn(g)
+            if out:
+                outside = (seqs, seqs)
+        else:
+            first = g + 0.0
+        if batch.num_steps == 1 or not n:
+            return _new(RunCost, (first, first, 1, flag, fx.lm_flag, 0.0, outside))
+        step_s, kinked = self._run_step_fn(batch, fx)
+        j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
+        return _new(RunCost, (first, z, j, self._flag, fx.lm_flag, q, outside))
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
         """(first step, last step) seconds of ``batch``, each at its own context."""
         self._flag = self._lm_flag = False
         parts = self._components(batch, batch.decode_context_tokens)
         last = batch.decode_context_tokens + (batch.num_steps - 1) * batch.num_decode_seqs
-        return sum(parts), self._run_step_fn(batch, parts)(last)
+        return sum(parts), self._run_step_fn(batch, self._fixed(batch))[0](last)
 
-    def _run_step_fn(self, b: Batch, parts: tuple[float, ...]):
-        """Step seconds of ``b`` as a function of its total decode context: every kernel but
-        decode attention is fixed along a run; the engine overhead follows the GPU time."""
-        n, has_prefill, L = b.num_decode_seqs, bool(b.prefill_chunks), self.model.num_layers
-        rest = sum(parts[:ATTN_DECODE]) + sum(parts[ATTN_DECODE + 1:-1])  # kernels but decode attention
-        eng, tp = self.engine, self.tp
+    def _run_step_fn(self, b: Batch, fx: _Fixed):
+        """(step seconds of ``b`` as a function of its total decode context, and where that
+        function has a kink): every kernel but decode attention is fixed along a run; the
+        engine overhead follows the GPU time. The kink test (None: no kink) says whether the
+        GPU time at a context has overtaken the engine profile's knee. Memoised for batches
+        without prompt chunks (one per decode batch shape)."""
+        n, has_prefill = b.num_decode_seqs, bool(b.prefill_chunks)
+        key = None if has_prefill else (b.num_tokens, b.num_logits)
+        if key is not None:
+            hit = self._run_fns.get(key)
+            if hit is not None:
+                return hit
+        rest = fx.head + fx.tail  # kernels but decode attention
+        attn = self._decode_fn(n)
+        overhead_fn, knee, _ = self._host(n, has_prefill)
 
         def step_s(context_tokens: int) -> float:
-            g = rest + self._attn_decode_s(n, context_tokens)
-            return g + eng.overhead_s(g, n, has_prefill, tp, L)
+            t, out = attn(context_tokens)
+            if out:
+                self._flag = True
+            g = rest + t
+            return g + overhead_fn(g)
 
-        # the step's total is max(gpu, knee) (+ serial CPU): it bends where gpu crosses the knee
-        launch = 0.0 if eng.graphed(n, has_prefill) else L * eng.eager_launch_per_layer_s
-        knee = max(launch, eng.cpu_s(n, has_prefill, tp)) if eng.overlap_cpu else launch
+        def kinked(context_tokens: int) -> bool:
+            t, out = attn(context_tokens)
+            if out:
+                self._flag = True
+            return rest + t >= knee
+
         # the GPU time is at least the other kernels': no knee to find when they alone reach it
-        step_s.kinked = None if rest >= knee else (lambda c: rest + self._attn_decode_s(n, c) >= knee)
-        return step_s
+        fns = (step_s, None if rest >= knee else kinked)
+        if key is not None and len(self._run_fns) < 100_000:
+            self._run_fns[key] = fns
+        return fns
 
-    def _pieces(self, b: Batch, f, f0: float):
-        """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run,
-        for ``f`` (seconds as a function of the total decode context; ``f0`` at the first
-        step). A piece never crosses a node of the efficiency table, a change of FA2's split
-        decision (where decode attention bends or jumps) or the engine overhead's knee (where
-        the GPU time overtakes the host's), and within one its steps deviate from the straight
-        line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
+    def _pieces(self, b: Batch, f, f0: float, kinked=None):
+        """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run
+        (``_piece``), for ``f`` (seconds as a function of the total decode context; ``f0`` at
+        the first step)."""
         n, c, left = b.num_decode_seqs, b.decode_context_tokens, b.num_steps
         a = f0
-        kinked = getattr(f, "kinked", None)
         while left:
-            j = left
-            if self.cops is not None and self.cops.decode_grid is not None:
-                x0 = c / n
-                end = self.cops.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
-                j = min(left, int(end - x0 + 1e-9) + 1)
-            if kinked is not None and j > 1:
-                side = kinked(c)
-                if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
-                    lo, hi = 1, j - 1
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        if kinked(c + (mid - 1) * n) == side:
-                            lo = mid
-                        else:
-                            hi = mid - 1
-                    j = lo
-            j, z, q = affine_steps(f, c, n, j, a, a)
+            j, z, q = self._piece(n, c, left, f, a, kinked)
             yield j, a, z, q
             c += j * n
             left -= j
             if left:
                 a = f(c)
+
+    def _piece(self, n: int, c: int, left: int, f, a: float, kinked=None) -> tuple[int, float, float]:
+        """(steps, f at the last step, curve_s) of the first piece of a run of ``left`` decode
+        steps of ``n`` sequences from total context ``c`` (``a``: f at its first step). A piece
+        never crosses a node of the efficiency table, a change of FA2's split decision (where
+        decode attention bends or jumps) or the engine overhead's knee (``kinked``: where the
+        GPU time overtakes the host's), and within one its steps deviate from the straight
+        line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
+        j = left
+        if self.cops is not None and self.cops.decode_grid is not None:
+            x0 = c / n
+            end = self.cops.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
+            j = min(left, int(end - x0 + 1e-9) + 1)
+        if kinked is not None and j > 1:
+            side = kinked(c)
+            if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
+                lo, hi = 1, j - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if kinked(c + (mid - 1) * n) == side:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                j = lo
+        return affine_steps(f, c, n, j, a, a)

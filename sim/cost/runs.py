@@ -35,6 +35,9 @@ class RunCost(NamedTuple):
     extrapolated: bool    # a calibrated operator's shape lies outside its measured range
     lm_head_extrapolated: bool  # the LM head's does (reported once per run, not per step)
     curve_s: float = 0.0  # the steps' bend off the line from first to last
+    # (fewest, most) scheduled sequences of a step whose engine overhead took the profile's
+    # per-sequence term outside its measured batch range; None: none did
+    overhead_outside_seqs: tuple[int, int] | None = None
 
 
 def affine_steps(attn_s: Callable[[int], float], c0: int, num_seqs: int, num_steps: int, a0: float,

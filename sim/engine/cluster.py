@@ -115,16 +115,19 @@ class Replica:
             self.process.interrupt()
 
     def _loop(self):
-        env, sched, rec = self.env, self.scheduler, self.recorder
+        env, sched, rec, cost = self.env, self.scheduler, self.recorder, self.cost
+        record = rec.step
         while True:
-            plan = sched.schedule(env.now)
+            now = env.now
+            plan = sched.schedule(now)
             if plan is None:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
+            chunks = plan.chunks
             # requests in prefill with no chunk in this step wait through it (TTFT decomposition)
-            prefilling = list(sched.prefilling.values()) if len(sched.prefilling) > len(plan.chunks) else ()
+            prefilling = list(sched.prefilling.values()) if len(sched.prefilling) > len(chunks) else ()
             # the cost model may cover only the run's first steps (its affine piece): run those,
             # then plan again (the scheduler takes back the rest's KV blocks)
             if plan.block:
@@ -141,12 +144,12 @@ class Replica:
                 if self.on_step is not None:
                     self.on_step(self)
                 continue
-            rc = self.cost.run_cost(plan.batch)
-            first, last, k, curve = rc.first_s, rc.last_s, rc.num_steps, rc.curve_s
+            batch = plan.batch
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = cost.run_cost(batch)
             if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
                 first += plan.swap_blocks * self.swap_s_per_block
                 last = first
-            start = env.now
+            start = now
             done = k
             if k > 1:
                 self._interruptible = True
@@ -161,24 +164,27 @@ class Replica:
                 self._interruptible = False
             else:
                 yield env.timeout(first)
-            if plan.chunks or prefilling:
-                account_step(plan, prefilling, sched.kv_blocked_ids, env.now - start, self.cost, self._solo)
-            if rc.extrapolated:
+            now = env.now
+            if chunks or prefilling:
+                account_step(plan, prefilling, sched.kv_blocked_ids, now - start, cost, self._solo)
+            if extrapolated:
                 rec.count_extrapolated(self.index, done)
-            if rc.lm_head_extrapolated:
+            if lm_head_extrapolated:
                 rec.lm_head_extrapolated = True
+            if outside is not None:
+                rec.count_overhead_outside(self.index, outside)
             kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
-            finished = sched.on_step_done(plan, env.now, done)
-            rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs + len(plan.chunks),
-                      plan.prefill_tokens, plan.num_decode_seqs * done, kv_used,
-                      len(sched.waiting), first, last, 0))
+            finished = sched.on_step_done(plan, now, done)
+            n = batch.num_decode_seqs
+            record((self.index, start, now - start, done, n + len(chunks), batch.prefill_tokens, n * done, kv_used,
+                    len(sched.waiting), first, last, 0))
             for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
                 rec.itl_adjust.append((first, first + gap))
             for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
                 rec.itl_adjust.extend([(first, first + extra)] * count)
             if finished:
                 self.on_finish(finished)
-            self.last_step_s = env.now - start
+            self.last_step_s = now - start
             if self.on_step is not None:
                 self.on_step(self)
 
@@ -201,6 +207,8 @@ class Replica:
                 self.recorder.count_extrapolated(self.index, rc.num_steps)
             if rc.lm_head_extrapolated:
                 self.recorder.lm_head_extrapolated = True
+            if rc.overhead_outside_seqs is not None:
+                self.recorder.count_overhead_outside(self.index, rc.overhead_outside_seqs)
             done += rc.num_steps
         return first, last
 

@@ -31,9 +31,16 @@ class Recorder:
         # (they took the nearest measured efficiency), per replica: ``simsrv_extrapolated_steps``.
         self.extrapolated_steps: dict[int, int] = {}
         self.lm_head_extrapolated = False  # the LM head's shape was, on some step
+        # (fewest, most) scheduled sequences of a step whose engine overhead was taken outside
+        # the profile's measured batch range, per replica: ``simsrv_overhead_outside_batch_range``
+        self.overhead_outside_seqs: dict[int, tuple[int, int]] = {}
 
     def count_extrapolated(self, replica: int, num_steps: int) -> None:
         self.extrapolated_steps[replica] = self.extrapolated_steps.get(replica, 0) + num_steps
+
+    def count_overhead_outside(self, replica: int, seqs: tuple[int, int]) -> None:
+        lo, hi = self.overhead_outside_seqs.get(replica, seqs)
+        self.overhead_outside_seqs[replica] = (min(lo, seqs[0]), max(hi, seqs[1]))
 
     def step(self, row: tuple) -> None:
         self.steps.append(row)

@@ -1,0 +1,104 @@
+"""The cost model's per-step path: memoised per batch shape, yet a pure function of the batch.
+
+A step's cost must not depend on which batches were costed before it (the memo tables fill in
+run order), the fast path (``run_cost``) must give to the bit what the per-operator path
+(``step_time``, ``run_durations_s``) gives, and what a call notes (outside a calibrated table,
+outside the engine profile's measured batch range) comes back with its durations instead of
+staying on the shared model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.batch import Batch
+from sim.engine.deployment import build_deployment
+from sim.run import run_scenario
+from sim.scenario import scenario_from_dict
+from tests.conftest import small_scenario
+
+
+def _cost(**over):
+    return build_deployment(scenario_from_dict(small_scenario(**over))).cost
+
+
+def _batches() -> list[Batch]:
+    out = []
+    for n in (1, 3, 8, 17, 64, 200):
+        for ctx in (5, 300, 1500, 9000):
+            out.append(Batch(n, n * ctx, (), n, 1))
+            out.append(Batch(n, n * ctx + 7, (), n, 37))
+            out.append(Batch(n, n * ctx, (), n, 900))
+            out.append(Batch(n, n * ctx, ((512, ctx), (40, 0)), n + 1, 1))
+            out.append(Batch(n, n * ctx, (), 0, 3))  # a pipeline stage before the last: no LM head
+    out += [Batch(0, 0, ((2048, 0),), 1, 1), Batch(0, 0, ((300, 1200),), 0, 1), Batch(0, 0, (), 0, 1)]
+    return out
+
+
+COST_MODELS = {
+    "calibrated": {},
+    "roofline": {"hardware": {"gpu": "h100-sxm", "cost_model": "roofline"}},
+    "fp8 kv, a100": {"hardware": {"gpu": "a100-80g"}, "engine": {"kv_cache_dtype": "fp8"}},
+    "sliding window": {"model": "mistral-7b-v0.1-window"},
+    "vllm-v0 engine": {"engine": {"profile": "vllm-v0"}},
+    "pre-XQA kernel, fp8 kv": {"engine": {"profile": "trt-llm", "attention_backend": "trtllm-mmha",
+                                          "kv_cache_dtype": "fp8"}},
+    "MLA, TP8": {"model": "deepseek-v3", "hardware": {"gpu": "h200"},
+                 "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}},
+}
+
+
+@pytest.mark.parametrize("over", COST_MODELS.values(), ids=COST_MODELS.keys())
+def test_run_cost_does_not_depend_on_what_was_costed_before(over):
+    batches = _batches()
+    forward, backward = _cost(**over), _cost(**over)
+    got = [forward.run_cost(b) for b in batches]
+    again = [forward.run_cost(b) for b in batches]  # every memo warm
+    cold = [backward.run_cost(b) for b in reversed(batches)][::-1]
+    assert got == again == cold
+
+
+@pytest.mark.parametrize("over", COST_MODELS.values(), ids=COST_MODELS.keys())
+def test_run_cost_first_step_is_the_step_costed_operator_by_operator(over):
+    cost = _cost(**over)
+    for cm in getattr(cost, "stages", [cost]):  # a pipeline's stages are roofline models of their layers
+        for b in _batches():
+            one = Batch(b.num_decode_seqs, b.decode_context_tokens, b.prefill_chunks, b.num_logits, 1)
+            first = cm.run_cost(b).first_s
+            assert first == cm.step_time(one).total_s == cm.run_durations_s(b)[0], b
+
+
+def test_overhead_outside_the_profile_range_comes_back_with_the_durations():
+    cm = _cost(engine={"profile": "vllm-v0"})  # per-sequence term measured over 8-128 sequences
+    lo, hi = cm.engine.batch_range
+    small = Batch(2, 2 * 500, (), 2, 5)
+    inside = Batch(16, 16 * 500, (), 16, 5)
+    mixed = Batch(3, 3 * 500, ((256, 0),), 4, 1)  # 3 decodes + 1 prompt chunk: 4 sequences
+    assert lo == 8 and hi >= 16
+    assert cm.run_cost(small).overhead_outside_seqs == (2, 2)
+    assert cm.run_cost(inside).overhead_outside_seqs is None  # nothing carried over from the call before
+    assert cm.run_cost(mixed).overhead_outside_seqs == (4, 4)
+    assert not hasattr(cm, "overhead_outside_seqs")  # no run state on the shared model
+    assert _cost(engine={"profile": "vllm-v1"}).run_cost(small).overhead_outside_seqs is None
+
+
+def test_pipeline_stages_report_the_micro_batches_outside_the_range():
+    cm = _cost(model="llama-3-70b", engine={"profile": "vllm-v0"},
+               cluster={"tensor_parallel_size": 4, "pipeline_parallel_size": 2})
+    assert cm.run_cost(Batch(6, 6 * 500, (), 6, 3)).overhead_outside_seqs == (3, 3)  # two micro-batches of 3
+    assert cm.run_cost(Batch(40, 40 * 500, (), 40, 3)).overhead_outside_seqs is None
+    assert cm.carried_from == cm.stages[-1].carried_from
+
+
+def test_outside_range_is_counted_per_replica_and_summarised_as_before():
+    from sim.analysis.summary import summarize
+
+    raw = small_scenario(engine={"profile": "vllm-v0", "policy": "chunked", "max_num_batched_tokens": 512},
+                         cluster={"replicas": 2})
+    raw["workload"]["synthetic"].update(num_requests=30, request_rate=2)
+    result = run_scenario(scenario_from_dict(raw))
+    seen = result.overhead_outside_seqs
+    assert set(seen) == {0, 1}  # light load: both replicas step with fewer than 8 sequences
+    assert all(1 <= lo <= hi < 8 for lo, hi in seen.values())
+    assert summarize(result)["simsrv_overhead_outside_batch_range"] == [min(lo for lo, _ in seen.values()),
+                                                                       max(hi for _, hi in seen.values())]
