@@ -53,14 +53,22 @@ class DataParallelEPCostModel(RooflineCostModel):
         self.pads_to_max = self.engine.cuda_graph_decode
         self._group_tokens: int | None = None
         self._pad_tokens = 0
-        self._group_caches: dict[tuple[int | None, int], dict] = {(None, 0): self._gemm_cache}
+        # every memo that holds the GEMMs or the padded per-token terms depends on the group's
+        # tokens and padding: one set of them per (group tokens, pad tokens)
+        self._group_caches: dict[tuple[int | None, int], tuple[dict, ...]] = {(None, 0): self._memos()}
+
+    def _memos(self) -> tuple[dict, ...]:
+        return self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns
 
     def _set_group(self, group_tokens: int | None, pad_tokens: int = 0) -> None:
         key = (group_tokens, pad_tokens)
         if key not in self._group_caches and len(self._group_caches) > _MAX_GROUP_CACHES:
             self._group_caches = {(None, 0): self._group_caches[(None, 0)]}
         self._group_tokens, self._pad_tokens = group_tokens, pad_tokens
-        self._gemm_cache = self._group_caches.setdefault(key, {})
+        memos = self._group_caches.get(key)
+        if memos is None:
+            memos = self._group_caches[key] = ({}, {}, {}, {})
+        self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns = memos
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
         return super()._gemms(max(tokens, self._pad_tokens))
