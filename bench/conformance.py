@@ -226,7 +226,7 @@ class SimSide:
         plan = self.sched.plan_step(float(step))
         tokens = self.sched.scheduled_tokens(plan)
         self.sched.on_step_done(plan, float(step + 1))
-        return tokens, sorted(plan.preempted)
+        return tokens, sorted(plan.preempted_ids)
 
     def busy(self) -> bool:
         return bool(self.sched.waiting or self.sched.running)

@@ -39,7 +39,7 @@ def _run(arrival_s, on_decode: bool, links: Links, num_prefill: int = 1, num_dec
     limits = EngineLimits(max_num_seqs=16, max_num_batched_tokens=4096, max_model_len=10_000)
     prefill = [PrefillScheduler(limits, KVBlockManager(1000, 16)) for _ in range(num_prefill)]
     decode = [DecodeScheduler(limits, KVBlockManager(1000, 16)) for _ in range(num_decode)]
-    for s in (*prefill, *decode):
+    for s in prefill:
         s.first_token_on_decode = on_decode
 
     def topo(env, rec, on_finish):

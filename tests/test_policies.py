@@ -17,7 +17,7 @@ def _drive(s, now=0.0, dt=0.01, max_steps=10_000):
     plans, done = [], []
     for _ in range(max_steps):
         plan = s.schedule(now)
-        if plan is None:
+        if plan.idle:
             return plans, done
         plans.append(plan)
         now += dt * plan.num_steps
@@ -115,7 +115,7 @@ def test_prompt_that_can_never_fit_fails_with_reason():
     r = Request(0, 0.0, 500, 10)
     assert not s.add_request(r, 0.0)
     assert r.status == "failed" and "needs 32 KV blocks" in r.fail_reason and "has 10" in r.fail_reason
-    assert s.schedule(0.0) is None
+    assert s.schedule(0.0).idle
 
 
 def test_prompt_over_max_model_len_fails():

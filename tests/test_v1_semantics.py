@@ -24,7 +24,7 @@ def test_no_admission_in_a_step_that_preempted():
     c = _req(2, 10, 5)
     s.add_request(c, 0.01)
     plan = s.schedule(0.01)
-    assert plan.preempted == [1]             # b preempted for a's new block
+    assert plan.preempted_ids == [1]             # b preempted for a's new block
     assert [r.request_id for r, _ in plan.chunks] == []  # and nobody admitted in that step (V1)
     assert list(s.waiting) == [b, c]
 
@@ -39,7 +39,7 @@ def test_partial_prefill_preempts_tail_not_shrinks():
     s.limits = EngineLimits(max_num_batched_tokens=64, long_prefill_token_threshold=32)
     s.on_step_done(s.schedule(0.01), 0.02)  # a: 64 (4 blocks), b: 32 (2 blocks): KV full
     plan = s.schedule(0.02)                  # a needs a 5th block: b (the tail) is preempted
-    assert plan.preempted == [1] and [(r.request_id, n) for r, n in plan.chunks] == [(0, 16)]
+    assert plan.preempted_ids == [1] and [(r.request_id, n) for r, n in plan.chunks] == [(0, 16)]
 
 
 def test_waiting_prompt_over_the_budget_is_skipped_without_chunking():
@@ -70,7 +70,7 @@ def test_preempted_request_recompute_hits_its_own_cached_blocks():
     s.add_request(y, 0.0)
     s.on_step_done(s.schedule(0.0), 0.01)  # 3 blocks each
     plan = s.schedule(0.01)                 # each needs a 4th, 1 free: y (the tail) preempted
-    assert plan.preempted == [1] and y.num_preemptions == 1
+    assert plan.preempted_ids == [1] and y.num_preemptions == 1
     hits, own = kv.lookup(y)
     assert not hits and own == 3            # its 48 computed tokens are still cached
 

@@ -1,1 +1,1 @@
-"""What the scheduler and the accounting share: requests, batches, KV blocks, TTFT clocks."""
+"""Below the schedulers: requests, batches, the KV cache manager, the TTFT accounting."""

@@ -23,7 +23,6 @@ class Request:
         "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
         "hash_ids", "hash_block_size", "prefix_keys",
         "prefix_hit_tokens", "kv_hit_blocks",
-        "wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s",
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
         "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
         "decode_wait_s", "decode_rounds_waited",
@@ -68,10 +67,8 @@ class Request:
         self.prefix_keys = None
         self.prefix_hit_tokens = 0
         self.kv_hit_blocks = 0      # prefix-cache blocks its current allocation started with
-        # TTFT decomposition (sim/core/ttft.py): parts that add up to first_token_s - arrival_s
-        self.wait_mark_batch_s = 0.0
-        self.wait_mark_kv_s = 0.0
-        self.preempt_start_s = NAN
+        # TTFT decomposition, written by sim/core/ttft.py (whose TTFTAccounting keeps its working
+        # state: wait marks, preemption starts): parts that add up to first_token_s - arrival_s
         self.ttft_wait_batch_s = 0.0
         self.ttft_wait_kv_s = 0.0
         self.ttft_prefill_s = 0.0

@@ -17,6 +17,10 @@ follow the prefill: the KV transfer (``kv_transfer``: from the prefill's end unt
 arrived) and ``decode`` (waiting for decode admission, then the decode replica's first step,
 which emits the token). With ``first_token: prefill`` (DistServe) the transfer is not part of
 TTFT; it delays the second token (column kv_transfer_s) and both parts are 0.
+
+The accounting observes, it does not schedule: each replica's ``TTFTAccounting`` reads the
+scheduler's plans (who was admitted for the first time, who was preempted, whether admission
+stopped on KV, which prompts got no chunk) and the steps' durations; no policy calls it.
 """
 
 from __future__ import annotations
@@ -44,17 +48,6 @@ class WaitClocks:
             self.batch_s += now - self.t_s
         self.t_s = now
 
-    def mark(self, req, now: float) -> None:
-        """``req`` starts waiting now."""
-        self.advance(now)
-        req.wait_mark_batch_s = self.batch_s
-        req.wait_mark_kv_s = self.kv_s
-
-    def settle(self, req, now: float) -> None:
-        """``req`` is admitted now for the first time (clocks already advanced to ``now``)."""
-        req.ttft_wait_batch_s = self.batch_s - req.wait_mark_batch_s
-        req.ttft_wait_kv_s = self.kv_s - req.wait_mark_kv_s
-
 
 class SoloPrefill:
     """Compute time of one chunk (n new tokens after ctx cached) alone in a step, without the
@@ -76,32 +69,87 @@ class SoloPrefill:
         return hit
 
 
-def account_step(plan, waiting_prefills, kv_blocked: set, elapsed_s: float, cost, solo: SoloPrefill) -> None:
-    """Split one step (or run) of ``elapsed_s`` among the first-prefill requests it concerns.
+class TTFTAccounting:
+    """One replica's observer of its scheduler: reads each ``StepPlan`` (what the scheduler
+    decided) and each step's duration, and writes the ``ttft_*_s`` parts of the requests.
+    The replica calls ``on_arrival`` for a request it queued, ``on_schedule`` after every
+    scheduling round (idle ones too) and ``on_step`` when the planned step has run, before the
+    scheduler applies it, if ``concerns`` it."""
 
-    Requests with a chunk in the step get prefill / interference / overhead;
-    ``waiting_prefills`` (requests in prefill at the step's start that may have no chunk in it)
-    waited through it.
-    """
-    chunks = plan.chunks
-    if chunks:
-        overhead = cost.overhead_s(plan.num_decode_seqs + len(chunks))
-        compute = elapsed_s - overhead
-        for (req, n), ctx in zip(chunks, plan.chunk_contexts):
-            if req.num_generated or req.preempt_start_s == req.preempt_start_s:
-                continue  # not before a first token, or already counted as preemption
-            own = solo(n, ctx, ctx + n == req.prefill_target)
-            if own > compute:
-                own = compute
-            req.ttft_prefill_s += own
-            req.ttft_interference_s += compute - own
-            req.ttft_overhead_s += overhead
-    if waiting_prefills:
-        in_step = {req.request_id for req, _ in chunks}
-        for req in waiting_prefills:
-            if req.request_id in in_step or req.num_generated or req.preempt_start_s == req.preempt_start_s:
+    def __init__(self, cost, solo: SoloPrefill | None = None) -> None:
+        self.cost = cost
+        self.solo = solo if solo is not None else SoloPrefill(cost)  # ranks of one replica share one
+        self.clocks = WaitClocks()
+        self._marks: dict[int, tuple[float, float]] = {}  # request id -> clocks when it began to wait
+        self._preempted_at: dict[int, float] = {}  # request id -> its preemption before a first token
+
+    def on_arrival(self, req, now: float) -> None:
+        """``req`` starts waiting now."""
+        clocks = self.clocks
+        clocks.advance(now)
+        self._marks[req.request_id] = (clocks.batch_s, clocks.kv_s)
+
+    def on_schedule(self, plan, now: float) -> None:
+        """Waiting up to ``now`` accrues to the reason the last round stopped admitting; the
+        requests scheduled for the first time settle their wait; from a preemption before the
+        first token on, the rest of the TTFT counts as preemption."""
+        clocks = self.clocks
+        if clocks.kv_blocked:  # clocks.advance(now), inline: this runs every round
+            clocks.kv_s += now - clocks.t_s
+        else:
+            clocks.batch_s += now - clocks.t_s
+        clocks.t_s = now
+        for req in plan.new_reqs:
+            batch_s, kv_s = self._marks.pop(req.request_id)
+            req.ttft_wait_batch_s = clocks.batch_s - batch_s
+            req.ttft_wait_kv_s = clocks.kv_s - kv_s
+        clocks.kv_blocked = plan.kv_blocked
+        for req in plan.preempted:
+            if not req.num_generated and req.request_id not in self._preempted_at:
+                self._preempted_at[req.request_id] = now
+
+    @staticmethod
+    def concerns(plan) -> bool:
+        """Whether ``on_step`` has anything to do for ``plan``: most decode steps it has not."""
+        return bool(plan.chunks or plan.prompts_skipped or plan.kv_ready)
+
+    def on_step(self, plan, now: float, elapsed_s: float) -> None:
+        """Split the step (or run) of ``elapsed_s`` that ended at ``now`` among the requests
+        before their first token that it concerns: those with a chunk in it get prefill /
+        interference / overhead; running prompts it left without a chunk waited through it.
+        With disaggregation a request whose first token this decode step emits gets the KV
+        transfer and the decode admission + step."""
+        chunks = plan.chunks
+        preempted_at = self._preempted_at
+        if chunks:
+            overhead = self.cost.overhead_s(plan.num_decode_seqs + len(chunks))
+            compute = elapsed_s - overhead
+            for (req, n), ctx in zip(chunks, plan.chunk_contexts):
+                if req.num_generated:
+                    continue  # not before a first token
+                completing = ctx + n == req.prefill_target
+                if req.request_id in preempted_at:  # counted as preemption, up to the first token
+                    if completing:
+                        req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
+                    continue
+                own = self.solo(n, ctx, completing)
+                if own > compute:
+                    own = compute
+                req.ttft_prefill_s += own
+                req.ttft_interference_s += compute - own
+                req.ttft_overhead_s += overhead
+        for req in plan.prompts_skipped:
+            if req.num_generated or req.request_id in preempted_at:
                 continue
-            if req.request_id in kv_blocked:
-                req.ttft_wait_kv_s += elapsed_s
-            else:
-                req.ttft_wait_batch_s += elapsed_s
+            req.ttft_wait_batch_s += elapsed_s
+        self.on_decode_step(plan, now)
+
+    @staticmethod
+    def on_decode_step(plan, now: float) -> None:
+        """A decode step (or multi-step block) ended at ``now``: a request whose KV a prefill
+        replica sent and whose first token it emitted gets the KV transfer and the decode
+        admission + step (vLLM P/D: the decode side emits the first token)."""
+        for req in plan.kv_ready:
+            if not req.num_generated:
+                req.ttft_kv_transfer_s = req.transfer_end_s - req.transfer_start_s
+                req.ttft_decode_s = now - req.transfer_end_s

@@ -1,7 +1,8 @@
 """Cluster wiring in SimPy: an arrival process, a router, one process per replica.
 
 Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
-waits the plan's step time and applies ``on_step_done``. A fast-forwarded run of identical
+waits the plan's step time and applies ``on_step_done``; its TTFT accounting observes every
+plan and step (sim/core/ttft.py). A fast-forwarded run of identical
 decode steps is interrupted by an arrival and cut at the step boundary after it, where an
 engine would let the new request in. The cost model may cover only a run's first steps (one
 piece along which step times follow a smooth curve: ``sim/cost/runs.py``); the replica runs
@@ -26,7 +27,7 @@ from sim.policies.base import Scheduler
 from sim.engine.recorder import Recorder
 from sim.core.request import Request
 from sim.engine.router import RouterFn
-from sim.core.ttft import SoloPrefill, account_step
+from sim.core.ttft import TTFTAccounting
 from sim.workload.arrays import RequestArrays
 
 
@@ -92,7 +93,7 @@ class Replica:
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
-        self._solo = SoloPrefill(cost)
+        self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
         self._wake: simpy.Event | None = None
         self._interruptible = False
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
@@ -103,6 +104,7 @@ class Replica:
         if not self.scheduler.add_request(req, self.env.now):
             self.on_finish([req])
             return
+        self.ttft.on_arrival(req, self.env.now)
         self.notify()
 
     def notify(self) -> None:
@@ -115,24 +117,24 @@ class Replica:
             self.process.interrupt()
 
     def _loop(self):
-        env, sched, rec, cost = self.env, self.scheduler, self.recorder, self.cost
+        env, sched, rec, cost, ttft = self.env, self.scheduler, self.recorder, self.cost, self.ttft
         record = rec.step
         while True:
             now = env.now
             plan = sched.schedule(now)
-            if plan is None:
+            ttft.on_schedule(plan, now)
+            if plan.idle:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
             chunks = plan.chunks
-            # requests in prefill with no chunk in this step wait through it (TTFT decomposition)
-            prefilling = list(sched.prefilling.values()) if len(sched.prefilling) > len(chunks) else ()
             # the cost model may cover only the run's first steps (its affine piece): run those,
             # then plan again (the scheduler takes back the rest's KV blocks)
             if plan.block:
                 start = env.now
                 first, last = yield from self._block(plan)
+                ttft.on_decode_step(plan, env.now)
                 done = plan.num_steps
                 kv_used = sched.kv.num_used
                 finished = sched.on_step_done(plan, env.now, done)
@@ -165,8 +167,8 @@ class Replica:
             else:
                 yield env.timeout(first)
             now = env.now
-            if chunks or prefilling:
-                account_step(plan, prefilling, sched.kv_blocked_ids, now - start, cost, self._solo)
+            if ttft.concerns(plan):
+                ttft.on_step(plan, now, now - start)
             if extrapolated:
                 rec.count_extrapolated(self.index, done)
             if lm_head_extrapolated:

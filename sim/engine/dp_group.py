@@ -31,7 +31,7 @@ import simpy
 
 from sim.core.batch import Batch
 from sim.core.request import Request
-from sim.core.ttft import SoloPrefill, account_step
+from sim.core.ttft import SoloPrefill, TTFTAccounting
 from sim.engine.deployment import build_deployment
 from sim.engine.recorder import Recorder
 from sim.engine.router import RouterFn
@@ -63,7 +63,8 @@ class DataParallelGroup:
                  recorder: Recorder, on_finish: Callable[[list[Request]], None], swap_s_per_block: float = 0.0):
         self.env, self.first_index, self.schedulers, self.cost = env, first_index, schedulers, cost
         self.recorder, self.on_finish, self.swap_s_per_block = recorder, on_finish, swap_s_per_block
-        self._solo = SoloPrefill(cost)
+        solo = SoloPrefill(cost)
+        self.ttft = [TTFTAccounting(cost, solo) for _ in schedulers]  # each rank's plans and steps observed
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
 
@@ -72,31 +73,33 @@ class DataParallelGroup:
         if not self.schedulers[rank].add_request(req, self.env.now):
             self.on_finish([req])
             return
+        self.ttft[rank].on_arrival(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     def _loop(self):
         env, rec = self.env, self.recorder
         while True:
-            plans = [s.schedule(env.now) for s in self.schedulers]
-            if all(p is None for p in plans):
+            now = env.now
+            plans = [s.schedule(now) for s in self.schedulers]
+            for ttft, p in zip(self.ttft, plans):
+                ttft.on_schedule(p, now)
+            if all(p.idle for p in plans):
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
-            prefilling = [list(s.prefilling.values()) if p is not None and len(s.prefilling) > len(p.chunks) else ()
-                          for s, p in zip(self.schedulers, plans)]
             # NOTE: a rank's PCIe swap copies are serialised with its step (as sim/engine/cluster.py)
-            dur, costs = round_s(self.cost, [p.batch if p is not None else None for p in plans],
-                                 [p.swap_blocks * self.swap_s_per_block if p is not None else 0.0 for p in plans])
+            dur, costs = round_s(self.cost, [None if p.idle else p.batch for p in plans],
+                                 [0.0 if p.idle else p.swap_blocks * self.swap_s_per_block for p in plans])
             start = env.now
             yield env.timeout(dur)
             for r, (sched, plan, rc) in enumerate(zip(self.schedulers, plans, costs)):
-                if plan is None:
+                if plan.idle:
                     continue
                 index = self.first_index + r
-                if plan.chunks or prefilling[r]:
-                    account_step(plan, prefilling[r], sched.kv_blocked_ids, dur, self.cost, self._solo)
+                if self.ttft[r].concerns(plan):
+                    self.ttft[r].on_step(plan, env.now, dur)
                 if rc.extrapolated:
                     rec.count_extrapolated(index, 1)
                 if rc.lm_head_extrapolated:

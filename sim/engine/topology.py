@@ -126,7 +126,7 @@ class DisaggregatedLayout(ColocatedLayout):
         on_decode = d.first_token == "decode"
         prefill = [pdep.new_scheduler(PrefillScheduler) for _ in range(d.prefill.replicas)]
         decode = [ddep.new_scheduler(DecodeScheduler) for _ in range(d.decode.replicas)]
-        for sched in (*prefill, *decode):
+        for sched in prefill:
             sched.first_token_on_decode = on_decode
         self.schedulers = [*prefill, *decode]
         router = _router(s, d.prefill.replicas)

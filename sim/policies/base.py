@@ -10,10 +10,13 @@ they size a waiting request's first chunk (``_first_chunk``). Plain code: no Sim
 ``scheduled_tokens`` its per-request token counts (bench/conformance.py compares them with
 vLLM's own scheduler). Running decodes are kept as aggregates (decode_set.py); the loop over
 them one by one runs only when a prompt is in progress or budget or KV blocks do not suffice.
+The scheduler keeps no metrics of latency: its ``StepPlan`` says what happened (vLLM's
+``SchedulerOutput``), and observers (the TTFT decomposition, sim/core/ttft.py) read that.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,7 +24,6 @@ from sim.core.batch import Batch
 from sim.core.kv import KVBlockManager
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
-from sim.core.ttft import WaitClocks
 
 
 @dataclass(frozen=True)
@@ -46,21 +48,33 @@ class EngineLimits:
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
-    """What one step (or ``num_steps`` identical decode steps) runs."""
+    """What one scheduling round decided (vLLM V1's ``SchedulerOutput``): the step (or
+    ``num_steps`` identical decode steps) to run, and what happened to the requests it leaves
+    out. A round with nothing to run is ``idle``; it still reports its preemptions and why
+    the waiting requests wait."""
 
     num_steps: int
     num_decode_seqs: int
     decode_context_tokens: int
     decode_blocks: int
+    # prompt tokens scheduled per request (a decode takes one token: ``Scheduler.scheduled_tokens``)
     chunks: list[tuple[Request, int]] = field(default_factory=list)
     chunk_contexts: list[int] = field(default_factory=list)
     swap_blocks: int = 0  # KV blocks moved over PCIe (swap-out and swap-in) before the step
-    # Requests that joined the decode set with KV computed elsewhere: the gap before their
-    # first decode step (their next token's inter-token latency is that gap + the step).
+    # Requests that joined the decode set with KV computed elsewhere (swapped in, or sent by a
+    # prefill replica), and the gap before their first decode step (their next token's
+    # inter-token latency is that gap + the step; nan when that token is their first).
+    kv_ready: list[Request] = field(default_factory=list)
     ready_gaps_s: list[float] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)  # request ids preempted planning it
+    new_reqs: list[Request] = field(default_factory=list)   # scheduled for the first time ever
+    preempted: list[Request] = field(default_factory=list)  # preempted planning it, in order
+    # running prompts given no chunk this step (the token budget ran out before them)
+    prompts_skipped: list[Request] = field(default_factory=list)
+    # the requests left waiting wait for KV blocks (one did not fit, or the round preempted:
+    # V1 then admits nothing); otherwise for room in the batch or the token budget
+    kv_blocked: bool = False
     # multi-step block (``num_scheduler_steps`` > 1): all ``num_steps`` run, nothing joins
     # meanwhile, and the tokens of every sequence in it are released together at its end
     block: bool = False
@@ -68,6 +82,15 @@ class StepPlan:
     # step also spans the prompt steps that paused them
     pause_extras: list[tuple[float, int]] = field(default_factory=list)
     planned_s: float = 0.0  # when it was planned (the step's start)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to run."""
+        return not (self.num_decode_seqs or self.chunks)
+
+    @property
+    def preempted_ids(self) -> list[int]:
+        return [r.request_id for r in self.preempted]
 
     @property
     def batch(self) -> Batch:
@@ -105,8 +128,6 @@ class Scheduler:
         self.burst_gaps_s: list[float] = []   # multi-step: each sequence's gap to each block's end
         self._swap_blocks = 0
         self.num_schedules = 0               # scheduling rounds so far
-        self.wait_clocks = WaitClocks()      # TTFT decomposition of waiting (sim/core/ttft.py)
-        self.kv_blocked_ids: set[int] = set()  # partial prefills that got no KV this step
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
         self.reserved_blocks = 0  # guaranteed_no_evict: KV blocks the running requests may grow to
         self._pending_pause: list[list] = []  # separate prefill steps: [extra seconds, sequences]
@@ -132,7 +153,6 @@ class Scheduler:
         if reason:
             return self._fail(req, now, reason)
         self.waiting.append(req)
-        self.wait_clocks.mark(req, now)
         return True
 
     @staticmethod
@@ -147,23 +167,24 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + self.incoming
 
     # -- one step -------------------------------------------------------------------------------
-    def schedule(self, now: float) -> StepPlan | None:
-        """Plan the next step; None when there is nothing to run. A step that only preempted
-        (vLLM returns it empty) is planned again at once; its preemptions go to the next plan."""
+    def schedule(self, now: float) -> StepPlan:
+        """Plan the next step (``idle`` when there is nothing to run). A step that only
+        preempted (vLLM returns it empty) is planned again at once; its preemptions go to the
+        next plan."""
         self.num_schedules += 1
-        self.wait_clocks.advance(now)
-        self.wait_clocks.kv_blocked = False
-        self.kv_blocked_ids.clear()
-        preempted: list[int] = []
+        preempted: list[Request] = []
         while True:
             plan = self.plan_step(now)
-            if plan.num_decode_seqs or plan.chunks:
-                if preempted:
-                    plan.preempted[:0] = preempted
-                return plan
-            if not plan.preempted:
-                return None
-            preempted += plan.preempted
+            if plan.preempted and plan.idle:
+                preempted += plan.preempted
+                continue
+            if preempted:
+                plan.preempted[:0] = preempted
+                plan.kv_blocked = True
+            if len(self.prefilling) > len(plan.chunks):
+                in_step = {req.request_id for req, _ in plan.chunks}
+                plan.prompts_skipped = [r for r in self.prefilling.values() if r.request_id not in in_step]
+            return plan
 
     def plan_step(self, now: float) -> StepPlan:
         """One vLLM V1 ``Scheduler.schedule()`` (vllm/v1/core/sched/scheduler.py): running
@@ -197,7 +218,7 @@ class Scheduler:
                 self._run_chunk(plan, req, n)
                 budget -= n
         if plan.preempted:
-            self.wait_clocks.kv_blocked = True  # V1 admits nothing in a step that preempted
+            plan.kv_blocked = True  # V1 admits nothing in a step that preempted
         elif self.waiting and not separate:  # separate: the waiting ones did not fit (above)
             self._fill_prefills(plan, budget, now)
         plan.num_decode_seqs = ds.num_seqs
@@ -295,7 +316,7 @@ class Scheduler:
             while need > kv.num_free:
                 victim = order.pop()
                 self._preempt(victim, now)
-                plan.preempted.append(victim.request_id)
+                plan.preempted.append(victim)
                 if victim is req:
                     break
             else:
@@ -344,7 +365,7 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         n = req.prompt_tokens + req.num_generated - 1
         if kv.blocks_of(req, n + 1) > kv.num_free:
-            self.wait_clocks.kv_blocked = True
+            plan.kv_blocked = True
             return False
         kv.allocate(req, n)
         kv.cache(req, n)
@@ -362,7 +383,9 @@ class Scheduler:
         if opened:  # its first decode step opens a block
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
-        plan.ready_gaps_s.append(now - req.last_token_s)
+        plan.kv_ready.append(req)
+        # a request with no token yet (vLLM P/D: the decode side emits the first) has no gap
+        plan.ready_gaps_s.append(now - req.last_token_s if req.num_generated else math.nan)
         return True
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
@@ -375,7 +398,7 @@ class Scheduler:
         kv = self.kv
         no_evict = self.limits.capacity_scheduler_policy == "guaranteed_no_evict"
         if no_evict and self.reserved_blocks + self._full_blocks(req) > kv.num_blocks:
-            self.wait_clocks.kv_blocked = True
+            plan.kv_blocked = True
             return 0
         hits, own = kv.lookup(req)
         start = (len(hits) + own) * kv.block_size
@@ -383,7 +406,7 @@ class Scheduler:
         if n <= 0:
             return n
         if not kv.allocate(req, start + n, hits, own, computed=start):
-            self.wait_clocks.kv_blocked = True
+            plan.kv_blocked = True
             return 0
         if no_evict:
             self.reserved_blocks += self._full_blocks(req)
@@ -413,7 +436,7 @@ class Scheduler:
         req.status = "running"
         if req.first_scheduled_s != req.first_scheduled_s:  # nan: first time
             req.first_scheduled_s = now
-            self.wait_clocks.settle(req, now)
+            plan.new_reqs.append(req)
         self.running[req.request_id] = req
         self.prefilling[req.request_id] = req
         plan.chunks.append((req, num_tokens))
@@ -431,6 +454,9 @@ class Scheduler:
         """Apply a finished plan (or its first ``steps_done`` steps); return finished requests."""
         ds, kv = self.decode, self.kv
         finished: list[Request] = []
+        for req in plan.kv_ready:
+            if not req.num_generated:  # its first token is this decode step's (KV sent by a prefill replica)
+                req.first_token_s = now
         pending = self._pending_pause
         # a prompt step of its own (separate_prefill_steps; a multi-step block measures its own
         # gaps): every decode waiting meanwhile gains its length
@@ -472,8 +498,6 @@ class Scheduler:
                 self.resume_gaps_s.append(now - req.last_token_s)
             else:
                 req.first_token_s = now
-                if req.preempt_start_s == req.preempt_start_s:
-                    req.ttft_preempt_s = now - req.preempt_start_s
             req.last_token_s = now
             req.num_generated += 1
             self.tokens_emitted += 1
@@ -514,9 +538,6 @@ class Scheduler:
         del self.running[req.request_id]
         finished.append(req)
 
-    def _preempt_tail(self, now: float) -> None:
-        self._preempt(next(reversed(self.running.values())), now)
-
     def _preempt(self, req: Request, now: float) -> None:
         """Preempt ``req``, the most recently admitted running request (vLLM V1
         ``self.running.pop()``): its KV blocks are freed (the cached ones stay evictable, so its
@@ -535,8 +556,6 @@ class Scheduler:
             swap = self.limits.preemption_mode == "swap"
         else:
             del self.prefilling[req.request_id]
-            if not req.num_generated and req.preempt_start_s != req.preempt_start_s:
-                req.preempt_start_s = now  # TTFT from here on counts as preemption
         if swap:
             req.swapped_blocks = req.num_blocks
             self._swap_blocks += req.num_blocks

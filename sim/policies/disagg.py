@@ -85,31 +85,9 @@ class DecodeScheduler(ChunkedScheduler):
 
     name = "decode"
 
-    first_token_on_decode = False
-
     def __init__(self, limits, kv):
         super().__init__(limits, kv)
         self.on_admitted: Callable[[Request], None] = lambda req: None
-        self._admitted_first: list[bool] = []  # per KV-ready admission of this plan: emits token 1
-        self._first_pending: list[Request] = []
-
-    def schedule(self, now: float):
-        self._admitted_first = []
-        plan = super().schedule(now)
-        if plan is not None and any(self._admitted_first):
-            # their first token ends this (single) step: TTFT, not an inter-token gap (a nan
-            # gap removes the step's ITL sample, sim/analysis/metrics.py itl_samples)
-            plan.ready_gaps_s = [math.nan if first else g for g, first in zip(plan.ready_gaps_s, self._admitted_first)]
-        return plan
-
-    def on_step_done(self, plan, now: float, steps_done: int | None = None) -> list[Request]:
-        finished = super().on_step_done(plan, now, steps_done)
-        for req in self._first_pending:  # TTFT decomposition: transfer, then decode admission + step
-            req.first_token_s = now
-            req.ttft_kv_transfer_s = req.transfer_end_s - req.transfer_start_s
-            req.ttft_decode_s = now - req.transfer_end_s
-        self._first_pending = []
-        return finished
 
     def add_transferred(self, req: Request) -> None:
         req.kv_ready = True
@@ -119,10 +97,6 @@ class DecodeScheduler(ChunkedScheduler):
         self.waiting.append(req)
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
-        first = bool(req.handoff_blocks) and self.first_token_on_decode
-        self._admitted_first.append(first)
-        if first:
-            self._first_pending.append(req)
         if req.handoff_blocks:
             req.decode_wait_s = now - req.transfer_end_s
             # rounds before this one that could not admit it (full batch or KV): backpressure
