@@ -99,7 +99,7 @@ def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching,
     limits = EngineLimits(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=10_000)
     prefill = [PrefillScheduler(limits, KVBlockManager(pblocks, bs, caching)) for _ in range(np_)]
     decode = [_CheckedDecode(limits, KVBlockManager(dblocks, bs)) for _ in range(nd)]
-    for s in (*prefill, *decode):
+    for s in prefill:
         s.first_token_on_decode = on_decode
 
     def topo(env, rec, on_finish):
@@ -113,7 +113,9 @@ def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching,
     for r in reqs:
         if r.status == "completed" and (r.output_tokens > 1 or on_decode) and layers == 1:
             isolated_s = r.prompt_tokens * 1000.0 / (bw * min(1.0, ingress)) + 1e-4
-            assert r.transfer_end_s - r.transfer_start_s >= isolated_s * (1 - 1e-9)
+            # LinkNetwork.pop_done counts a transfer done with up to eps_bytes (1e-3) left
+            resolution_s = 1e-3 / (bw * min(1.0, ingress))
+            assert r.transfer_end_s - r.transfer_start_s >= isolated_s * (1 - 1e-9) - resolution_s
         if r.status == "completed" and on_decode:  # TTFT includes the whole transfer
             assert r.first_token_s >= r.transfer_end_s and r.ttft_kv_transfer_s > 0
 
