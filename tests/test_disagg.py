@@ -64,8 +64,8 @@ def test_first_token_from_decode_includes_the_transfer_and_the_first_decode_step
     assert dec.finish_s == pytest.approx(0.0211 + 2 * 0.010)
     assert sum(getattr(dec, p) for p in TTFT_PARTS) == pytest.approx(dec.first_token_s - dec.arrival_s)
     # ITL: the 2 gaps after the first token, 10 ms each (the first decode step is TTFT)
-    gaps, counts = itl_samples(rec.step_columns(), rec.resume_gaps_s, rec.itl_adjust)
-    assert int(counts.sum()) == 2 and float(np.dot(gaps, counts)) == pytest.approx(0.020)
+    itl = itl_samples(rec.step_columns(), rec.resume_gaps_s, rec.itl_adjust)
+    assert itl.num_samples == 2 and itl.sum_s() == pytest.approx(0.020)
 
 
 def test_one_token_request_is_handed_off_when_decode_emits_it():

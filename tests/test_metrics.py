@@ -37,6 +37,9 @@ def test_tpot_only_for_multi_token_outputs():
 def test_itl_expands_fast_forwarded_runs_per_step():
     steps = {"num_steps": np.array([1, 4]), "decode_tokens": np.array([0, 12]),
              "first_step_duration_s": np.array([0.05, 0.010]), "last_step_duration_s": np.array([0.05, 0.013])}
-    gaps, counts = itl_samples(steps, [0.2])
-    assert gaps.tolist() == pytest.approx([0.010, 0.011, 0.012, 0.013, 0.2])
-    assert counts.tolist() == [3, 3, 3, 3, 1]
+    samples = itl_samples(steps, [0.2])
+    # one piece for the 4-step row (0.010, 0.011, 0.012, 0.013; 3 sequences each) and the resume gap
+    assert samples.num_samples == 13
+    assert samples.sum_s() == pytest.approx(3 * (0.010 + 0.011 + 0.012 + 0.013) + 0.2)
+    at = samples.values_at(range(13))
+    assert [at[r] for r in range(13)] == pytest.approx([0.010] * 3 + [0.011] * 3 + [0.012] * 3 + [0.013] * 3 + [0.2])

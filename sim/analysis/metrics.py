@@ -4,7 +4,8 @@ TTFT = first token - arrival; TPOT = (e2e - TTFT) / (output - 1) for requests wi
 one output token; ITL = every gap between consecutive tokens of a request, pooled; E2EL =
 finish - arrival; queue = first scheduled - arrival. Percentiles use numpy's linear method.
 ITL comes from the step log: each decode step gives each of its sequences one gap equal to
-the step's duration, so it is stored as (value, count) pairs, never a list per token.
+the step's duration, so it is stored as run-length pieces (a fast-forwarded row of k steps is
+one piece of k evenly spaced values, each once per sequence), never a list per token or step.
 """
 
 from __future__ import annotations
@@ -14,34 +15,215 @@ import numpy as np
 PCTS = (50, 90, 99)
 
 
-def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-    """mean/median/std/p50/p90/p99 of the multiset holding ``weights[i]`` copies of ``values[i]``,
-    exactly as numpy would give on the expanded array (linear interpolation between ranks)."""
-    mask = weights > 0
-    values, weights = values[mask], weights[mask].astype(np.int64)
-    n = int(weights.sum())
+STAT_KEYS = ("mean", "median", "std", "p50", "p90", "p99")
+
+
+class RunLengthSamples:
+    """A multiset of gaps held as run-length pieces, never one entry per engine step.
+
+    Piece i holds the values ``first_s[i] + span_s[i] * j`` for ``j0[i] <= j < j1[i]`` (computed
+    exactly so, in float64, as the per-step expansion did), each ``count[i]`` times; a point is a
+    piece with one step. A negative count removes a value the other pieces hold (an ITL
+    adjustment). Memory and time grow with the pieces (step rows), not with the steps in them.
+    Along a piece the values are monotone in j (IEEE rounding is monotone), which is what the
+    exact order statistics below rely on."""
+
+    __slots__ = ("first_s", "span_s", "j0", "j1", "count")
+
+    def __init__(self, first_s, span_s, j0, j1, count):
+        self.first_s = np.asarray(first_s, np.float64)
+        self.span_s = np.asarray(span_s, np.float64)
+        self.j0 = np.asarray(j0, np.int64)
+        self.j1 = np.asarray(j1, np.int64)
+        self.count = np.asarray(count, np.int64)
+
+    @classmethod
+    def points(cls, values, counts) -> "RunLengthSamples":
+        """``counts[i]`` copies of ``values[i]``."""
+        values = np.asarray(values, np.float64)
+        n = len(values)
+        return cls(values, np.zeros(n), np.zeros(n, np.int64), np.ones(n, np.int64), counts)
+
+    def _take(self, mask) -> "RunLengthSamples":
+        return RunLengthSamples(self.first_s[mask], self.span_s[mask], self.j0[mask], self.j1[mask], self.count[mask])
+
+    def _ends(self) -> tuple[np.ndarray, np.ndarray]:
+        a = self.first_s + self.span_s * self.j0
+        b = self.first_s + self.span_s * (self.j1 - 1)
+        return np.minimum(a, b), np.maximum(a, b)
+
+    def _weights(self) -> np.ndarray:
+        return self.count * (self.j1 - self.j0)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._weights().sum())
+
+    def sum_s(self) -> float:
+        """Sum of all values (closed form per piece: L first + span (j0 + ... + j1 - 1))."""
+        length = (self.j1 - self.j0).astype(np.float64)
+        s1 = (self.j0 + self.j1 - 1) * length / 2.0
+        return float(np.sum(self.count * (length * self.first_s + self.span_s * s1)))
+
+    def _sq_dev_sum(self, mean: float) -> float:
+        """Sum of (value - mean)^2: per piece L d^2 + 2 d span S1 + span^2 S2 (d = first - mean,
+        S1 = sum of j, S2 = sum of j^2 over the piece)."""
+        j0, j1 = self.j0.astype(np.float64), self.j1.astype(np.float64)
+        length = j1 - j0
+        s1 = (j0 + j1 - 1) * length / 2.0
+        s2 = ((j1 - 1) * j1 * (2 * j1 - 1) - (j0 - 1) * j0 * (2 * j0 - 1)) / 6.0
+        d = self.first_s - mean
+        return float(np.sum(self.count * (length * d * d + 2.0 * d * self.span_s * s1 + self.span_s ** 2 * s2)))
+
+    def values_at(self, ranks) -> dict[int, float]:
+        """{rank: the value at that 0-based rank of the sorted multiset}, exactly (no expansion:
+        pieces whose range lies wholly below or above a rank are dropped, the rest split, until
+        few values are left to sort)."""
+        out: dict[int, float] = {}
+        ranks = sorted(set(int(r) for r in ranks))
+        groups: list[list[int]] = []
+        for r in ranks:
+            if groups and r - groups[-1][-1] <= 1:
+                groups[-1].append(r)
+            else:
+                groups.append([r])
+        live = self._take(self.count != 0)
+        first = _Sorted(live)
+        for g in groups:
+            out.update(_select(live, g, first))
+        return out
+
+
+class _Sorted:
+    """A piece set's low and high ends sorted once (shared by every rank's first pass)."""
+
+    def __init__(self, p: RunLengthSamples):
+        self.lo, self.hi = p._ends()
+        self.w = p._weights()
+        self.lo_order, self.lo_cum = _cum_order(self.lo, self.w)
+        self.hi_order, self.hi_cum = _cum_order(self.hi, self.w)
+
+
+def _cum_order(keys: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order by key (negative weights first among equal keys) and the running maximum of the
+    cumulative weight in that order."""
+    order = np.lexsort((w, keys)) if (w < 0).any() else np.argsort(keys, kind="stable")
+    return order, np.maximum.accumulate(np.cumsum(w[order]))
+
+
+def _first_reaching(keys, order, cum, target: int) -> float:
+    """The key at which the cumulative weight (in key order) first reaches ``target``."""
+    return float(keys[order[np.searchsorted(cum, target)]])
+
+
+# A piece set with at most this many values (beyond one per piece) is expanded and sorted.
+_EXPAND_MAX = 4096
+_SPLIT = 8  # pieces a piece is cut into per pass
+
+
+def _select(p: RunLengthSamples, ranks: list[int], pre: _Sorted | None) -> dict[int, float]:
+    """Values at consecutive ``ranks``. Bounds: count(<= x) <= W_lo(x) (weight of pieces whose
+    low end is <= x) and >= W_hi(x) (whose high end is <= x), so the value at rank r lies in
+    [first low end reaching r + 1, first high end reaching r + 1]; pieces wholly below that
+    window are counted (``below``) and dropped, pieces wholly above dropped, the rest split."""
+    below = 0
+    r_a, r_b = ranks[0], ranks[-1]
+    while True:
+        if pre is not None:
+            lo, hi, w = pre.lo, pre.hi, pre.w
+            x_lo = _first_reaching(lo, pre.lo_order, pre.lo_cum, r_a - below + 1)
+            x_hi = _first_reaching(hi, pre.hi_order, pre.hi_cum, r_b - below + 1)
+            pre = None
+        else:
+            lo, hi = p._ends()
+            w = p._weights()
+            x_lo = _first_reaching(lo, *_cum_order(lo, w), r_a - below + 1)
+            x_hi = _first_reaching(hi, *_cum_order(hi, w), r_b - below + 1)
+        under = hi < x_lo
+        below += int(w[under].sum())
+        keep = ~under & (lo <= x_hi)
+        p, lo, hi = p._take(keep), lo[keep], hi[keep]
+        length = p.j1 - p.j0
+        varying = (length > 1) & (lo != hi)
+        if int(length[varying].sum()) <= len(length) + _EXPAND_MAX:
+            return _expanded_select(p, varying, [r - below for r in ranks], ranks)
+        p = _split(p, varying)
+
+
+def _split(p: RunLengthSamples, varying: np.ndarray) -> RunLengthSamples:
+    """Each varying piece cut into up to ``_SPLIT`` consecutive pieces (same first and span)."""
+    length = p.j1 - p.j0
+    n_pieces = np.where(varying, np.minimum(length, _SPLIT), 1)
+    step = -(-length // n_pieces)  # ceil
+    idx = np.repeat(np.arange(len(length)), n_pieces)
+    k = np.arange(int(n_pieces.sum())) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+    j0 = p.j0[idx] + k * step[idx]
+    j1 = np.minimum(j0 + step[idx], p.j1[idx])
+    ok = j1 > j0
+    return RunLengthSamples(p.first_s[idx][ok], p.span_s[idx][ok], j0[ok], j1[ok], p.count[idx][ok])
+
+
+def _expanded_select(p: RunLengthSamples, varying: np.ndarray, local: list[int], ranks: list[int]) -> dict[int, float]:
+    """Expand the few varying pieces per step (constant ones stay one weighted value) and read
+    the ranks off the sorted values (negative weights first among equal values, so the
+    running count never passes a rank early)."""
+    length = p.j1 - p.j0
+    n_each = np.where(varying, length, 1)
+    idx = np.repeat(np.arange(len(length)), n_each)
+    j = p.j0[idx] + (np.arange(int(n_each.sum())) - np.repeat(np.cumsum(n_each) - n_each, n_each))
+    j = np.where(varying[idx], j, p.j0[idx])
+    vals = p.first_s[idx] + p.span_s[idx] * j
+    w = np.where(varying[idx], p.count[idx], p.count[idx] * length[idx])
+    order, cum = _cum_order(vals, w)
+    return {r: float(vals[order[np.searchsorted(cum, t + 1)]]) for r, t in zip(ranks, local)}
+
+
+def _percentile(n: int, p: float, at: dict[int, float]) -> float:
+    """numpy's linear method on the expanded multiset: the value at rank p/100 (n - 1),
+    interpolated between the two ranks around it."""
+    pos = p / 100.0 * (n - 1)
+    lo = int(np.floor(pos))
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    a = at[lo]
+    return a if frac == 0 else a + (at[hi] - a) * frac
+
+
+def _ranks(n: int, pos: float) -> tuple[int, int]:
+    lo = int(np.floor(pos))
+    return lo, min(lo + 1, n - 1)
+
+
+def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str, float]:
+    """mean/median/std/p50/p90/p99 of the multiset, as numpy's linear method gives on the
+    expanded array (percentiles exact; mean and std from closed forms per piece). ``tail``
+    adds ``p99.9`` (rank 0.999 (n - 1), interpolated) and ``max``."""
+    n = samples.num_samples
     if n == 0:
-        return {k: float("nan") for k in ("mean", "median", "std", "p50", "p90", "p99")}
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w)  # cum[i] - 1 is the last expanded index holding v[i]
-    mean = float(np.dot(v, w) / n)
-    std = float(np.sqrt(max(np.dot((v - mean) ** 2, w) / n, 0.0)))
-
-    def at(idx: int) -> float:
-        return float(v[np.searchsorted(cum, idx + 1)])
-
-    def pct(p: float) -> float:
-        pos = p / 100.0 * (n - 1)
-        lo = int(np.floor(pos))
-        hi = min(lo + 1, n - 1)
-        frac = pos - lo
-        a = at(lo)
-        return a if frac == 0 else a + (at(hi) - a) * frac
-
-    out = {"mean": mean, "std": std, "median": pct(50)}
-    out.update({f"p{p}": pct(p) for p in PCTS})
+        return {k: float("nan") for k in (*STAT_KEYS, *(("p99.9", "max") if tail else ()))}
+    ranks = [r for p in PCTS for r in _ranks(n, p / 100.0 * (n - 1))]
+    if tail:
+        ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
+    at = samples.values_at(ranks)
+    mean = samples.sum_s() / n
+    std = float(np.sqrt(max(samples._sq_dev_sum(mean) / n, 0.0)))
+    out = {"mean": mean, "std": std, "median": _percentile(n, 50, at)}
+    out.update({f"p{p}": _percentile(n, p, at) for p in PCTS})
+    if tail:
+        pos = 0.999 * (n - 1)
+        lo, hi = _ranks(n, pos)
+        out["p99.9"] = at[lo] + (at[hi] - at[lo]) * (pos - lo)
+        out["max"] = at[n - 1]
     return out
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """mean/median/std/p50/p90/p99 of the multiset holding ``weights[i]`` copies of ``values[i]``
+    (weights <= 0 ignored), as numpy's linear method gives on the expanded array."""
+    values, weights = np.asarray(values), np.asarray(weights)
+    keep = weights > 0
+    st = run_length_stats(RunLengthSamples.points(values[keep], weights[keep]))
+    return {k: st[k] for k in STAT_KEYS}
 
 
 def plain_stats(values: np.ndarray) -> dict[str, float]:
@@ -54,13 +236,13 @@ def plain_stats(values: np.ndarray) -> dict[str, float]:
 
 
 def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
-                adjust: list[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """(gap seconds, count) pairs: each decode step's duration once per decode sequence in it.
+                adjust: list[tuple[float, float]] = ()) -> RunLengthSamples:
+    """The pooled inter-token gaps: each decode step's duration once per decode sequence in it.
 
     A fast-forwarded row of k steps holds steps evenly spaced from ``first_step_duration_s`` to
-    ``last_step_duration_s``; it is expanded per step (not per token). Gaps spanning a preemption, and
-    those of multi-step blocks (tokens released at a block's end: one gap per sequence per
-    block), are added from the schedulers' records.
+    ``last_step_duration_s``: one piece of k values (``first + span j``), never expanded. Gaps
+    spanning a preemption, and those of multi-step blocks (tokens released at a block's end: one
+    gap per sequence per block), are added from the schedulers' records.
     """
     k = steps["num_steps"]
     has = steps["decode_tokens"] > 0
@@ -68,15 +250,9 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
         has &= steps["multi_step"] == 0
     k, first, last = k[has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
-    row = np.repeat(np.arange(len(k)), k)
-    offsets = np.cumsum(k) - k
-    j = np.arange(int(k.sum())) - np.repeat(offsets, k)
     span = np.where(k > 1, (last - first) / np.maximum(k - 1, 1), 0.0)
-    gaps = first[row] + span[row] * j
-    counts = seqs[row]
-    if resume_gaps_s:
-        gaps = np.concatenate([gaps, np.asarray(resume_gaps_s)])
-        counts = np.concatenate([counts, np.ones(len(resume_gaps_s), dtype=np.int64)])
+    parts = [(first, span, np.zeros(len(k), np.int64), k, seqs)]
+    points_s, points_n = [np.asarray(resume_gaps_s, np.float64)], [np.ones(len(resume_gaps_s), np.int64)]
     if len(adjust):
         # A request that joined decoding with its KV computed elsewhere (swap-in, KV transfer)
         # waited before its first decode step: that token's gap is the wait plus the step, so
@@ -85,13 +261,52 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
         # first token from decode), part of TTFT, not an inter-token gap.
         old, new = np.asarray(adjust, dtype=np.float64).T
         new = new[~np.isnan(new)]
-        gaps = np.concatenate([gaps, old, new])
-        counts = np.concatenate([counts, -np.ones(len(old), np.int64), np.ones(len(new), np.int64)])
-        gaps, inverse = np.unique(gaps, return_inverse=True)
-        counts = np.bincount(inverse, weights=counts, minlength=len(gaps)).astype(np.int64)
-        if (counts < 0).any():
+        points_s += [old, new]
+        points_n += [-np.ones(len(old), np.int64), np.ones(len(new), np.int64)]
+    pts_s, pts_n = np.concatenate(points_s), np.concatenate(points_n)
+    n0 = len(pts_s)
+    parts.append((pts_s, np.zeros(n0), np.zeros(n0, np.int64), np.ones(n0, np.int64), pts_n))
+    out = RunLengthSamples(*(np.concatenate(c) for c in zip(*parts)))
+    if len(adjust):
+        _check_removals(out, old)
+    return out
+
+
+def _check_removals(samples: RunLengthSamples, old: np.ndarray) -> None:
+    """Every removed gap must be one the step log holds: the net count of each removed value
+    stays >= 0. A piece's first value is its ``first_s``, which covers the usual case (the
+    removed gap is the first step of the row the request joined); any other value is counted
+    exactly."""
+    vals, times = np.unique(old, return_counts=True)
+    pos = (samples.count > 0) & (samples.j0 == 0)
+    f, c = samples.first_s[pos], samples.count[pos]
+    order = np.argsort(f, kind="stable")
+    cum = np.concatenate([[0], np.cumsum(c[order])])
+    fs = f[order]
+    held = cum[np.searchsorted(fs, vals, "right")] - cum[np.searchsorted(fs, vals, "left")]
+    for v in vals[held < times].tolist():
+        net = samples.count * (_count_le(samples, v) - _count_le(samples, v, strict=True))
+        if int(net.sum()) < 0:
             raise AssertionError("ITL adjustment removed a gap the step log does not hold")
-    return gaps, counts
+
+
+def _count_le(p: RunLengthSamples, x: float, strict: bool = False) -> np.ndarray:
+    """Per piece, how many of its values are <= x (< x with ``strict``): a binary search over
+    j, the values being monotone along a piece."""
+    def below(j):
+        v = p.first_s + p.span_s * j
+        return v < x if strict else v <= x
+
+    rising = p.span_s >= 0
+    lo, hi = p.j0.copy(), p.j1.copy()  # first j where the test flips, in [j0, j1]
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        t = below(np.minimum(mid, p.j1 - 1))
+        go_right = np.where(rising, t, ~t) & (lo < hi)
+        stay = (lo < hi) & ~go_right
+        lo = np.where(go_right, mid + 1, lo)
+        hi = np.where(stay, mid, hi)
+    return np.where(rising, lo - p.j0, p.j1 - lo)
 
 
 def request_metrics(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.analysis.metrics import goodput_mask, itl_samples, plain_stats, weighted_stats
+from sim.analysis.metrics import STAT_KEYS, goodput_mask, itl_samples, plain_stats, run_length_stats
 from sim.analysis.run_warnings import failure_kinds, run_warnings
 
 
@@ -82,7 +82,7 @@ def summarize(result) -> dict:
     completed = int(ok.sum())
     tin = int(cols["input_tokens"][ok].sum())
     tout = int(cols["output_tokens"][ok].sum())
-    gaps, counts = itl_samples(steps, result.resume_gaps_s, result.itl_adjust)
+    itl = itl_samples(steps, result.resume_gaps_s, result.itl_adjust)
     if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     elif s.workload.synthetic is not None:  # a rate that varies over time: its mean
@@ -116,9 +116,12 @@ def summarize(result) -> dict:
     }
     out.update(_ms(plain_stats(cols["ttft_s"][ok]), "ttft"))
     out.update(_ms(plain_stats(cols["tpot_s"][ok]), "tpot"))
-    out.update(_ms(weighted_stats(gaps, counts), "itl"))
-    out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = _itl_tail_ms(gaps, counts)
-    out["simsrv_num_itl_samples"] = int(counts[counts > 0].sum()) if len(counts) else 0
+    itl_stats = run_length_stats(itl, tail=True)
+    out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
+    # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
+    out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = (
+        (None, None) if math.isnan(itl_stats["max"]) else (itl_stats["p99.9"] * 1e3, itl_stats["max"] * 1e3))
+    out["simsrv_num_itl_samples"] = itl.num_samples
     out.update(_ms(plain_stats(cols["e2el_s"][ok]), "e2el"))
     q = plain_stats(cols["queue_s"][ok])
     out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
@@ -170,19 +173,3 @@ def summarize(result) -> dict:
             f"{g.full} full-attention and {g.sliding} sliding-window ({dep.model.sliding_window} tokens): "
             "no prefix-cache hits were counted")
     return out
-
-
-def _itl_tail_ms(gaps: np.ndarray, counts: np.ndarray) -> tuple[float | None, float | None]:
-    """p99.9 (numpy's linear method on the expanded multiset) and max ITL, in ms: the rare
-    long stalls (a long prefill sharing a step with decodes) that p99 hides."""
-    keep = counts > 0
-    gaps, counts = gaps[keep], counts[keep].astype(np.int64)
-    if not len(gaps):
-        return None, None
-    order = np.argsort(gaps, kind="stable")
-    v, cum = gaps[order], np.cumsum(counts[order])
-    pos = 0.999 * (int(cum[-1]) - 1)
-    lo = int(np.floor(pos))
-    a = float(v[np.searchsorted(cum, lo + 1)])
-    b = float(v[np.searchsorted(cum, min(lo + 2, int(cum[-1])))])
-    return (a + (b - a) * (pos - lo)) * 1e3, float(v[-1]) * 1e3
