@@ -12,9 +12,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
-import yaml
-
 from sim.errors import UserError
+from sim.yamlfile import load_shipped_yaml
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ DEFAULT_NVIDIA_RESERVED_BYTES = 551 * 2**20
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, dict]:
-    return yaml.safe_load(resources.files("sim.catalog").joinpath("gpus.yaml").read_text())
+    return load_shipped_yaml(resources.files("sim.catalog").joinpath("gpus.yaml").read_text())
 
 
 def _opt(d: dict, k: str, cast=float):

@@ -12,9 +12,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from sim.errors import UserError
+from sim.yamlfile import load_shipped_yaml
 from sim.hf_config import from_config
 from sim.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: the catalogue's type)
 
@@ -22,7 +21,7 @@ from sim.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: t
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, dict]:
     text = resources.files("sim.catalog").joinpath("models.yaml").read_text()
-    return yaml.safe_load(text)
+    return load_shipped_yaml(text)
 
 
 def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:

@@ -12,6 +12,7 @@ import polars as pl
 
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
+from sim.engine.results import RequestResults
 from sim.analysis.metrics import request_metrics
 from sim.scenario import Scenario
 from sim.engine.topology import layout_for
@@ -44,30 +45,25 @@ class RunResult:
         return max((s.kv.peak_used / s.kv.num_blocks for s in self.schedulers), default=0.0)
 
 
-def _request_frame(reqs) -> pl.DataFrame:
-    n = len(reqs)
-
-    def col(attr: str, dtype) -> np.ndarray:
-        return np.fromiter((getattr(r, attr) for r in reqs), dtype, n)
-
-    status = [r.status for r in reqs]
-    times = {"request_id": col("request_id", np.int64), "arrival_s": col("arrival_s", np.float64),
-             "first_scheduled_s": col("first_scheduled_s", np.float64),
-             "first_token_s": col("first_token_s", np.float64), "finish_s": col("finish_s", np.float64),
-             "input_tokens": col("prompt_tokens", np.int64), "output_tokens": col("output_tokens", np.int64)}
-    metrics = request_metrics({**times, "status": np.array(status, dtype=object)})
+def _request_frame(cols: dict[str, np.ndarray]) -> pl.DataFrame:
+    """requests.parquet's columns from the finished requests' results (sim/engine/results.py)."""
+    times = {"request_id": cols["request_id"], "arrival_s": cols["arrival_s"],
+             "first_scheduled_s": cols["first_scheduled_s"],
+             "first_token_s": cols["first_token_s"], "finish_s": cols["finish_s"],
+             "input_tokens": cols["prompt_tokens"], "output_tokens": cols["output_tokens"]}
+    metrics = request_metrics({**times, "status": cols["status"]})
     return pl.DataFrame({
         **times,
         **metrics,
-        "num_preemptions": col("num_preemptions", np.int64),
-        "replica": col("replica", np.int64),
-        "prefix_hit_tokens": col("prefix_hit_tokens", np.int64),
-        "kv_transfer_s": col("transfer_end_s", np.float64) - col("transfer_start_s", np.float64),
-        "decode_wait_s": col("decode_wait_s", np.float64),
-        "decode_rounds_waited": col("decode_rounds_waited", np.int64),
-        **{part: col(part, np.float64) for part in TTFT_PARTS},
-        "status": status,
-        "fail_reason": [r.fail_reason for r in reqs],
+        "num_preemptions": cols["num_preemptions"],
+        "replica": cols["replica"],
+        "prefix_hit_tokens": cols["prefix_hit_tokens"],
+        "kv_transfer_s": cols["transfer_end_s"] - cols["transfer_start_s"],
+        "decode_wait_s": cols["decode_wait_s"],
+        "decode_rounds_waited": cols["decode_rounds_waited"],
+        **{part: cols[part] for part in TTFT_PARTS},
+        "status": cols["status"].tolist(),
+        "fail_reason": cols["fail_reason"].tolist(),
     }, nan_to_null=False)
 
 
@@ -99,9 +95,10 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     concurrency, think_s = closed_loop(scenario)
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     layout = layout_for(scenario)
-    reqs, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), **loop)
+    results = RequestResults()
+    _, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
     steps = pl.DataFrame(rec.step_columns())
-    frame = _request_frame(reqs)
+    frame = _request_frame(results.columns())
     if streamed or concurrency is not None:  # the requests as sent
         arrays = RequestArrays(frame["arrival_s"].to_numpy(), frame["input_tokens"].to_numpy(),
                                frame["output_tokens"].to_numpy())

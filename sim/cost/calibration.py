@@ -42,8 +42,17 @@ class GemmTable:
         self.wave = d.get("wave")
         self.ln = [math.log(x) for x in self.n]
         self.lk = [math.log(x) for x in self.k]
-        self.curves = [[Curve(self.m, d["log_eff"][i][j], gemm_axis(self.n[i], self.k[j], peaks, fp8))
-                        for j in range(len(self.k))] for i in range(len(self.n))]
+        # (n, k) weight shape -> its curve along m, built when first used (start-up: a model
+        # reads the 4 corners around each of its few weight shapes, out of ~500 measured)
+        self._log_eff = d["log_eff"]
+        self._curves: dict[tuple[int, int], Curve] = {}
+
+    def _at(self, i: int, j: int) -> Curve:
+        c = self._curves.get((i, j))
+        if c is None:
+            c = self._curves[i, j] = Curve(self.m, self._log_eff[i][j],
+                                           gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8))
+        return c
 
     def curve(self, n: float, k: float) -> tuple[Curve, bool]:
         i, wn, on = bracket(self.ln, math.log(n))
@@ -52,13 +61,13 @@ class GemmTable:
         for di, wi in ((0, 1 - wn), (1, wn)):
             for dj, wj in ((0, 1 - wk), (1, wk)):
                 ii, jj = min(i + di, len(self.n) - 1), min(j + dj, len(self.k) - 1)
-                c = self.curves[ii][jj]
+                c = self._at(ii, jj)
                 if c and wi * wj > 0:
                     corners.append((wi * wj, c))
         if not corners:  # every surrounding shape unmeasured: the nearest measured one
-            ii, jj = min(((a, b) for a in range(len(self.n)) for b in range(len(self.k)) if self.curves[a][b]),
+            ii, jj = min(((a, b) for a in range(len(self.n)) for b in range(len(self.k)) if self._at(a, b)),
                          key=lambda ab: abs(self.ln[ab[0]] - math.log(n)) + abs(self.lk[ab[1]] - math.log(k)))
-            corners = [(1.0, self.curves[ii][jj])]
+            corners = [(1.0, self._at(ii, jj))]
         tot = sum(w for w, _ in corners)
         ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
         out = Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8))
@@ -87,11 +96,20 @@ class HeadTables:
     12.7% against 14.1% cubic)."""
 
     def __init__(self, d: dict, op: str, peaks: dict):
-        axes = ("batch", "seq_tokens") if op == "attn_prefill" else ("batch", "context_tokens")
-        self.tables = {(t["num_heads"], t["num_kv_heads"]):
-                       Grid2(t[axes[0]], t[axes[1]], t["log_eff"],
-                             attention_axis(op, t["num_heads"], t["num_kv_heads"], peaks), op == "attn_prefill")
-                       for t in d["tables"]}
+        self.op, self.peaks = op, peaks
+        # (heads, KV heads) -> its measured table; the grid is built when first picked (start-up)
+        self.tables = {(t["num_heads"], t["num_kv_heads"]): t for t in d["tables"]}
+        self._grids: dict[tuple[int, int], Grid2] = {}
+
+    def grid(self, key: tuple[int, int]) -> Grid2:
+        g = self._grids.get(key)
+        if g is None:
+            t, op = self.tables[key], self.op
+            axes = ("batch", "seq_tokens") if op == "attn_prefill" else ("batch", "context_tokens")
+            g = self._grids[key] = Grid2(t[axes[0]], t[axes[1]], t["log_eff"],
+                                         attention_axis(op, t["num_heads"], t["num_kv_heads"], self.peaks),
+                                         op == "attn_prefill")
+        return g
 
     def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int], float]:
         """(grid, its (heads, KV heads), batch scale). The measured configuration with the
@@ -107,7 +125,7 @@ class HeadTables:
         ratio = heads / kv_heads
         key = min(self.tables, key=lambda hk: (round(abs(math.log(hk[0] / hk[1] / ratio)), 6),
                                                abs(math.log(hk[1] / kv_heads)), abs(math.log(hk[0] / heads))))
-        return self.tables[key], key, kv_heads / key[1]
+        return self.grid(key), key, kv_heads / key[1]
 
 
 class Calibration:

@@ -25,6 +25,7 @@ from sim.cost.runs import run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
 from sim.engine.recorder import Recorder
+from sim.engine.results import RequestResults
 from sim.core.request import Request
 from sim.engine.router import RouterFn
 from sim.core.ttft import TTFTAccounting
@@ -52,6 +53,8 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_
         j += 1
     return j
 
+
+ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a whole chunk)
 
 # Events allowed at one simulated instant before the run is declared stalled, on top of a
 # per-request allowance (a trace on a coarse time grid legitimately puts thousands of
@@ -237,16 +240,18 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
              router: RouterFn | None = None, progress: Callable[[int], None] | None = None,
              topology: TopologyFactory | None = None,
              swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
-             total_hint: int | None = None) -> tuple[list[Request], Recorder]:
+             total_hint: int | None = None, results: RequestResults | None = None) -> tuple[list[Request], Recorder]:
     """Replay ``arrays`` (or consecutive sorted chunks of a workload, fed as simulated time
     reaches them) through a topology (colocated replicas by default); return every request
     (completed or failed) and the step records. With ``max_concurrency`` (vLLM bench
     ``--max-concurrency``) a request waits for its arrival time and for a free client; a client
     is free ``think_time_s`` after its previous request ended, and the request's arrival time
-    is when it is sent."""
+    is when it is sent. With ``results``, each request is written there as it ends and not
+    kept (the returned list is empty): memory then grows with the requests in flight."""
     env = simpy.Environment()
     rec = Recorder()
     requests: list[Request] = []
+    sent = [0]
     ended = [0]
     chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
     total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
@@ -264,6 +269,8 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
         release(n)
 
     def on_finish(finished: list[Request]) -> None:
+        if results is not None:
+            results.add(finished)
         before = ended[0]
         ended[0] += len(finished)
         if max_concurrency is not None:
@@ -279,31 +286,35 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     else:
         topo = topology(env, rec, on_finish)
 
+    keep = results is None
+
     def arrivals():
         i = 0
         for chunk in chunks:  # a stream is read only as far as simulated time has reached
-            arrival = chunk.arrival_s.tolist()
-            inp = chunk.input_tokens.tolist()
-            out = chunk.output_tokens.tolist()
             hash_ids = chunk.hash_ids
-            for j in range(len(arrival)):
-                t = arrival[j]
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                if max_concurrency is not None:
-                    while free[0] <= 0:
-                        wake[0] = env.event()
-                        yield wake[0]
-                        wake[0] = None
-                    free[0] -= 1
-                    t = env.now
-                req = Request(i, t, inp[j], out[j])
-                if hash_ids is not None:
-                    req.hash_ids = hash_ids[j]
-                    req.hash_block_size = chunk.hash_block_size
-                requests.append(req)
-                topo.submit(req)
-                i += 1
+            for lo in range(0, len(chunk), ARRIVAL_SLICE):  # Python numbers for a slice at a time
+                arrival = chunk.arrival_s[lo:lo + ARRIVAL_SLICE].tolist()
+                inp = chunk.input_tokens[lo:lo + ARRIVAL_SLICE].tolist()
+                out = chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist()
+                for j in range(len(arrival)):
+                    t = arrival[j]
+                    if t > env.now:
+                        yield env.timeout(t - env.now)
+                    if max_concurrency is not None:
+                        while free[0] <= 0:
+                            wake[0] = env.event()
+                            yield wake[0]
+                            wake[0] = None
+                        free[0] -= 1
+                        t = env.now
+                    req = Request(i, t, inp[j], out[j])
+                    if hash_ids is not None:
+                        req.hash_ids = hash_ids[lo + j]
+                        req.hash_block_size = chunk.hash_block_size
+                    if keep:
+                        requests.append(req)
+                    sent[0] = i = i + 1
+                    topo.submit(req)
 
     env.process(arrivals())
     # The run allocates millions of short-lived objects but creates almost no reference cycles;
@@ -312,10 +323,12 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run_watched(env, lambda: len(requests))
+        run_watched(env, lambda: sent[0])
     finally:
         if was_enabled:
             gc.enable()
+    if results is not None:
+        results.sent = sent[0]
     for s in topo.schedulers:
         rec.resume_gaps_s.extend(s.resume_gaps_s)
         rec.resume_gaps_s.extend(s.burst_gaps_s)

@@ -1,0 +1,64 @@
+"""Start-up (issue 14): heavy libraries load only when a command needs them, checked in a
+fresh interpreter (``sys.modules`` after the import or the command)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import ROOT, small_scenario
+
+HEAVY = ("numpy", "polars", "pyarrow", "altair", "scipy", "simpy", "pydantic", "yaml", "vl_convert", "pandas")
+
+_PROBE = """
+import json, sys
+{body}
+print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
+"""
+
+
+def _loaded(body: str, cwd=ROOT) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(body=body, heavy=HEAVY)], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_cli_loads_no_heavy_library():
+    assert _loaded("import sim.cli") == []
+
+
+def test_version_loads_no_heavy_library():
+    body = "from sim.cli.app import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass"
+    assert _loaded(body) == []
+
+
+def test_run_loads_only_what_a_run_needs(tmp_path):
+    """A synthetic run needs numpy, simpy, pydantic and yaml (scenario), and polars to write
+    its Parquet files; never the report stack (altair, vl-convert), scipy or pyarrow."""
+    sc = tmp_path / "s.yaml"
+    raw = small_scenario()
+    raw["workload"]["synthetic"]["num_requests"] = 20
+    sc.write_text(yaml.safe_dump(raw))
+    body = (f"from sim.cli.app import main\ntry:\n    main(['run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code")
+    loaded = _loaded(body)
+    assert (tmp_path / "r" / "result.json").is_file()
+    assert set(loaded) == {"numpy", "polars", "simpy", "pydantic", "yaml"}, loaded
+
+
+def test_shipped_catalogues_parse_the_same_with_libyaml():
+    """The catalogues are read with libyaml's parser when present (start-up); it must build
+    exactly what the pure-Python safe loader builds."""
+    from importlib import resources
+
+    from sim.yamlfile import load_shipped_yaml
+
+    for name in ("models.yaml", "gpus.yaml", "engine_profiles.yaml"):
+        text = resources.files("sim.catalog").joinpath(name).read_text()
+        assert load_shipped_yaml(text) == yaml.safe_load(text), name
