@@ -87,7 +87,7 @@ class RunLengthSamples:
                 groups[-1].append(r)
             else:
                 groups.append([r])
-        live = self._take(self.count != 0)
+        live = self if (self.count != 0).all() else self._take(self.count != 0)
         first = _Sorted(live)
         for g in groups:
             out.update(_select(live, g, first))
@@ -266,7 +266,12 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
     pts_s, pts_n = np.concatenate(points_s), np.concatenate(points_n)
     n0 = len(pts_s)
     parts.append((pts_s, np.zeros(n0), np.zeros(n0, np.int64), np.ones(n0, np.int64), pts_n))
-    out = RunLengthSamples(*(np.concatenate(c) for c in zip(*parts)))
+    del k, first, last, seqs, span
+    cols = []
+    for i in range(5):  # one field at a time: the step-row-sized copies do not pile up
+        cols.append(np.concatenate([part[i] for part in parts]))
+        parts = [tuple(None if j == i else x for j, x in enumerate(part)) for part in parts]
+    out = RunLengthSamples(*cols)
     if len(adjust):
         _check_removals(out, old)
     return out
