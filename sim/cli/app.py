@@ -1,4 +1,7 @@
-"""The ``simsrv`` command line (DESIGN.md section 4). Only this module imports typer and rich."""
+"""The ``simsrv`` command line (DESIGN.md section 4). Only this module imports typer and rich.
+
+Start-up: importing the command line loads typer, rich's console and the policy registry only;
+each command imports what it needs when it runs (tests/test_startup.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,6 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from sim.errors import SimulationStalled, UserError
 from sim.policies import policy_names
@@ -57,7 +58,9 @@ def _dp(summary: dict) -> str:
     return f", DP {dp} + EP" if dp > 1 else ""
 
 
-def _summary_table(summary: dict) -> Table:
+def _summary_table(summary: dict):
+    from rich.table import Table
+
     t = Table(title=f"simsrv {summary['model_id']} on {summary['simsrv_gpu']} x{summary['simsrv_replicas']}"
                     f" (TP {summary['simsrv_tensor_parallel_size']}{_dp(summary)}), policy {summary['simsrv_policy']}")
     t.add_column("metric (ms)")
@@ -74,6 +77,8 @@ def _fmt(v) -> str:
 
 
 def _run_progress(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     progress = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                         console=err_console, transient=True, disable=not err_console.is_terminal)
     task = progress.add_task("run", total=total)
@@ -159,6 +164,8 @@ def explain(
     if as_json:
         print(json.dumps(figures, indent=2))
         return
+    from rich.table import Table
+
     t = Table(title=f"{s.name}: context {context}, batch {batch}")
     t.add_column("figure")
     t.add_column("value", justify="right")

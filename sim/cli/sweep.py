@@ -8,9 +8,6 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
-from rich.table import Table
 
 from sim.errors import UserError
 
@@ -47,7 +44,9 @@ def _points(scenario: Path, sets: List[str], grid: Optional[Path], policies: Opt
     return base, expand(base, overrides, str(grid) if grid is not None else "--policies")
 
 
-def _progress(label: str, eta: bool = True) -> Progress:
+def _progress(label: str, eta: bool = True):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     cols = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     if eta:
         cols.append(TimeRemainingColumn())
@@ -110,6 +109,8 @@ def sweep(
         notes.append("Some points gave identical results for every seed (a trace replay does not depend on the "
                      "seed): their intervals have width 0 and say nothing about sampling noise.")
     sweep_page(agg, x, x_title, f"Sweep: {base.name}", notes).write(out_dir / "report.html")
+    from rich.table import Table
+
     t = Table(title=f"sweep {base.name}: mean [95% CI] over {len(seed_list)} seeds")
     for c in ("point", "p99 TTFT ms", "p99 TPOT ms", "req/s", "errors"):
         t.add_column(c, justify="left" if c == "point" else "right")
@@ -179,6 +180,8 @@ def capacity(
             res.rows.write_parquet(tmp)
     capacity_page(records, res.probe_records(), f"Capacity: {base.name}", notes).write(out_dir / "capacity.html")
     header, rows = capacity_table(records)
+    from rich.table import Table
+
     t = Table(title=f"capacity {base.name}: SLO {slo}")
     for h in header:
         t.add_column(h, justify="left" if h == "configuration" else "right")

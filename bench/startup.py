@@ -1,0 +1,67 @@
+"""Start-up: CPU time of fresh processes that do (almost) nothing but start (issue 14).
+
+Rows: a bare interpreter (`python -c pass`: the floor this machine's site-packages set),
+`simsrv --version`, and `simsrv run` on a 10-request synthetic scenario (start-up, a few
+steps, writing the run directory). CPU is user + system time of the child (``os.wait4``); the
+fastest of REPEAT runs is kept (CPU time is less disturbed than wall time on a shared machine,
+but not immune). ``--against DIR`` measures another checkout too, alternating runs, for A/B.
+Usage: python bench/startup.py [--repeat 7] [--against /path/to/other/checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = """name: tiny
+seed: 0
+model: llama-3-8b
+hardware: {gpu: h100-sxm}
+workload:
+  synthetic:
+    num_requests: 10
+    request_rate: 4.0
+    input_tokens: {dist: fixed, value: 100}
+    output_tokens: {dist: fixed, value: 20}
+"""
+
+
+def cpu_s(args: list[str], checkout: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    proc = subprocess.Popen([sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{args}: {proc.stderr.read().decode()}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--against", type=Path, help="another checkout to measure alternately (A/B)")
+    a = ap.parse_args()
+    checkouts = [ROOT] + ([a.against.resolve()] if a.against else [])
+    with tempfile.TemporaryDirectory() as d:
+        sc = Path(d) / "tiny.yaml"
+        sc.write_text(TINY)
+        cases = (("python -c pass", ["-c", "pass"]),
+                 ("simsrv --version", ["-m", "sim", "--version"]),
+                 ("simsrv run (10 requests)", ["-m", "sim", "run", str(sc), "--out", str(Path(d) / "run"), "--force", "-q"]))
+        print("| process | " + " | ".join(f"CPU s ({c.name})" for c in checkouts) + " |")
+        print("|---|" + "---|" * len(checkouts))
+        for name, args in cases:
+            best = [min(cpu_s(args, c) for _ in range(1)) for c in checkouts]
+            for _ in range(a.repeat - 1):
+                best = [min(b, cpu_s(args, c)) for b, c in zip(best, checkouts)]
+            print(f"| `{name}` | " + " | ".join(f"{b:.3f}" for b in best) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
