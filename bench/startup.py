@@ -5,6 +5,9 @@ Rows: a bare interpreter (`python -c pass`: the floor this machine's site-packag
 steps, writing the run directory). CPU is user + system time of the child (``os.wait4``); the
 fastest of REPEAT runs is kept (CPU time is less disturbed than wall time on a shared machine,
 but not immune). ``--against DIR`` measures another checkout too, alternating runs, for A/B.
+Bytecode caching is on, as an installed package has it (``PYTHONDONTWRITEBYTECODE`` is
+dropped and the ``.pyc`` files go to a temporary ``PYTHONPYCACHEPREFIX``; one warm-up run per
+case fills it): without it every process compiles simsrv's modules from source again.
 Usage: python bench/startup.py [--repeat 7] [--against /path/to/other/checkout]
 """
 
@@ -32,8 +35,9 @@ workload:
 """
 
 
-def cpu_s(args: list[str], checkout: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=str(checkout), PYTHONPYCACHEPREFIX=str(pycache / checkout.name))
     proc = subprocess.Popen([sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
@@ -57,9 +61,11 @@ def main() -> None:
         print("| process | " + " | ".join(f"CPU s ({c.name})" for c in checkouts) + " |")
         print("|---|" + "---|" * len(checkouts))
         for name, args in cases:
-            best = [min(cpu_s(args, c) for _ in range(1)) for c in checkouts]
+            for c in checkouts:  # warm-up: bytecode written
+                cpu_s(args, c, Path(d))
+            best = [cpu_s(args, c, Path(d)) for c in checkouts]
             for _ in range(a.repeat - 1):
-                best = [min(b, cpu_s(args, c)) for b, c in zip(best, checkouts)]
+                best = [min(b, cpu_s(args, c, Path(d))) for b, c in zip(best, checkouts)]
             print(f"| `{name}` | " + " | ".join(f"{b:.3f}" for b in best) + " |", flush=True)
 
 
