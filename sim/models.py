@@ -13,9 +13,9 @@ from importlib import resources
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.yamlfile import load_shipped_yaml
 from sim.hf_config import from_config
 from sim.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: the catalogue's type)
+from sim.yamlfile import load_shipped_yaml
 
 
 @lru_cache(maxsize=1)
