@@ -95,25 +95,27 @@ class RunLengthSamples:
 
 
 class _Sorted:
-    """A piece set's low and high ends sorted once (shared by every rank's first pass)."""
+    """A piece set's low and high ends sorted once, with their running weights (shared by
+    every rank's first pass; the ends themselves are recomputed there, not kept)."""
 
     def __init__(self, p: RunLengthSamples):
-        self.lo, self.hi = p._ends()
-        self.w = p._weights()
-        self.lo_order, self.lo_cum = _cum_order(self.lo, self.w)
-        self.hi_order, self.hi_cum = _cum_order(self.hi, self.w)
+        lo, hi = p._ends()
+        w = p._weights()
+        self.lo_sorted, self.lo_cum = _cum_order(lo, w)
+        del lo
+        self.hi_sorted, self.hi_cum = _cum_order(hi, w)
 
 
 def _cum_order(keys: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Order by key (negative weights first among equal keys) and the running maximum of the
-    cumulative weight in that order."""
+    """The keys sorted (negative weights first among equal keys) and the running maximum of
+    the cumulative weight in that order."""
     order = np.lexsort((w, keys)) if (w < 0).any() else np.argsort(keys, kind="stable")
-    return order, np.maximum.accumulate(np.cumsum(w[order]))
+    return keys[order], np.maximum.accumulate(np.cumsum(w[order]))
 
 
-def _first_reaching(keys, order, cum, target: int) -> float:
+def _first_reaching(sorted_keys, cum, target: int) -> float:
     """The key at which the cumulative weight (in key order) first reaches ``target``."""
-    return float(keys[order[np.searchsorted(cum, target)]])
+    return float(sorted_keys[np.searchsorted(cum, target)])
 
 
 # A piece set with at most this many values (beyond one per piece) is expanded and sorted.
@@ -129,16 +131,15 @@ def _select(p: RunLengthSamples, ranks: list[int], pre: _Sorted | None) -> dict[
     below = 0
     r_a, r_b = ranks[0], ranks[-1]
     while True:
+        lo, hi = p._ends()
+        w = p._weights()
         if pre is not None:
-            lo, hi, w = pre.lo, pre.hi, pre.w
-            x_lo = _first_reaching(lo, pre.lo_order, pre.lo_cum, r_a - below + 1)
-            x_hi = _first_reaching(hi, pre.hi_order, pre.hi_cum, r_b - below + 1)
+            x_lo = _first_reaching(pre.lo_sorted, pre.lo_cum, r_a - below + 1)
+            x_hi = _first_reaching(pre.hi_sorted, pre.hi_cum, r_b - below + 1)
             pre = None
         else:
-            lo, hi = p._ends()
-            w = p._weights()
-            x_lo = _first_reaching(lo, *_cum_order(lo, w), r_a - below + 1)
-            x_hi = _first_reaching(hi, *_cum_order(hi, w), r_b - below + 1)
+            x_lo = _first_reaching(*_cum_order(lo, w), r_a - below + 1)
+            x_hi = _first_reaching(*_cum_order(hi, w), r_b - below + 1)
         under = hi < x_lo
         below += int(w[under].sum())
         keep = ~under & (lo <= x_hi)
@@ -174,8 +175,8 @@ def _expanded_select(p: RunLengthSamples, varying: np.ndarray, local: list[int],
     j = np.where(varying[idx], j, p.j0[idx])
     vals = p.first_s[idx] + p.span_s[idx] * j
     w = np.where(varying[idx], p.count[idx], p.count[idx] * length[idx])
-    order, cum = _cum_order(vals, w)
-    return {r: float(vals[order[np.searchsorted(cum, t + 1)]]) for r, t in zip(ranks, local)}
+    sorted_vals, cum = _cum_order(vals, w)
+    return {r: float(sorted_vals[np.searchsorted(cum, t + 1)]) for r, t in zip(ranks, local)}
 
 
 def _percentile(n: int, p: float, at: dict[int, float]) -> float:
