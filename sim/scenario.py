@@ -148,6 +148,10 @@ class Engine(_Strict):
     # TensorRT-LLM's capacity scheduler policy: max_utilization = KV on demand, preempt when short
     # (vLLM); guaranteed_no_evict = admit only requests whose whole length fits (TRT-LLM default)
     capacity_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
+    # whose admission and retraction rules (sim/policies/admission.py): vllm = KV blocks needed now,
+    # preempt the last admitted when short; sglang = SGLang 0.3's new_token_ratio admission and
+    # retract_decode
+    admission: Literal["vllm", "sglang"] = "vllm"
     step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)
@@ -388,6 +392,11 @@ class Scenario(_Strict):
         if e.capacity_scheduler_policy != "max_utilization" and e.policy not in ("continuous", "chunked"):
             raise ValueError(f"engine.capacity_scheduler_policy: {e.capacity_scheduler_policy} applies to policies "
                              f"continuous and chunked, not {e.policy}")
+        if e.admission != "vllm" and (e.policy not in ("continuous", "chunked")
+                                      or e.capacity_scheduler_policy != "max_utilization"):
+            raise ValueError(f"engine.admission: {e.admission} applies to policies continuous and chunked "
+                             f"with capacity_scheduler_policy max_utilization, not {e.policy} / "
+                             f"{e.capacity_scheduler_policy}")
         if e.separate_prefill_steps and e.policy != "continuous":
             raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
                              f"not {e.policy}")

@@ -94,6 +94,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         num_scheduler_steps=e.num_scheduler_steps,
         separate_prefill_steps=e.separate_prefill_steps,
         capacity_scheduler_policy=e.capacity_scheduler_policy,
+        admission=e.admission,
     )
     c = s.cluster
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sim.core.batch import Batch
 from sim.core.kv import KVBlockManager
+from sim.policies.admission import make_admission
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
 
@@ -46,6 +47,8 @@ class EngineLimits:
     # short: vLLM) | guaranteed_no_evict (admit only what can finish: TRT-LLM's default)
     capacity_scheduler_policy: str = "max_utilization"
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
+    # which engine's admission and retraction rules (sim/policies/admission.py): vllm | sglang
+    admission: str = "vllm"
 
 
 @dataclass(slots=True)
@@ -131,6 +134,7 @@ class Scheduler:
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
         self.reserved_blocks = 0  # guaranteed_no_evict: KV blocks the running requests may grow to
         self._pending_pause: list[list] = []  # separate prefill steps: [extra seconds, sequences]
+        self.admission = make_admission(limits.admission, kv.prefix_caching)
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -184,6 +188,8 @@ class Scheduler:
             if len(self.prefilling) > len(plan.chunks):
                 in_step = {req.request_id for req, _ in plan.chunks}
                 plan.prompts_skipped = [r for r in self.prefilling.values() if r.request_id not in in_step]
+            if plan.idle:
+                self.admission.on_idle()  # sglang: an idle round resets new_token_ratio
             return plan
 
     def plan_step(self, now: float) -> StepPlan:
@@ -207,6 +213,7 @@ class Scheduler:
             self._fill_prefills(plan, budget, now)
             if plan.chunks:
                 return plan
+        self.admission.before_decode(self, plan, now)  # sglang: retract_decode when KV is short
         fast = self._running_without_conflict(budget)
         if fast is None:
             budget = self._schedule_running(plan, budget, now)
@@ -342,6 +349,7 @@ class Scheduler:
         fit stops the loop (first come first served on memory)."""
         waiting, limits = self.waiting, self.limits
         skipped: list[Request] = []
+        self.admission.start_round(self)
         while waiting and budget > 0 and len(self.running) < limits.max_num_seqs:
             req = waiting[0]
             if req.kv_ready:
@@ -400,6 +408,9 @@ class Scheduler:
         if no_evict and self.reserved_blocks + self._full_blocks(req) > kv.num_blocks:
             plan.kv_blocked = True
             return 0
+        if not self.admission.admits(self, req):
+            plan.kv_blocked = True
+            return 0
         hits, own = kv.lookup(req)
         start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
@@ -416,6 +427,7 @@ class Scheduler:
             req.prefix_hit_tokens += start
         req.num_computed = start
         kv.cache(req, start + n)
+        self.admission.on_admit(req)
         self._admit(req, plan, n, now)
         return n
 
@@ -476,6 +488,7 @@ class Scheduler:
                 blocks = ds.blocks_needed(k)
                 kv.release_blocks(plan.decode_blocks - blocks)
             self.tokens_emitted += ds.num_seqs * k
+            self.admission.on_decode_steps(k)
             if plan.block:
                 self._release_burst(now)
             for req in ds.advance(k, blocks):
