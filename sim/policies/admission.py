@@ -73,6 +73,11 @@ class SGLangAdmission(VLLMAdmission):
     NOTE: tp_worker skips the prefill check after a decode step in which nothing finished
     (do_not_get_new_batch) unless requests arrived; here the check runs at every scheduling
     round, which differs only while the ratio decays between two finishes.
+    NOTE: SGLang cuts the prompt that overflows chunked_prefill_size into a chunk finished in
+    the next prefill batch (its output tokens reserved only then); policy continuous instead
+    leaves it for a later batch and takes the next prompts that fit.
+    The ratio starts at 0.7: ModelTpServer sets it to 0.1, but every idle forward_step before
+    the first request resets it to init_new_token_ratio.
     """
 
     name = "sglang"
