@@ -53,6 +53,10 @@ def _check(w, reqs, rec, scheds, capacity):
     steps = rec.step_columns()
     for s, cap in zip(scheds, capacity):
         assert s.kv.peak_used <= cap and s.kv.num_used == 0
+        # the KV manager counted every block and gave each back: none left in a table, in the
+        # decode set's aggregate, in host memory or held for a handoff
+        assert s.kv.decode_blocks == 0 and s.kv.num_held == 0 and not s.kv._host_blocks
+        assert all(not t.num_blocks and not t.held for t in s.kv.tables.values())
         # the free queue holds every block again, cached ones among them
         assert sum(e.count for e in s.kv._queue) == s.kv.num_free == cap and s.kv.num_cached <= cap
     assert (steps["kv_blocks_used"] <= max(capacity)).all()
@@ -109,7 +113,7 @@ def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching,
     reqs, rec = simulate(w, topology=topo)
     _check(w, reqs, rec, [*prefill, *decode], [pblocks] * np_ + [dblocks] * nd)
     for s in prefill:
-        assert s.held_blocks == 0
+        assert s.kv.num_held == 0
     for r in reqs:
         if r.status == "completed" and (r.output_tokens > 1 or on_decode) and layers == 1:
             isolated_s = r.prompt_tokens * 1000.0 / (bw * min(1.0, ingress)) + 1e-4
@@ -125,13 +129,14 @@ def test_disaggregated_invariants(w, pblocks, dblocks, bs, np_, nd, bw, caching,
        seqs=st.lists(st.tuples(st.integers(1, 200), st.integers(1, 8)), min_size=1, max_size=25),
        k=st.integers(0, 80), free=st.integers(0, 200))
 def test_decode_set_block_lookahead_matches_brute_force(bs, steps0, seqs, k, free):
-    ds = DecodeSet(bs)
+    kv = KVBlockManager(10**6, bs)
+    ds = DecodeSet(kv)
     ds.steps = steps0
     ns = []
     for i, (p, g) in enumerate(seqs):
         r = Request(i, 0.0, p, 10_000)
         r.num_generated = g
-        r.num_blocks = -(-(p + g - 1) // bs)
+        assert kv.allocate(r, p + g - 1)
         ds.add(r)
         ns.append(p + g - 1)
 

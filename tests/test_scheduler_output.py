@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.core.kv import KVBlockManager
+from sim.core.kv import KVBlockManager, KVGroups
 from sim.core.request import Request
 from sim.core.ttft import TTFTAccounting
 from sim.policies.base import EngineLimits, StepPlan
 from sim.policies.chunked import ChunkedScheduler
+from sim.policies.continuous import ContinuousScheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,8 +78,42 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+@pytest.mark.parametrize("policy, limits, groups", [
+    (ChunkedScheduler, dict(max_num_batched_tokens=24, max_run_steps=3), KVGroups()),
+    (ChunkedScheduler, dict(max_num_batched_tokens=24, max_run_steps=3, preemption_mode="swap"), KVGroups()),
+    # a full-attention group and a sliding one, window 8 tokens (3 blocks of 4)
+    (ChunkedScheduler, dict(max_num_batched_tokens=24, max_run_steps=3), KVGroups(1, 1, 3, 8)),
+    (ContinuousScheduler, dict(max_num_batched_tokens=64, num_scheduler_steps=4), KVGroups()),
+])
+def test_every_used_block_is_counted_once_by_the_kv_manager(policy, limits, groups):
+    # no prefix caching: used blocks are exactly those held, by a table, the decode set, or none
+    kv = KVBlockManager(40, 4, groups=groups)
+    s = policy(EngineLimits(**limits), kv)
+    for i in range(6):
+        s.add_request(Request(i, 0.0, 10 + 7 * i, 30 + 5 * i), 0.0)
+
+    def counted():
+        return kv.decode_blocks + sum(t.num_blocks for t in kv.tables.values())
+
+    now, preempted, decoding, done = 0.0, 0, 0, 0
+    while not (plan := s.schedule(now)).idle:
+        preempted += len(plan.preempted)
+        decoding = max(decoding, kv.decode_blocks)
+        assert counted() == kv.num_used
+        if plan.swap_blocks:  # swapped-out blocks are the KV manager's host copies
+            assert kv._host_blocks or any(r.num_preemptions for r in plan.kv_ready)
+        now += 0.01
+        done += len(s.on_step_done(plan, now))
+        assert counted() == kv.num_used
+    assert preempted and decoding and done == 6
+    assert (s.num_swaps > 0) == (limits.get("preemption_mode") == "swap")
+    assert kv.num_used == kv.decode_blocks == 0 and not kv._host_blocks
+
+
 def test_policies_do_not_do_the_accounting():
     for path in sorted((ROOT / "sim" / "policies").glob("*.py")):
         bad = {m for m in _imports(path) if m == "sim.core.ttft" or m.startswith(("sim.engine", "sim.analysis"))}
         assert not bad, f"{path.name} imports {bad}"
     assert not {"wait_mark_batch_s", "wait_mark_kv_s", "preempt_start_s"} & set(Request.__slots__)  # the accounting's
+    # block counts are the KV manager's, not the request's
+    assert not {"num_blocks", "swapped_blocks", "handoff_blocks"} & set(Request.__slots__)

@@ -73,9 +73,9 @@ def test_block_manager_charges_the_window_only():
     kv = KVBlockManager(10_000, 16, groups=KVGroups(1, 1, 9, 128))  # gpt-oss: window 128
     r = Request(0, 0.0, 1000, 10)
     assert kv.allocate(r, 1000)  # KV that exists whole: the window's 9 blocks
-    assert r.num_blocks == kv.num_used == 63 + 9
+    assert kv.blocks_held(r) == kv.num_used == 63 + 9
     assert kv.allocate(r, 1600)
-    assert r.num_blocks == kv.num_used == 100 + 9
+    assert kv.blocks_held(r) == kv.num_used == 100 + 9
     kv.free(r)
     assert kv.num_used == 0
 
@@ -86,12 +86,12 @@ def test_a_long_chunk_holds_its_blocks_until_the_window_moves_on():
     kv = KVBlockManager(10_000, 16, groups=KVGroups(1, 1, 9, 128))
     r = Request(0, 0.0, 4096, 10)
     assert kv.allocate(r, 2048, computed=0)          # first chunk: tokens 0 .. 2047
-    assert r.num_blocks == 128 + 128
+    assert kv.blocks_held(r) == 128 + 128
     r.num_computed = 2048
     assert kv.allocate(r, 4096, computed=2048)       # blocks before token 1921 (120 of them) freed
-    assert r.num_blocks == kv.num_used == 256 + (256 - 1921 // 16)
+    assert kv.blocks_held(r) == kv.num_used == 256 + (256 - 1921 // 16)
     kv.trim(r, kv.blocks_for(4096))                  # joining decode: the window's 9 remain
-    assert r.num_blocks == kv.num_used == 256 + 9
+    assert kv.blocks_held(r) == kv.num_used == 256 + 9
 
 
 @settings(max_examples=200, deadline=None)
@@ -101,15 +101,18 @@ def test_a_long_chunk_holds_its_blocks_until_the_window_moves_on():
        ks=st.lists(st.integers(0, 60), min_size=1, max_size=4), free=st.integers(0, 300))
 def test_decode_set_look_ahead_with_sliding_groups_matches_brute_force(bs, groups, steps0, seqs, ks, free):
     g = KVGroups(*groups)
-    ds = DecodeSet(bs, g)
+    kv = KVBlockManager(10**7, bs, groups=g)
+    ds = DecodeSet(kv)
     ds.steps = steps0
     ns = []
     for i, (p, gen, hit) in enumerate(seqs):
         r = Request(i, 0.0, p, 10_000)
         r.num_generated = gen
         r.kv_hit_blocks = min(hit, (p - 1) // bs)  # a prefix-cache hit never covers the last token
-        r.num_blocks = g.blocks(p + gen - 1, bs, shared=r.kv_hit_blocks)
+        assert kv.allocate(r, p + gen - 1)
+        assert kv.blocks_held(r) == g.blocks(p + gen - 1, bs, shared=r.kv_hit_blocks)
         ds.add(r)
+        assert kv.blocks_held(r) == 0  # the decode set's blocks are counted together
         ns.append((p + gen - 1, r.kv_hit_blocks))
     done = 0  # steps advanced so far
 
@@ -124,9 +127,10 @@ def test_decode_set_look_ahead_with_sliding_groups_matches_brute_force(bs, group
         km = ds.max_steps_within(free)
         if km < change:
             assert brute(km) <= free < brute(km + 1)
-        assert ds.advance(k, brute(k)) == []
+        kv.allocate_blocks(brute(k))
+        assert ds.advance(k) == []
         done += k
-    assert ds.num_blocks == sum(g.blocks(n + done, bs, shared=h) for n, h in ns)
+    assert kv.decode_blocks == kv.num_used == sum(g.blocks(n + done, bs, shared=h) for n, h in ns)
 
 
 @pytest.mark.parametrize("model", ["gemma-2-9b", "gpt-oss-20b", "mistral-7b-v0.1-window", "gemma-3-1b"])

@@ -149,7 +149,7 @@ def summarize(result) -> dict:
         # by the prefill side
         "simsrv_kv_backpressure_requests": int((rq["decode_rounds_waited"] > 0).sum()),
         "simsrv_mean_decode_wait_ms": _mean_ms(rq["decode_wait_s"].to_numpy()),
-        "simsrv_peak_prefill_held_blocks": max((getattr(x, "peak_held_blocks", 0) for x in result.schedulers), default=0),
+        "simsrv_peak_prefill_held_blocks": max((x.kv.peak_held for x in result.schedulers), default=0),
         "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
         "simsrv_num_step_rows": len(steps["num_steps"]),
         "simsrv_cost_model": _cost_models(result),

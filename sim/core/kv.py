@@ -18,6 +18,13 @@ queue, evicted tail first, as V1's reversed free order does block by block.
 NOTE: blocks filled while a request is in the aggregate decode set are published when it leaves
 the set (finish, preemption); V1 publishes each as it fills. Only a request that looks up
 another's generated tokens while they are still being generated would see the difference.
+
+This manager is the one owner of block counts (as V1's KVCacheManager owns the block tables):
+a request's table counts its blocks, except while it decodes in the aggregate decode set
+(policies/decode_set.py), whose blocks are counted together in ``decode_blocks`` (a sequence
+gains one token per step, so a step costs the same however many tokens were generated);
+blocks copied to host memory by a swap, and blocks held for a request that left the schedule
+until its KV has been sent elsewhere, are counted here too. Requests carry no block counts.
 """
 
 from __future__ import annotations
@@ -129,13 +136,16 @@ class Run:
 
 class Table:
     """One request's block table: the shared-prefix blocks it references, then
-    ``num_own_cached`` cached blocks of its own, then uncached ones (``Request.num_blocks`` in
-    all). ``freed`` is its run of own cached blocks left in the free queue after a free."""
+    ``num_own_cached`` cached blocks of its own, then uncached ones (``num_blocks`` in all; 0
+    while the request is in the decode set, whose blocks ``decode_blocks`` counts). ``freed``
+    is its run of own cached blocks left in the free queue after a free."""
 
-    __slots__ = ("request_id", "shared", "num_own_cached", "freed")
+    __slots__ = ("request_id", "num_blocks", "held", "shared", "num_own_cached", "freed")
 
     def __init__(self, request_id: int) -> None:
         self.request_id = request_id
+        self.num_blocks = 0
+        self.held = False  # the request left the schedule; its blocks stay until ``free``
         self.shared: list[Block] = []
         self.num_own_cached = 0
         self.freed: Run | None = None
@@ -159,6 +169,10 @@ class KVBlockManager:
         self._queue: OrderedDict = OrderedDict({Run(num_blocks): None})  # free queue, head first
         self._cached: dict = {}      # key -> blocks holding it (V1 keeps duplicates), first used
         self.tables: dict[int, Table] = {}  # request id -> block table
+        self.decode_blocks = 0       # blocks of the requests in the aggregate decode set
+        self._host_blocks: dict[int, int] = {}  # request id -> blocks swapped out to host memory
+        self.num_held = 0            # blocks of held requests (``hold``), and their peak
+        self.peak_held = 0
         self.num_evicted = 0
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
@@ -175,6 +189,11 @@ class KVBlockManager:
         if self.groups.plain:
             return -(-num_tokens // self.block_size)
         return self.groups.blocks(num_tokens, self.block_size, computed, req.kv_hit_blocks)
+
+    def blocks_held(self, req: Request) -> int:
+        """Blocks ``req`` holds here (0 while it is in the decode set: see ``decode_blocks``)."""
+        t = self.tables.get(req.request_id)
+        return t.num_blocks if t is not None else 0
 
     @property
     def num_used(self) -> int:
@@ -219,7 +238,7 @@ class KVBlockManager:
                 owner = entry.owner
                 if owner is not None:
                     owner.freed = None
-                    if not owner.shared and not owner.num_own_cached:
+                    if not owner.shared and not owner.num_own_cached and not owner.num_blocks:
                         self.tables.pop(owner.request_id, None)  # nothing left to remember
         used = self.num_blocks - self.num_free
         if used > self.peak_used:
@@ -237,15 +256,52 @@ class KVBlockManager:
     def allocate_blocks(self, n: int) -> None:
         """Take ``n`` blocks for the aggregate decode set (the caller checked they are free)."""
         self._take(n)
+        self.decode_blocks += n
 
     def release_blocks(self, n: int) -> None:
         """Give back blocks taken but not used (a decode run cut short) to the queue's head.
         NOTE: V1 would not have popped them; the cached blocks they evicted stay evicted."""
         if n:
+            self.decode_blocks -= n
             self.num_free += n
             run = Run(n)
             self._queue[run] = None
             self._queue.move_to_end(run, last=False)
+
+    # -- the decode set's blocks, host copies, held blocks -----------------------------------------
+    def to_decode(self, req: Request) -> None:
+        """``req`` joins the aggregate decode set: its blocks are counted with the set's."""
+        t = self.tables.get(req.request_id)
+        if t is not None:
+            self.decode_blocks += t.num_blocks
+            t.num_blocks = 0
+
+    def from_decode(self, req: Request, num_tokens: int) -> None:
+        """``req`` leaves the decode set with ``num_tokens`` tokens of KV: its blocks (every
+        group's, ``KVGroups.blocks``) are its own again."""
+        n = self.groups.blocks(num_tokens, self.block_size, shared=req.kv_hit_blocks)
+        self.decode_blocks -= n
+        self.table(req).num_blocks = n
+
+    def swap_out(self, req: Request) -> int:
+        """Copy ``req``'s blocks to host memory (the caller then frees them here); their count."""
+        n = self.blocks_held(req)
+        self._host_blocks[req.request_id] = n
+        return n
+
+    def swap_in(self, req: Request) -> int:
+        """Blocks of ``req`` to copy back from host memory (0: none there); the caller allocates them."""
+        return self._host_blocks.pop(req.request_id, 0)
+
+    def hold(self, req: Request) -> None:
+        """``req`` is done here but its blocks stay until ``free``: a prefill replica keeps a
+        request's KV until the decode side has it (vLLM's KV connector delays freeing the blocks
+        of a request whose KV is being sent: ``request_finished`` -> ``delay_free_blocks``)."""
+        t = self.table(req)
+        t.held = True
+        self.num_held += t.num_blocks
+        if self.num_held > self.peak_held:
+            self.peak_held = self.num_held
 
     # -- requests -------------------------------------------------------------------------------
     def lookup(self, req: Request) -> tuple[list[Block], int]:
@@ -281,16 +337,19 @@ class KVBlockManager:
         groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
         shared = num_hit if num_hit else req.kv_hit_blocks
-        new = self.blocks_for(num_tokens, computed, shared) - req.num_blocks - num_hit
+        t = self.tables.get(req.request_id)
+        held = t.num_blocks if t is not None else 0
+        new = self.blocks_for(num_tokens, computed, shared) - held - num_hit
         if new < 0:  # a sliding window moved past blocks of an earlier chunk: freed first
-            self.trim(req, req.num_blocks + new)
+            self.trim(req, held + new)
             new = 0
         evictable = own_hits + sum(1 for b in hits if b.ref == 0)
         if max(new, 0) + evictable > self.num_free:
             return False
+        if t is None:
+            t = self.tables[req.request_id] = Table(req.request_id)
         if num_hit:
             req.kv_hit_blocks = num_hit
-            t = self.table(req)
             q = self._queue
             for b in hits:
                 if b.ref == 0:
@@ -307,9 +366,9 @@ class KVBlockManager:
                 run.owner = None  # the rest (the tail) is recomputed: nothing left to hit there
                 t.freed = None
                 t.num_own_cached = own_hits
-            req.num_blocks += num_hit
+            t.num_blocks += num_hit
         if new > 0:
-            req.num_blocks += new
+            t.num_blocks += new
             self._take(new)
         elif num_hit:
             used = self.num_blocks - self.num_free
@@ -320,9 +379,10 @@ class KVBlockManager:
     def trim(self, req: Request, num_blocks: int) -> None:
         """Give back ``req``'s blocks beyond ``num_blocks``: sliding-window blocks a long chunk
         held that left the window (uncached ones, to the queue's tail)."""
-        k = req.num_blocks - num_blocks
+        t = self.tables.get(req.request_id)
+        k = t.num_blocks - num_blocks if t is not None else 0
         if k > 0:
-            req.num_blocks = num_blocks
+            t.num_blocks = num_blocks
             self.num_free += k
             self._append_plain(k)
 
@@ -355,12 +415,12 @@ class KVBlockManager:
         req.kv_hit_blocks = 0
         t = self.tables.pop(req.request_id, None)
         if t is None:
-            if req.num_blocks:
-                self.num_free += req.num_blocks
-                self._append_plain(req.num_blocks)
-            req.num_blocks = 0
             return
-        plain = req.num_blocks - len(t.shared) - t.num_own_cached
+        plain = t.num_blocks - len(t.shared) - t.num_own_cached
+        if t.held:
+            self.num_held -= t.num_blocks
+            t.held = False
+        t.num_blocks = 0
         freed = plain
         if plain:
             self._append_plain(plain)
@@ -382,7 +442,6 @@ class KVBlockManager:
                 freed += 1
         t.shared = []
         self.num_free += freed
-        req.num_blocks = 0
 
     def forget(self, req: Request) -> None:
         """The request is done here for good: its own freed blocks can never be hit."""

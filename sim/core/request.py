@@ -1,7 +1,10 @@
 """A request's simulated life: arrival, admission, prefill progress, tokens, finish.
 
 Why: policies and the cluster mutate these fields in place; metrics read them once at the
-end. ``__slots__`` keeps 10^5-10^7 live requests small.
+end. ``__slots__`` keeps 10^5-10^7 live requests small. State with an owner elsewhere is not
+here: KV blocks (block tables, the decode set's blocks, swapped and held blocks) belong to the
+replica's KV manager (sim/core/kv.py), the TTFT clocks' working state to the TTFT accounting
+(sim/core/ttft.py); what remains is grouped by concern below.
 """
 
 from __future__ import annotations
@@ -15,60 +18,64 @@ class Request:
     """One request. Times are simulated seconds; ``nan`` means "not yet"."""
 
     __slots__ = (
+        # what was asked
         "request_id", "arrival_s", "prompt_tokens", "output_tokens",
-        "num_generated", "num_computed", "prefill_target", "num_blocks",
-        "first_scheduled_s", "first_token_s", "finish_s", "last_token_s",
-        "num_preemptions", "replica", "status", "fail_reason",
-        "g_join", "step_join", "phase", "epoch", "in_decode",
-        "kv_ready", "swapped_blocks", "handoff_blocks", "transfer_start_s", "transfer_end_s",
-        "hash_ids", "hash_block_size", "prefix_keys",
-        "prefix_hit_tokens", "kv_hit_blocks",
+        # lifecycle (the scheduler's)
+        "status", "fail_reason", "replica", "num_preemptions",
+        "num_generated", "num_computed", "prefill_target", "kv_ready",
+        "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
+        # decode-set bookkeeping (policies/decode_set.py)
+        "in_decode", "g_join", "step_join", "phase", "epoch",
+        # disaggregation: the KV's trip from a prefill replica to a decode replica
+        "transfer_start_s", "transfer_end_s", "decode_wait_s", "decode_rounds_waited",
+        # prefix caching: the content's block hashes (sim/core/kv.py reads them)
+        "hash_ids", "hash_block_size", "prefix_keys", "prefix_hit_tokens", "kv_hit_blocks",
+        # TTFT decomposition, written by sim/core/ttft.py: parts adding up to first_token_s - arrival_s
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
         "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
-        "decode_wait_s", "decode_rounds_waited",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
+        # what was asked
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.num_generated = 0      # tokens emitted (stale while in the decode set)
-        self.num_computed = 0       # tokens whose KV is computed, during (re)prefill
-        self.prefill_target = prompt_tokens  # prompt + tokens generated before a recompute
-        self.num_blocks = 0         # KV blocks held (stale while in the decode set)
-        self.first_scheduled_s = NAN
-        self.first_token_s = NAN
-        self.finish_s = NAN
-        self.last_token_s = NAN
-        self.num_preemptions = 0
-        self.replica = -1
+        # lifecycle
         self.status = "waiting"     # waiting | running | completed | failed
         self.fail_reason = ""
-        # decode-set bookkeeping (see policies/decode_set.py)
+        self.replica = -1
+        self.num_preemptions = 0
+        self.num_generated = 0      # tokens emitted (stale while in the decode set: see DecodeSet)
+        self.num_computed = 0       # tokens whose KV is computed, during (re)prefill
+        self.prefill_target = prompt_tokens  # prompt + tokens generated before a recompute
+        # KV computed elsewhere (host memory after a swap, or a prefill replica): admitted
+        # straight into the decode set once blocks are free
+        self.kv_ready = False
+        self.first_scheduled_s = NAN
+        self.first_token_s = NAN
+        self.last_token_s = NAN
+        self.finish_s = NAN
+        # decode-set bookkeeping: tokens and step count when it joined, KV-block phase, heap epoch
+        self.in_decode = False
         self.g_join = 0
         self.step_join = 0
         self.phase = 0
         self.epoch = 0
-        self.in_decode = False
-        # KV computed elsewhere (host memory after a swap, or a prefill replica): admitted
-        # straight into the decode set once blocks are free
-        self.kv_ready = False
-        self.swapped_blocks = 0
-        self.handoff_blocks = 0     # KV blocks held on the prefill replica until decode admits
+        # disaggregation
         self.transfer_start_s = NAN
         self.transfer_end_s = NAN
-        self.decode_wait_s = NAN    # from KV arrival to decode admission (disaggregated)
+        self.decode_wait_s = NAN    # from KV arrival to decode admission
         self.decode_rounds_waited = 0  # decode scheduling rounds that could not admit it
-        # prefix caching (see kv.py, whose KVBlockManager owns the block tables): block-hash
-        # ids of the prompt (and, for multi-turn sessions, of the answer), their cache keys
+        # prefix caching: block-hash ids of the prompt (and, for multi-turn sessions, of the
+        # answer), their cache keys (memoised by kv.prefix_keys), the prompt tokens found cached
         self.hash_ids = None
         self.hash_block_size = 16
         self.prefix_keys = None
         self.prefix_hit_tokens = 0
         self.kv_hit_blocks = 0      # prefix-cache blocks its current allocation started with
-        # TTFT decomposition, written by sim/core/ttft.py (whose TTFTAccounting keeps its working
-        # state: wait marks, preemption starts): parts that add up to first_token_s - arrival_s
+        # TTFT decomposition (sim/core/ttft.py's TTFTAccounting keeps the working state: wait
+        # marks, preemption starts)
         self.ttft_wait_batch_s = 0.0
         self.ttft_wait_kv_s = 0.0
         self.ttft_prefill_s = 0.0

@@ -122,7 +122,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}     # admission order; the tail is preempted first
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
-        self.decode = DecodeSet(kv.block_size, kv.groups)
+        self.decode = DecodeSet(kv)
         self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
         self.num_swaps = 0
@@ -285,7 +285,7 @@ class Scheduler:
                 break
             chunks.append((req, n))
             left -= n
-            blocks += max(0, kv.blocks_of(req, req.num_computed + n, req.num_computed) - req.num_blocks)
+            blocks += max(0, kv.blocks_of(req, req.num_computed + n, req.num_computed) - kv.blocks_held(req))
         return chunks if blocks <= kv.num_free else None
 
     def _chunk_tokens(self, n: int) -> int:
@@ -316,7 +316,7 @@ class Scheduler:
                 need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.request_id in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = kv.blocks_of(req, req.num_computed + n, req.num_computed) - req.num_blocks
+                need = kv.blocks_of(req, req.num_computed + n, req.num_computed) - kv.blocks_held(req)
             else:
                 i += 1
                 continue
@@ -382,8 +382,7 @@ class Scheduler:
         req.status = "running"
         if req.first_scheduled_s != req.first_scheduled_s:
             req.first_scheduled_s = now
-        self._swap_blocks += req.swapped_blocks
-        req.swapped_blocks = 0
+        self._swap_blocks += kv.swap_in(req)
         self._on_kv_admitted(req, now)
         self.running[req.request_id] = req
         ds.add(req)
@@ -483,15 +482,13 @@ class Scheduler:
             before = ds.num_seqs
         if plan.num_decode_seqs:
             k = plan.num_steps if steps_done is None else steps_done
-            blocks = plan.decode_blocks
             if k < plan.num_steps:
-                blocks = ds.blocks_needed(k)
-                kv.release_blocks(plan.decode_blocks - blocks)
+                kv.release_blocks(plan.decode_blocks - ds.blocks_needed(k))
             self.tokens_emitted += ds.num_seqs * k
             self.admission.on_decode_steps(k)
             if plan.block:
                 self._release_burst(now)
-            for req in ds.advance(k, blocks):
+            for req in ds.advance(k):
                 ds.remove(req)
                 extra = req.num_generated - req.output_tokens  # run past its end in a block
                 if extra > 0:
@@ -570,8 +567,7 @@ class Scheduler:
         else:
             del self.prefilling[req.request_id]
         if swap:
-            req.swapped_blocks = req.num_blocks
-            self._swap_blocks += req.num_blocks
+            self._swap_blocks += self.kv.swap_out(req)
             self.num_swaps += 1
             req.kv_ready = True
         else:

@@ -2,9 +2,11 @@
 
 Why: every running sequence gains one token per step, so a replica-wide step counter
 (``steps``) gives each sequence's progress without touching it: a sequence that joined at
-step s0 with g0 tokens has g0 + (steps - s0) now. Sums (sequences, context tokens, KV blocks),
-a histogram of sequences by KV-block phase and a heap of finish steps make a step, or a run of
-k identical decode steps, cost O(block_size + log n) however long the outputs are.
+step s0 with g0 tokens has g0 + (steps - s0) now. Sums (sequences, context tokens), a
+histogram of sequences by KV-block phase and a heap of finish steps make a step, or a run of
+k identical decode steps, cost O(block_size + log n) however long the outputs are. The set's
+KV blocks are counted by the KV manager (``KVBlockManager.decode_blocks``); the set says how
+many more its next steps take.
 With sliding-window KV groups (``sim.core.kv.KVGroups``) a sequence opening a block takes one
 block per full-attention group, plus one per sliding group until its window is full: a second
 histogram counts the sequences still filling their window, and a heap of the steps at which
@@ -15,16 +17,17 @@ from __future__ import annotations
 
 import heapq
 
-from sim.core.kv import KVGroups
+from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 
 
 class DecodeSet:
     """Sequences past prefill, each producing one token per step."""
 
-    def __init__(self, block_size: int, groups: KVGroups = KVGroups()):
-        self.block_size = block_size
-        self.groups = groups
+    def __init__(self, kv: KVBlockManager):
+        self.kv = kv
+        self.block_size = block_size = kv.block_size
+        self.groups = groups = kv.groups
         self.w_full, self.w_slide = groups.full, groups.sliding  # blocks per opening event
         # a sequence's sliding pages grow with each block opening at a position up to
         # (hit blocks + window_blocks - 1) x block_size (``_slide_last``)
@@ -35,7 +38,6 @@ class DecodeSet:
         self.steps = 0              # decode steps this replica has run
         self.num_seqs = 0
         self.context_tokens = 0     # sum over sequences of computed tokens (KV slots filled)
-        self.num_blocks = 0         # KV blocks held by the set
         # phase_count[q]: sequences whose computed-token count n satisfies
         # n % block_size == (q + steps) % block_size; constant while a sequence stays in the set.
         self.phase_count = [0] * block_size
@@ -51,7 +53,7 @@ class DecodeSet:
         req.in_decode = True
         self.num_seqs += 1
         self.context_tokens += n
-        self.num_blocks += req.num_blocks
+        self.kv.to_decode(req)
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
         heapq.heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
@@ -62,11 +64,12 @@ class DecodeSet:
             heapq.heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
-        """Take ``req`` out (finish or preemption), writing back its tokens and blocks."""
+        """Take ``req`` out (finish, preemption, a step without it), writing back its tokens;
+        its blocks are its own again (the KV manager's table counts them)."""
         g = req.g_join + (self.steps - req.step_join)
         n = req.prompt_tokens + g - 1
         req.num_generated = g
-        req.num_blocks = self.groups.blocks(n, self.block_size, shared=req.kv_hit_blocks)
+        self.kv.from_decode(req, n)
         req.in_decode = False
         if self._filling(req):
             self.num_filling -= 1
@@ -74,7 +77,6 @@ class DecodeSet:
         req.epoch += 1  # invalidates its heap entries
         self.num_seqs -= 1
         self.context_tokens -= n
-        self.num_blocks -= req.num_blocks
         self.phase_count[req.phase] -= 1
 
     def _slide_last(self, req: Request) -> int:
@@ -169,11 +171,10 @@ class DecodeSet:
         return k
 
     # -- progress -----------------------------------------------------------------------------
-    def advance(self, num_steps: int, new_blocks: int) -> list[Request]:
-        """Run ``num_steps`` decode steps (the caller allocated ``new_blocks``); return finishers."""
+    def advance(self, num_steps: int) -> list[Request]:
+        """Run ``num_steps`` decode steps (the caller allocated their blocks); return finishers."""
         self.steps += num_steps
         self.context_tokens += self.num_seqs * num_steps
-        self.num_blocks += new_blocks
         fill = self._fill_heap
         while fill and fill[0][0] <= self.steps:
             _, _, epoch, req = heapq.heappop(fill)

@@ -37,8 +37,6 @@ class PrefillScheduler(ContinuousScheduler):
     def __init__(self, limits, kv):
         super().__init__(limits, kv)
         self.handoffs: list[Request] = []  # drained by the cluster after each step
-        self.held_blocks = 0               # KV blocks kept for requests awaiting decode admission
-        self.peak_held_blocks = 0
 
     def admission_error(self, req: Request) -> str:
         if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
@@ -52,10 +50,7 @@ class PrefillScheduler(ContinuousScheduler):
 
     def _on_prefill_done(self, req: Request, now: float) -> None:
         del self.running[req.request_id]
-        req.handoff_blocks = req.num_blocks  # stays counted in kv.num_used until released
-        self.held_blocks += req.num_blocks
-        self.peak_held_blocks = max(self.peak_held_blocks, self.held_blocks)
-        req.num_blocks = 0
+        self.kv.hold(req)  # its blocks stay in kv.num_used until released
         if self.first_token_on_decode:  # the prefill's token is discarded: decode emits token 1
             req.num_generated = 0
             req.first_token_s = math.nan
@@ -71,13 +66,8 @@ class PrefillScheduler(ContinuousScheduler):
 
     def release_handoff(self, req: Request) -> None:
         """The decode side admitted ``req``: its prefill-side KV (and prefix-cache references)
-        can go; ``req.num_blocks`` meanwhile belongs to the decode side and is kept."""
-        decode_blocks = req.num_blocks
-        req.num_blocks = req.handoff_blocks
-        self.held_blocks -= req.handoff_blocks
-        req.handoff_blocks = 0
+        can go (each replica's KV manager counts only its own blocks of it)."""
         self.kv.free(req)
-        req.num_blocks = decode_blocks
 
 
 class DecodeScheduler(ChunkedScheduler):
@@ -88,19 +78,18 @@ class DecodeScheduler(ChunkedScheduler):
     def __init__(self, limits, kv):
         super().__init__(limits, kv)
         self.on_admitted: Callable[[Request], None] = lambda req: None
+        self._arriving: set[int] = set()  # requests whose KV a prefill replica sent, not yet admitted
 
     def add_transferred(self, req: Request) -> None:
+        self._arriving.add(req.request_id)
         req.kv_ready = True
         req.status = "waiting"
-        req.decode_rounds_waited = -self.num_schedules  # completed at admission
         self.incoming -= 1
         self.waiting.append(req)
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
-        if req.handoff_blocks:
-            req.decode_wait_s = now - req.transfer_end_s
-            # rounds before this one that could not admit it (full batch or KV): backpressure
-            req.decode_rounds_waited += self.num_schedules - 1
+        if req.request_id in self._arriving:  # not a swap-in
+            self._arriving.remove(req.request_id)
             self.on_admitted(req)
 
 
