@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.core.kv import KVGroups
+from sim.core.kv import KVGroups, blocks_for
 from sim.errors import UserError
 from sim.hardware import GPUSpec
 from sim.model_spec import ModelSpec
@@ -67,7 +67,7 @@ def kv_groups(model: ModelSpec, block_size: int) -> tuple[KVGroups, int]:
     s = model.num_sliding_layers if model.sliding_window else 0
     if s == 0:
         return KVGroups(), L
-    window_blocks = -(-(model.sliding_window - 1) // block_size) + 1
+    window_blocks = blocks_for(model.sliding_window - 1, block_size) + 1
     f = L - s
     if f == 0:
         return KVGroups(full=0, sliding=1, window_blocks=window_blocks, window=model.sliding_window), L
@@ -158,7 +158,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
             best = (blocks, block_bytes, w, free, s)
     num_blocks, block_bytes, weights, free, s = best
     if usable is None:
-        usable = weights + best[3] + reserve
+        usable = weights + free + reserve
     if num_blocks < 1:
         stage = f" (pipeline stage {s} of {pp})" if pp > 1 else ""
         if kv_memory_basis == "total":

@@ -8,11 +8,9 @@ memory figures from its memory plan, so they cannot drift from what a run costs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from sim.core.batch import Batch
-from sim.cost.all2all import all2all_layer_bytes
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
 
@@ -90,9 +88,8 @@ def all2all_figures(dep: Deployment, tokens: int) -> dict[str, float | int]:
     if dep.dp <= 1:
         return {"data_parallel_size": 1, "all2all_dispatch_bytes_per_layer_per_gpu": 0,
                 "all2all_combine_bytes_per_layer_per_gpu": 0, "all2all_ms_per_layer": 0.0}
-    cm, m = dep.cost, dep.model
-    di, dx, ci, cx = all2all_layer_bytes(math.ceil(tokens / dep.tp), m.hidden_size, m.num_experts_per_tok, cm.ep,
-                                         cm.links.gpus_per_node, cm.fp8_dispatch, cm.dtype_bytes)
+    cm = dep.cost
+    di, dx, ci, cx = cm.all2all_layer_bytes(tokens)
     return {"data_parallel_size": dep.dp, "all2all_dispatch_bytes_per_layer_per_gpu": di + dx,
             "all2all_combine_bytes_per_layer_per_gpu": ci + cx, "all2all_ms_per_layer": cm.all2all_layer_s(tokens) * 1e3}
 

@@ -7,6 +7,7 @@ docstring.
 
 from __future__ import annotations
 
+from sim.cost.shapes import prefill_pairs
 from sim.model_spec import ModelSpec
 
 
@@ -77,7 +78,7 @@ def windowed_pairs(cm, c: int, x: int) -> float:
     min(p + 1, window) keys (FlashAttention's ``window_size`` skips the rest), elsewhere p + 1
     (Dao 2023). Exact sum of min(t, W) for t = x + 1 .. x + c. NOTE: the chunk's K/V bytes
     are still counted over all cached tokens (prefill attention is compute bound)."""
-    full = c * (x + (c + 1) / 2.0)
+    full = prefill_pairs(c, x)
     if cm._slide is None:
         return full
     frac, w = cm._slide

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-import yaml
-
 from sim.errors import UserError
+from sim.yamlfile import load_shipped_yaml
 
 KV_LOADS = ("per_kv_head", "per_query_head", "per_query_head_8bit_kv")
 
@@ -42,7 +41,7 @@ class AttentionBackend:
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
-    return yaml.safe_load(resources.files("sim.catalog").joinpath("attention_backends.yaml").read_text())
+    return load_shipped_yaml(resources.files("sim.catalog").joinpath("attention_backends.yaml").read_text())
 
 
 def backend_names() -> tuple[str, ...]:

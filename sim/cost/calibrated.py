@@ -122,10 +122,6 @@ class CalibratedOps:
         """At the table's batch of equal work (``HeadTables.pick``: batch x KV heads tiles)."""
         return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
 
-    def decode_eff(self, num_seqs: int, context_per_seq: float) -> tuple[float, bool]:
-        """``Grid2.eff`` of the decode table at this batch size and context (``decode_eff_fn``)."""
-        return self.decode_eff_fn(num_seqs)(context_per_seq)
-
     def decode_eff_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
         """``Grid2.eff`` of the decode table at ``num_seqs`` as a function of the context per
         sequence, in closed form per table cell: between two measured contexts log(efficiency)
@@ -186,14 +182,11 @@ class CalibratedOps:
             b += w * rb
         return a, b, oa
 
-    def decode_combine_s(self, num_seqs: int, context_per_seq: float) -> float:
-        """Per-layer seconds of FA2's split-KV combine kernel, when this decode splits (the
-        calibration's ``split_kv``; 0 otherwise). NOTE: the mean context stands for FA2's
-        max_seqlen_k, which sets the number of KV blocks."""
-        return self.decode_combine_fn(num_seqs)(context_per_seq)
-
     def decode_combine_fn(self, num_seqs: int) -> Callable[[float], float]:
-        """``decode_combine_s`` at ``num_seqs`` as a function of the context per sequence."""
+        """Per-layer seconds of FA2's split-KV combine kernel at ``num_seqs`` decodes, as a function of
+        the context per sequence, when this decode splits (the calibration's ``split_kv``; 0
+        otherwise). NOTE: the mean context stands for FA2's max_seqlen_k, which sets the number of
+        KV blocks."""
         ds = self.decode_split
         if not ds:
             return lambda context_per_seq: 0.0

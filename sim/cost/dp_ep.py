@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from sim.core.batch import Batch
-from sim.cost.all2all import All2AllLinks, all2all_layer_s
+from sim.cost.all2all import All2AllLinks, all2all_layer_bytes, all2all_layer_s
 from sim.cost.arch import moe_mlp_s
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.runs import RunCost
@@ -76,6 +76,13 @@ class DataParallelEPCostModel(RooflineCostModel):
     def _moe_layer_s(self, tokens: int) -> tuple[float, float]:
         g = self._group_tokens if self._group_tokens is not None else tokens * self.dp
         return moe_mlp_s(self, tokens, routed_tokens=g)
+
+    def all2all_layer_bytes(self, tokens: int) -> tuple[float, float, float, float]:
+        """(dispatch intra-node, dispatch inter-node, combine intra-node, combine inter-node)
+        bytes one GPU sends per MoE layer for a rank batch of ``tokens`` (ceil(tokens / tp) per GPU)."""
+        m = self.model
+        return all2all_layer_bytes(math.ceil(tokens / self.tp), m.hidden_size, m.num_experts_per_tok, self.ep,
+                                   self.links.gpus_per_node, self.fp8_dispatch, self.dtype_bytes)
 
     def all2all_layer_s(self, tokens: int) -> float:
         """Dispatch + combine seconds of one MoE layer for a rank batch of ``tokens``."""

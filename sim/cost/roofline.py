@@ -26,7 +26,7 @@ from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import RunCost, affine_steps, run_sum_s
-from sim.cost.shapes import custom_allreduce_link_bytes, prefill_pairs, uses_custom_allreduce
+from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
 from sim.hardware import GPUSpec
 from sim.model_spec import ModelSpec
 from sim.quantization import get_quantization
@@ -299,7 +299,7 @@ class RooflineCostModel:
                 key = (n, c, x)
                 hit = cache.get(key)
                 if hit is None:
-                    pairs = prefill_pairs(c, x) if self._slide is None else windowed_pairs(self, c, x)
+                    pairs = windowed_pairs(self, c, x)
                     flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
                     bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
                     # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
@@ -310,10 +310,7 @@ class RooflineCostModel:
                 self._flag |= hit[1]
                 total += hit[0]
             return L * total
-        if self._slide is None:
-            pairs = sum(c * (x + (c + 1) / 2.0) for c, x in chunks)
-        else:  # sliding-window layers attend the window only
-            pairs = sum(windowed_pairs(self, c, x) for c, x in chunks)
+        pairs = sum(windowed_pairs(self, c, x) for c, x in chunks)  # sliding layers: the window only
         kv_tokens = sum(c + x for c, x in chunks)
         new_tokens = sum(c for c, _ in chunks)
         flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * sum(x for _, x in chunks)
