@@ -186,9 +186,7 @@ class KVBlockManager:
 
     def blocks_of(self, req: Request, num_tokens: int, computed: int | None = None) -> int:
         """``blocks_for`` of ``req``, whose allocation began with ``req.kv_hit_blocks`` hits."""
-        if self.groups.plain:
-            return -(-num_tokens // self.block_size)
-        return self.groups.blocks(num_tokens, self.block_size, computed, req.kv_hit_blocks)
+        return self.blocks_for(num_tokens, computed, req.kv_hit_blocks)
 
     def blocks_held(self, req: Request) -> int:
         """Blocks ``req`` holds here (0 while it is in the decode set: see ``decode_blocks``)."""
@@ -279,7 +277,7 @@ class KVBlockManager:
     def from_decode(self, req: Request, num_tokens: int) -> None:
         """``req`` leaves the decode set with ``num_tokens`` tokens of KV: its blocks (every
         group's, ``KVGroups.blocks``) are its own again."""
-        n = self.groups.blocks(num_tokens, self.block_size, shared=req.kv_hit_blocks)
+        n = self.blocks_of(req, num_tokens)
         self.decode_blocks -= n
         self.table(req).num_blocks = n
 
@@ -344,7 +342,7 @@ class KVBlockManager:
             self.trim(req, held + new)
             new = 0
         evictable = own_hits + sum(1 for b in hits if b.ref == 0)
-        if max(new, 0) + evictable > self.num_free:
+        if new + evictable > self.num_free:
             return False
         if t is None:
             t = self.tables[req.request_id] = Table(req.request_id)

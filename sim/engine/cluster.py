@@ -172,12 +172,8 @@ class Replica:
             now = env.now
             if ttft.concerns(plan):
                 ttft.on_step(plan, now, now - start)
-            if extrapolated:
-                rec.count_extrapolated(self.index, done)
-            if lm_head_extrapolated:
-                rec.lm_head_extrapolated = True
-            if outside is not None:
-                rec.count_overhead_outside(self.index, outside)
+            if extrapolated or lm_head_extrapolated or outside is not None:
+                rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
             kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
             finished = sched.on_step_done(plan, now, done)
             n = batch.num_decode_seqs
@@ -208,12 +204,8 @@ class Replica:
                 first = rc.first_s
             last = rc.last_s
             yield self.env.timeout(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
-            if rc.extrapolated:
-                self.recorder.count_extrapolated(self.index, rc.num_steps)
-            if rc.lm_head_extrapolated:
-                self.recorder.lm_head_extrapolated = True
-            if rc.overhead_outside_seqs is not None:
-                self.recorder.count_overhead_outside(self.index, rc.overhead_outside_seqs)
+            self.recorder.count_cost(self.index, rc.extrapolated, rc.lm_head_extrapolated, rc.overhead_outside_seqs,
+                                     rc.num_steps)
             done += rc.num_steps
         return first, last
 

@@ -136,13 +136,11 @@ class DataParallelLayout(ColocatedLayout):
 
     @property
     def num_replicas(self) -> int:
-        c = self.scenario.cluster
-        return c.replicas * c.data_parallel_size
+        return super().num_replicas * self.scenario.cluster.data_parallel_size
 
     @property
     def num_gpus(self) -> int:
-        c = self.scenario.cluster
-        return c.replicas * c.data_parallel_size * c.tensor_parallel_size * c.pipeline_parallel_size
+        return super().num_gpus * self.scenario.cluster.data_parallel_size
 
     def build(self, max_run_steps: int | None = None) -> Callable:
         s = self.scenario

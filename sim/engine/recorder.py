@@ -46,9 +46,15 @@ class Recorder:
         lo, hi = self.overhead_outside_seqs.get(replica, seqs)
         self.overhead_outside_seqs[replica] = (min(lo, seqs[0]), max(hi, seqs[1]))
 
-    @property
-    def num_rows(self) -> int:
-        return len(self._steps)
+    def count_cost(self, replica: int, extrapolated: bool, lm_head_extrapolated: bool,
+                   outside: tuple[int, int] | None, num_steps: int) -> None:
+        """The flags a ``RunCost`` of ``num_steps`` steps on ``replica`` came back with."""
+        if extrapolated:
+            self.count_extrapolated(replica, num_steps)
+        if lm_head_extrapolated:
+            self.lm_head_extrapolated = True
+        if outside is not None:
+            self.count_overhead_outside(replica, outside)
 
     def step_columns(self) -> dict[str, np.ndarray]:
         return self._steps.columns()
