@@ -190,6 +190,17 @@ def test_same_seed_same_bytes(tmp_path):
     assert outs[0] == outs[1]
 
 
+def test_a_rank_outside_the_engine_profiles_batch_range_is_reported(tmp_path):
+    """Ranks' steps count their engine overhead outside the profile's measured batch range as a
+    replica's do (vllm-v0 was measured over 8-128 sequences; a DP8 rank runs fewer)."""
+    p = subprocess.run([sys.executable, "-m", "sim", "run", "scenarios/deepseek_v3_dp8_ep.yaml", "--set",
+                        "workload.synthetic.num_requests=40", "--set", "engine.profile=vllm-v0",
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lo, hi = json.loads((tmp_path / "r" / "result.json").read_text())["simsrv_overhead_outside_batch_range"]
+    assert 1 <= lo <= hi < 8
+
+
 def test_dp1_keeps_the_colocated_layout_and_cost_model():
     s = _scenario(dp=1)
     assert type(layout_for(s)) is ColocatedLayout

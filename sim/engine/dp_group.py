@@ -100,10 +100,7 @@ class DataParallelGroup:
                 index = self.first_index + r
                 if self.ttft[r].concerns(plan):
                     self.ttft[r].on_step(plan, env.now, dur)
-                if rc.extrapolated:
-                    rec.count_extrapolated(index, 1)
-                if rc.lm_head_extrapolated:
-                    rec.lm_head_extrapolated = True
+                rec.count_cost(index, rc.extrapolated, rc.lm_head_extrapolated, rc.overhead_outside_seqs, 1)
                 kv_used = sched.kv.num_used
                 finished = sched.on_step_done(plan, env.now, 1)
                 rec.step((index, start, dur, 1, plan.num_decode_seqs + len(plan.chunks), plan.prefill_tokens,
