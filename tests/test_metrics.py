@@ -5,18 +5,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.analysis.metrics import itl_samples, request_metrics, weighted_stats
+from sim.analysis.metrics import RunLengthSamples, itl_samples, request_metrics, run_length_stats
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(0, 30)), min_size=1, max_size=40))
-def test_weighted_stats_equal_numpy_on_expanded_array(pairs):
+def test_run_length_stats_of_points_equal_numpy_on_expanded_array(pairs):
     v = np.array([p[0] for p in pairs])
     w = np.array([p[1] for p in pairs])
     if w.sum() == 0:
         return
     expanded = np.repeat(v, w)
-    got = weighted_stats(v, w)
+    keep = w > 0
+    got = run_length_stats(RunLengthSamples.points(v[keep], w[keep]))
     for p in (50, 90, 99):
         assert got[f"p{p}"] == pytest.approx(np.percentile(expanded, p), rel=1e-9, abs=1e-9)
     assert got["median"] == pytest.approx(np.median(expanded), rel=1e-9, abs=1e-9)

@@ -218,15 +218,6 @@ def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str,
     return out
 
 
-def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
-    """mean/median/std/p50/p90/p99 of the multiset holding ``weights[i]`` copies of ``values[i]``
-    (weights <= 0 ignored), as numpy's linear method gives on the expanded array."""
-    values, weights = np.asarray(values), np.asarray(weights)
-    keep = weights > 0
-    st = run_length_stats(RunLengthSamples.points(values[keep], weights[keep]))
-    return {k: st[k] for k in STAT_KEYS}
-
-
 def plain_stats(values: np.ndarray) -> dict[str, float]:
     values = values[~np.isnan(values)]
     if len(values) == 0:

@@ -167,7 +167,7 @@ def summarize(result) -> dict:
     out["simsrv_warnings"] = run_warnings(out, rq["arrival_s"].to_numpy()[ok], cols["queue_s"][ok],
                                           (cols["e2el_s"] - cols["queue_s"])[ok])
     g = dep.memory.kv_groups
-    if s.engine.enable_prefix_caching and g.sliding and g.full != 1:
+    if s.engine.enable_prefix_caching and not g.caches_prefixes:
         out["simsrv_warnings"].append(
             f"engine.enable_prefix_caching: not modelled for {dep.model.name}, whose KV cache groups are "
             f"{g.full} full-attention and {g.sliding} sliding-window ({dep.model.sliding_window} tokens): "

@@ -56,7 +56,7 @@ class Row:
 
     @property
     def err(self) -> float | None:
-        if self.simulated is None or self.measured is None or not self.measured:
+        if self.simulated is None or not self.measured:
             return None
         return self.simulated / self.measured - 1.0
 

@@ -71,6 +71,12 @@ class KVGroups:
     def plain(self) -> bool:
         return self.sliding == 0 and self.full == 1
 
+    @property
+    def caches_prefixes(self) -> bool:
+        """Prefix caching is modelled: no sliding-window group, or exactly one full-attention
+        group whose pages stand for a cached prefix (``KVBlockManager.prefix_caching``)."""
+        return self.sliding == 0 or self.full == 1
+
     def blocks(self, num_tokens: int, block_size: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids one request holds at ``num_tokens`` tokens of KV, ``shared`` of its first
         blocks a prefix-cache hit; with ``computed``, while a chunk computes the tokens from
@@ -163,7 +169,7 @@ class KVBlockManager:
         # prefix (one full group); the hit's sliding pages are shared uncharged (``KVGroups``).
         # NOTE: with no full-attention group (every layer sliding) or several, prefix caching
         # is not modelled: no hits (the run's warnings say so for the first).
-        self.prefix_caching = enable_prefix_caching and (groups.sliding == 0 or groups.full == 1)
+        self.prefix_caching = enable_prefix_caching and groups.caches_prefixes
         self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
         self.peak_used = 0
         self._queue: OrderedDict = OrderedDict({Run(num_blocks): None})  # free queue, head first
