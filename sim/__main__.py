@@ -1,4 +1,4 @@
-from sim.cli.app import main
+from sim.cli.entry import main
 
 if __name__ == "__main__":
     main()

@@ -4,8 +4,8 @@ Why: every run is reproducible from its resolved scenario; unknown keys are erro
 the valid ones, so a typo never silently runs the default.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: pydantic would then compile and evaluate each
+# field's annotation string when the classes are defined (145 fields, ~0.003 s CPU at start-up).
 import math
 import os
 import re

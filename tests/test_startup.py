@@ -21,9 +21,9 @@ print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 """
 
 
-def _loaded(body: str, cwd=ROOT) -> list[str]:
+def _loaded(body: str, cwd=ROOT, heavy=HEAVY) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(body=body, heavy=HEAVY)], cwd=cwd, env=env,
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(body=body, heavy=heavy)], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -50,6 +50,21 @@ def test_run_loads_only_what_a_run_needs(tmp_path):
     loaded = _loaded(body)
     assert (tmp_path / "r" / "result.json").is_file()
     assert set(loaded) == {"numpy", "polars", "simpy", "pydantic", "yaml"}, loaded
+
+
+def test_plain_run_loads_neither_typer_nor_rich(tmp_path):
+    """``simsrv run SCENARIO --out DIR -q`` is read without typer (sim/cli/run_argv.py) and prints
+    nothing, so rich stays unloaded too; the command's help still comes from typer."""
+    sc = tmp_path / "s.yaml"
+    raw = small_scenario()
+    raw["workload"]["synthetic"]["num_requests"] = 5
+    sc.write_text(yaml.safe_dump(raw))
+    run = (f"from sim.cli import main\ntry:\n    main(['run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q'])\n"
+           "except SystemExit as e:\n    assert not e.code, e.code")
+    assert _loaded(run, heavy=("typer", "rich", "click")) == []
+    assert (tmp_path / "r" / "result.json").is_file()
+    helped = "from sim.cli import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass"
+    assert _loaded(helped, heavy=("typer",)) == ["typer"]
 
 
 def test_shipped_catalogues_parse_the_same_with_libyaml():

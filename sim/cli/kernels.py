@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from sim.cli.consoles import LazyConsole
 from sim.errors import UserError
 
-out_console = Console()
+out_console = LazyConsole()
 
 
 def _pct(v) -> str:
@@ -55,6 +54,8 @@ def calibrate(
     if as_json:
         print(json.dumps({"heldout": held, "cross_source_gemm": cross, "cross_source_attention": attn}, indent=2))
         return
+    from rich.table import Table
+
     t = Table(title=f"{gpu}: held-out shapes (every fifth token count / context / size / batch)")
     for c in ("operator", "rows fitted", "rows held out", "median abs err", "p90 abs err"):
         t.add_column(c, justify="left" if c == "operator" else "right")

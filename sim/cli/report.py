@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from sim.cli.consoles import LazyConsole
 from sim.errors import UserError
 from sim.policies import policy_names
 
-console = Console()
+console = LazyConsole()
 
 
 def compare(

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from sim.cli.consoles import LazyConsole
 from sim.errors import UserError
 
-out_console = Console()
-err_console = Console(stderr=True)
+out_console = LazyConsole()
+err_console = LazyConsole(stderr=True)
 
 SEEDS_HELP = "Seeds per point (common random numbers: seed k gives the same workload draw at every point)."
 EXECUTOR_HELP = "local (a process pool on this machine) or ray (an existing Ray cluster; pip install 'simsrv[ray]')."
@@ -50,7 +50,7 @@ def _progress(label: str, eta: bool = True):
     cols = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     if eta:
         cols.append(TimeRemainingColumn())
-    return Progress(*cols, console=err_console, transient=True, disable=not err_console.is_terminal)
+    return Progress(*cols, console=err_console.console, transient=True, disable=not err_console.is_terminal)
 
 
 def _ci_text(r: dict, m: str) -> str:

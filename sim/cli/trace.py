@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from sim.cli.consoles import LazyConsole
+from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Inspect a request trace, or convert it to simsrv's normalised Parquet.")
-_out = Console()
-_err = Console(stderr=True)
-
-
-def _show_trace_warning(message, category, filename, lineno, file=None, line=None):
-    from sim.workload.trace import TraceWarning
-
-    if issubclass(category, TraceWarning):
-        _err.print(f"warning: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-    else:
-        _previous_showwarning(message, category, filename, lineno, file, line)
-
-
-_previous_showwarning = warnings.showwarning
-warnings.showwarning = _show_trace_warning
+_out = LazyConsole()
 
 
 def _options(fmt: str, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
@@ -76,6 +61,8 @@ def inspect(
     if as_json:
         print(json.dumps(stats, indent=2))
         return
+    from rich.table import Table
+
     t = Table(title=f"{file}")
     t.add_column("figure")
     t.add_column("value", justify="right")

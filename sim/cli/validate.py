@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from sim.cli.consoles import LazyConsole
 
-console = Console()
-err_console = Console(stderr=True)
+console = LazyConsole()
+err_console = LazyConsole(stderr=True)
 
 
 def validate(
@@ -33,6 +32,8 @@ def validate(
     if as_json:
         print(json.dumps(to_json(rows), indent=2))
         return
+    from rich.table import Table
+
     header, body = rows_table(rows)
     t = Table(title="simsrv validate: measured vs simulated (err = simulated / measured - 1)")
     for h in header:

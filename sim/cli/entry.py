@@ -1,0 +1,99 @@
+"""The ``simsrv`` entry point ``main``: runs the command line and turns its errors into one
+line on stderr (exit status 2; 1 for a stalled simulation; 130 for Ctrl-C), the traceback only
+with ``--verbose``.
+
+A plain ``simsrv run`` command line (``sim.cli.run_argv``) runs without importing typer
+(start-up, issue 14); every other one goes through the Typer application (``sim.cli.app``).
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Any
+
+import sim.cli.trace_warnings  # noqa: F401 - a trace's warnings as one line each, in every command
+from sim.cli.consoles import err_console
+from sim.errors import SimulationStalled, UserError
+
+_verbose = {"on": False}  # --verbose, set by the Typer application's callback
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``simsrv`` entry point; ``argv`` (default ``sys.argv[1:]``) lets tests call it in-process."""
+    from sim.cli.run_argv import parse_run_argv
+
+    plain_run = parse_run_argv(sys.argv[1:] if argv is None else list(argv))
+    try:
+        if plain_run is not None:
+            rc = _run_without_typer(plain_run)
+        else:
+            from sim.cli.app import app
+
+            rc = app(args=argv, standalone_mode=False)
+    except UserError as e:
+        _fail(str(e))
+    except SimulationStalled as e:  # a model defect, not bad input: one line, exit status 1
+        _fail(str(e), status=1)
+    except KeyboardInterrupt:
+        _interrupted()
+    except SystemExit:
+        raise
+    except OSError as e:  # an output path that cannot be written, a directory given as a file...
+        _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+    except Exception as e:
+        # command-line usage errors (typer's click): unknown option or command, bad value
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            if type(e).__name__ == "Abort":
+                sys.exit(1)
+            _fail(e.format_message())
+        raise
+    # typer turns Ctrl-C inside a command into exit code 130, returned (not raised) without
+    # standalone mode; any other code a command returns is passed on as the exit status
+    if rc == 130:
+        _interrupted()
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _run_without_typer(kwargs: dict[str, Any]) -> int | None:
+    """``run_command(**kwargs)`` with what typer does around a command it runs without
+    standalone mode (typer/core.py ``_main``): ``--verbose`` off (its callback's default),
+    Ctrl-C returned as 130, end of input as a newline on stderr and click's ``Abort``, a broken
+    pipe as exit status 1 with the streams' flush errors silenced. NOTE: an exception that
+    escapes (a defect) prints Python's plain traceback, not typer's formatted one."""
+    from sim.cli.run_cmd import run_command
+
+    _verbose["on"] = False
+    try:
+        run_command(**kwargs)
+    except KeyboardInterrupt:
+        return 130
+    except EOFError as e:
+        from typer import Abort
+
+        print(file=sys.stderr)
+        raise Abort() from e
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        from typer._click.utils import PacifyFlushWrapper
+
+        sys.stdout = PacifyFlushWrapper(sys.stdout)
+        sys.stderr = PacifyFlushWrapper(sys.stderr)
+        sys.exit(1)
+    return None
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, exit status 130 (128 + SIGINT), as a shell reports an interrupted command."""
+    err_console.print("error: interrupted", markup=False, highlight=False)
+    sys.exit(130)
+
+
+def _fail(message: str, status: int = 2) -> None:
+    """One line on stderr, exit status 2; the traceback only with --verbose."""
+    if _verbose["on"]:
+        raise
+    err_console.print(f"error: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+    sys.exit(status)

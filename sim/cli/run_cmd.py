@@ -1,0 +1,108 @@
+"""``simsrv run``'s work: load the scenario, simulate, write the run directory, print the
+summary. Typer-free: ``sim.cli.app`` declares the command for typer, and ``sim.cli.entry``
+calls ``run_command`` directly for the plain forms of ``simsrv run`` (``sim.cli.run_argv``)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import List, Optional
+
+from sim.cli.consoles import err_console, out_console, stderr_may_be_terminal
+from sim.errors import UserError
+
+
+def overrides(policy: Optional[str], chunk: Optional[int], sets: List[str]) -> list[str]:
+    """``--policy`` and ``--chunk`` as ``--set`` overrides, after the ``--set`` ones."""
+    out = list(sets or [])
+    if chunk is not None:
+        out += ["engine.policy=chunked", f"engine.max_num_batched_tokens={chunk}"]
+        if policy not in (None, "chunked"):
+            raise UserError(f"--chunk {chunk} means --policy chunked, but --policy {policy} was given")
+    elif policy is not None:
+        out.append(f"engine.policy={policy}")
+    return out
+
+
+def _dp(summary: dict) -> str:
+    dp = summary.get("simsrv_data_parallel_size", 1)
+    return f", DP {dp} + EP" if dp > 1 else ""
+
+
+def _summary_table(summary: dict):
+    from rich.table import Table
+
+    t = Table(title=f"simsrv {summary['model_id']} on {summary['simsrv_gpu']} x{summary['simsrv_replicas']}"
+                    f" (TP {summary['simsrv_tensor_parallel_size']}{_dp(summary)}), policy {summary['simsrv_policy']}")
+    t.add_column("metric (ms)")
+    for c in ("mean", "p50", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
+        t.add_row(label, *(_fmt(summary[f"{c}_{key}_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    t.add_row("queue time", *(_fmt(summary[f"simsrv_{c}_queue_time_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    return t
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _run_progress(total: int):
+    if not stderr_may_be_terminal():  # rich's Progress would be disabled: nothing is drawn either way
+        return contextlib.nullcontext(), None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err_console.console, transient=True, disable=not err_console.is_terminal)
+    task = progress.add_task("run", total=total)
+    return progress, (lambda done, _total: progress.update(task, completed=done))
+
+
+def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set_: List[str], out: Optional[Path],
+                quiet: bool, force: bool) -> None:
+    """Simulate one scenario; print a summary table and write the run directory."""
+    from sim.output import check_new_run_dir, write_run
+    from sim.run import run_scenario
+    from sim.scenario import load_scenario
+    from sim.analysis.summary import summarize
+    from sim.workload import build_workload
+    from sim.workload.build import should_stream
+
+    s = load_scenario(scenario, overrides(policy, chunk, set_))
+    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
+    out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
+    check_new_run_dir(out, force)
+    if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
+        with err_console.status("simulating (streaming the trace)"):
+            result = run_scenario(s)
+    else:
+        arrays = build_workload(s)
+        progress, cb = _run_progress(len(arrays))
+        with progress:
+            result = run_scenario(s, progress=cb, workload=arrays)
+    summary = summarize(result)
+    out_dir = write_run(result, summary, out)
+    print_warnings(summary)
+    if quiet:
+        return
+    out_console.print(_summary_table(summary))
+    out_console.print(
+        f"completed {summary['completed']:,} / {summary['num_prompts']:,} (failed {summary['failed']:,})  "
+        f"duration {summary['duration']:,.1f} s  throughput {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:,.0f} output tok/s, {summary['total_token_throughput']:,.0f} tok/s"
+    )
+    good = summary["request_goodput"]
+    out_console.print(
+        f"preemptions {summary['simsrv_num_preemptions']:,}  peak KV use {summary['simsrv_peak_kv_usage']:.0%}"
+        + (f"  goodput {good:.2f} req/s" if good is not None else "")
+        + f"  (simulated in {summary['simsrv_wall_s']:.1f} s wall)"
+    )
+    for reason, n in summary["simsrv_failed_reasons"].items():
+        out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
+    out_console.print(f"wrote {out_dir}/")
+
+
+def print_warnings(summary: dict) -> None:
+    """The run's warnings (result.json simsrv_warnings), one line each on stderr."""
+    for w in summary.get("simsrv_warnings", []):
+        err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
