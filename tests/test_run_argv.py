@@ -94,3 +94,12 @@ def test_plain_run_shows_a_traces_warnings_as_one_line(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stderr.splitlines() == ["warning: traces/samples/vllm_bench_schema_example.json: 1 failed requests "
                                      "(errors / 0 output tokens): left out"], p.stderr
+
+
+def test_version_without_typer_prints_what_typer_prints(capsys):
+    from sim.cli.entry import main
+
+    main(["--version"])
+    fast = capsys.readouterr()
+    assert cli.app(args=["--version"], standalone_mode=False) == 0
+    assert capsys.readouterr() == fast and fast.out.startswith("simsrv ") and fast.out.count("\n") == 1

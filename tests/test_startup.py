@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT, small_scenario
@@ -52,9 +53,9 @@ def test_run_loads_only_what_a_run_needs(tmp_path):
     assert set(loaded) == {"numpy", "polars", "simpy", "pydantic", "yaml"}, loaded
 
 
-def test_plain_run_loads_neither_typer_nor_rich(tmp_path):
+def test_plain_run_and_version_load_neither_typer_nor_rich(tmp_path):
     """``simsrv run SCENARIO --out DIR -q`` is read without typer (sim/cli/run_argv.py) and prints
-    nothing, so rich stays unloaded too; the command's help still comes from typer."""
+    nothing, so rich stays unloaded too; so does ``--version``; the command's help still comes from typer."""
     sc = tmp_path / "s.yaml"
     raw = small_scenario()
     raw["workload"]["synthetic"]["num_requests"] = 5
@@ -63,6 +64,8 @@ def test_plain_run_loads_neither_typer_nor_rich(tmp_path):
            "except SystemExit as e:\n    assert not e.code, e.code")
     assert _loaded(run, heavy=("typer", "rich", "click")) == []
     assert (tmp_path / "r" / "result.json").is_file()
+    version = "from sim.cli import main\nmain(['--version'])"
+    assert _loaded(version, heavy=("typer", "rich", "click")) == []
     helped = "from sim.cli import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass"
     assert _loaded(helped, heavy=("typer",)) == ["typer"]
 
@@ -77,3 +80,31 @@ def test_shipped_catalogues_parse_the_same_with_libyaml():
     for name in ("models.yaml", "gpus.yaml", "engine_profiles.yaml"):
         text = resources.files("sim.catalog").joinpath(name).read_text()
         assert load_shipped_yaml(text) == yaml.safe_load(text), name
+
+
+@pytest.mark.parametrize("env", [{}, {"TTY_COMPATIBLE": "0"}, {"TTY_COMPATIBLE": "1"}, {"FORCE_COLOR": ""},
+                                 {"FORCE_COLOR": "1"}, {"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}])
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_is_skipped_only_where_rich_would_disable_it(env, tty, monkeypatch):
+    """``stderr_may_be_terminal`` (decided without importing rich) is never False where rich's
+    ``Console(stderr=True).is_terminal`` is True: a run skips its progress bar only where rich
+    would have drawn nothing."""
+    import io
+
+    from rich.console import Console
+
+    from sim.cli.consoles import stderr_may_be_terminal
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    for k in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(sys, "stderr", Stream())
+    if Console(stderr=True).is_terminal:
+        assert stderr_may_be_terminal()
+    if not tty and not env.get("FORCE_COLOR") and env.get("TTY_COMPATIBLE") != "1":
+        assert not stderr_may_be_terminal()  # the case it exists for: no rich import

@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 
 from sim.cli.consoles import out_console
-from sim.cli.entry import _verbose, main  # noqa: F401 - main: the entry point, re-exported
+from sim.cli.entry import _verbose, main, print_version  # noqa: F401 - main: the entry point, re-exported
 from sim.cli.run_cmd import run_command
 from sim.errors import UserError
 from sim.policies import policy_names
@@ -26,13 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            v = version("simsrv")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            v = "unknown (not installed)"
-        print(f"simsrv {v}")  # what rich prints for this short plain line, without importing rich
+        print_version()
         raise typer.Exit()
 
 

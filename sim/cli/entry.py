@@ -2,8 +2,9 @@
 line on stderr (exit status 2; 1 for a stalled simulation; 130 for Ctrl-C), the traceback only
 with ``--verbose``.
 
-A plain ``simsrv run`` command line (``sim.cli.run_argv``) runs without importing typer
-(start-up, issue 14); every other one goes through the Typer application (``sim.cli.app``).
+A plain ``simsrv run`` command line (``sim.cli.run_argv``) and ``simsrv --version`` run
+without importing typer (start-up, issue 14); every other one goes through the Typer
+application (``sim.cli.app``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ def main(argv: list[str] | None = None) -> None:
     """The ``simsrv`` entry point; ``argv`` (default ``sys.argv[1:]``) lets tests call it in-process."""
     from sim.cli.run_argv import parse_run_argv
 
-    plain_run = parse_run_argv(sys.argv[1:] if argv is None else list(argv))
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words == ["--version"]:  # what the Typer application's eager --version does, without typer
+        print_version()
+        return
+    plain_run = parse_run_argv(words)
     try:
         if plain_run is not None:
             rc = _run_without_typer(plain_run)
@@ -54,6 +59,17 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted()
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def print_version() -> None:
+    """``simsrv X.Y.Z`` on stdout (``--version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("simsrv")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        v = "unknown (not installed)"
+    print(f"simsrv {v}")  # what rich printed for this short plain line, without importing rich
 
 
 def _run_without_typer(kwargs: dict[str, Any]) -> int | None:
