@@ -6,29 +6,52 @@ without any scheduler or event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class _BatchFields(NamedTuple):
+    num_decode_seqs: int
+    decode_context_tokens: int
+    prefill_chunks: tuple[tuple[int, int], ...]
+    num_logits: int
+    num_steps: int
+    prefill_tokens: int  # sum of the chunks' new tokens
+    num_tokens: int      # tokens through the GEMMs in one step
+
+
+class Batch(_BatchFields):
     """Tokens a step computes.
 
     ``decode_context_tokens`` is the sum over decode sequences of the tokens each attends to in
     the first step; in a run of ``num_steps`` steps it grows by ``num_decode_seqs`` per step.
     ``prefill_chunks`` holds (new tokens, tokens already in the KV cache) per prompt chunk.
     ``num_logits`` counts sequences that sample a token (decodes plus completing prefills).
+    ``prefill_tokens`` and ``num_tokens`` are derived once at construction (the cost model
+    reads them several times per step).
+
+    An immutable tuple (one is built every step: a tuple costs a fraction of a frozen
+    dataclass's ``object.__setattr__`` per field); its fields are read by name.
     """
 
-    num_decode_seqs: int = 0
-    decode_context_tokens: int = 0
-    prefill_chunks: tuple[tuple[int, int], ...] = ()
-    num_logits: int = 0
-    num_steps: int = 1
-    prefill_tokens: int = field(init=False)  # sum of the chunks' new tokens
-    num_tokens: int = field(init=False)      # tokens through the GEMMs in one step
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        # derived once: the cost model reads them several times per step
-        p = sum(c for c, _ in self.prefill_chunks)
-        object.__setattr__(self, "prefill_tokens", p)
-        object.__setattr__(self, "num_tokens", self.num_decode_seqs + p)
+    def __new__(cls, num_decode_seqs: int = 0, decode_context_tokens: int = 0,
+                prefill_chunks: tuple[tuple[int, int], ...] = (), num_logits: int = 0,
+                num_steps: int = 1) -> "Batch":
+        p = sum(c for c, _ in prefill_chunks) if prefill_chunks else 0
+        return tuple.__new__(cls, (num_decode_seqs, decode_context_tokens, prefill_chunks, num_logits,
+                                   num_steps, p, num_decode_seqs + p))
+
+    @classmethod
+    def of(cls, num_decode_seqs: int, decode_context_tokens: int, prefill_chunks: tuple[tuple[int, int], ...],
+           num_logits: int, num_steps: int, prefill_tokens: int) -> "Batch":
+        """``Batch(...)`` for a caller that has summed the chunks' new tokens already
+        (``prefill_tokens`` must be that sum: the scheduler's plan, once per step)."""
+        return tuple.__new__(cls, (num_decode_seqs, decode_context_tokens, prefill_chunks, num_logits,
+                                   num_steps, prefill_tokens, num_decode_seqs + prefill_tokens))
+
+    def __getnewargs__(self):  # copy / pickle rebuild it from the five given fields
+        return tuple(self[:5])
+
+    def _replace(self, **changes) -> "Batch":  # the derived fields follow the given ones
+        return Batch(**{**dict(zip(self._fields[:5], self[:5])), **changes})

@@ -82,6 +82,7 @@ class TTFTAccounting:
         self.clocks = WaitClocks()
         self._marks: dict[int, tuple[float, float]] = {}  # request id -> clocks when it began to wait
         self._preempted_at: dict[int, float] = {}  # request id -> its preemption before a first token
+        self._overhead_s: dict[int, float] = {}  # sequences in a step -> cost.overhead_s of it (pure)
 
     def on_arrival(self, req, now: float) -> None:
         """``req`` starts waiting now."""
@@ -122,8 +123,13 @@ class TTFTAccounting:
         chunks = plan.chunks
         preempted_at = self._preempted_at
         if chunks:
-            overhead = self.cost.overhead_s(plan.num_decode_seqs + len(chunks))
+            seqs = plan.num_decode_seqs + len(chunks)
+            overhead = self._overhead_s.get(seqs)
+            if overhead is None:
+                overhead = self._overhead_s[seqs] = self.cost.overhead_s(seqs)
             compute = elapsed_s - overhead
+            solo = self.solo
+            solo_hit = solo._cache.get  # SoloPrefill.__call__'s memo, read here first (once per chunk)
             for (req, n), ctx in zip(chunks, plan.chunk_contexts):
                 if req.num_generated:
                     continue  # not before a first token
@@ -132,17 +138,21 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                own = self.solo(n, ctx, completing)
+                own = solo_hit((n, ctx, completing))
+                if own is None:
+                    own = solo(n, ctx, completing)
                 if own > compute:
                     own = compute
                 req.ttft_prefill_s += own
                 req.ttft_interference_s += compute - own
                 req.ttft_overhead_s += overhead
-        for req in plan.prompts_skipped:
-            if req.num_generated or req.request_id in preempted_at:
-                continue
-            req.ttft_wait_batch_s += elapsed_s
-        self.on_decode_step(plan, now)
+        if plan.prompts_skipped:
+            for req in plan.prompts_skipped:
+                if req.num_generated or req.request_id in preempted_at:
+                    continue
+                req.ttft_wait_batch_s += elapsed_s
+        if plan.kv_ready:
+            self.on_decode_step(plan, now)
 
     @staticmethod
     def on_decode_step(plan, now: float) -> None:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from sim.core.batch import Batch
 from sim.cost.runs import run_sum_s
@@ -87,8 +88,44 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
         step()
 
 
+class _Call(simpy.Event):
+    """A SimPy event, already triggered, that calls ``fn(event)`` when the environment
+    processes it, ``delay_s`` from now at ``priority``: what SimPy's ``Timeout`` (NORMAL),
+    ``Initialize`` and ``Interruption`` (URGENT) are to a generator process, with ``fn`` in
+    place of the process's resume. The replica's loop runs on these (see ``Replica``)."""
+
+    def __init__(self, env: simpy.Environment, fn: Callable[[simpy.Event], None], delay_s: float = 0.0,
+                 priority=NORMAL):
+        if delay_s < 0:  # as Timeout
+            raise ValueError(f"Negative delay {delay_s}")
+        self.env = env
+        self.callbacks = [fn]
+        self._value = None
+        self._ok = True
+        env.schedule(self, priority, delay_s)
+
+
+class _BlockState:
+    """A multi-step block in progress: its plan and shape, when it began, the steps run so far,
+    the first and the last step's seconds, and the cost of the piece running now."""
+
+    __slots__ = ("plan", "batch", "start_s", "done", "first_s", "last_s", "rc")
+
+    def __init__(self, plan, batch: Batch, start_s: float):
+        self.plan, self.batch, self.start_s = plan, batch, start_s
+        self.done, self.first_s, self.last_s, self.rc = 0, 0.0, 0.0, None
+
+
 class Replica:
-    """One serving-engine instance: a scheduler stepping on simulated GPUs."""
+    """One serving-engine instance: a scheduler stepping on simulated GPUs.
+
+    The loop (plan a step at now, wait the step's time, apply it, plan again) runs as callbacks
+    of SimPy events rather than as a generator process (a process costs a resume of the
+    generator per step): ``_plan`` plans and schedules the step's end, ``_step_end`` applies
+    the step and plans again. It schedules the very events such a process does, at the same
+    times and priorities and in the same order (the start as ``Initialize``: URGENT; a step's
+    end as ``Timeout``: NORMAL; an idle replica's wake-up as ``Event.succeed``: NORMAL, now; a
+    cut of a run as ``Interruption``: URGENT, now), so a run is event for event the same."""
 
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, cost,
                  recorder: Recorder, on_finish: Callable[[list[Request]], None],
@@ -97,117 +134,160 @@ class Replica:
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
-        self._wake: simpy.Event | None = None
-        self._interruptible = False
+        self._idle = False           # the last round planned nothing: notify() wakes the loop
+        self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
+        # the step (or run) in flight: plan, batch, start, first and last step seconds, steps,
+        # curve, and the cost model's flags (extrapolated, LM head extrapolated, outside range)
+        self._run: tuple | None = None
+        self._end: _Call | None = None  # the end event of the run in flight
+        self._cut_steps = 0  # steps of the run in flight that a cut lets finish
+        self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
-        self.process = env.process(self._loop())
+        _Call(env, self._plan, 0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        if not self.scheduler.add_request(req, self.env.now):
+        now = self.env.now
+        if not self.scheduler.add_request(req, now):
             self.on_finish([req])
             return
-        self.ttft.on_arrival(req, self.env.now)
+        self.ttft.on_arrival(req, now)
         self.notify()
 
     def notify(self) -> None:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
-        if self._wake is not None:
-            if not self._wake.triggered:
-                self._wake.succeed()
+        if self._idle:
+            self._idle = False
+            _Call(self.env, self._plan)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            self.process.interrupt()
+            _Call(self.env, self._cut, 0.0, URGENT)  # an interruption
 
-    def _loop(self):
-        env, sched, rec, cost, ttft = self.env, self.scheduler, self.recorder, self.cost, self.ttft
-        record = rec.step
-        while True:
-            now = env.now
-            plan = sched.schedule(now)
-            ttft.on_schedule(plan, now)
-            if plan.idle:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            chunks = plan.chunks
-            # the cost model may cover only the run's first steps (its affine piece): run those,
-            # then plan again (the scheduler takes back the rest's KV blocks)
-            if plan.block:
-                start = env.now
-                first, last = yield from self._block(plan)
-                ttft.on_decode_step(plan, env.now)
-                done = plan.num_steps
-                kv_used = sched.kv.num_used
-                finished = sched.on_step_done(plan, env.now, done)
-                rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs, 0,
-                          plan.num_decode_seqs * done, kv_used, len(sched.waiting), first, last, 1))
-                if finished:
-                    self.on_finish(finished)
-                self.last_step_s = env.now - start
-                if self.on_step is not None:
-                    self.on_step(self)
-                continue
-            batch = plan.batch
-            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = cost.run_cost(batch)
-            if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
-                first += plan.swap_blocks * self.swap_s_per_block
-                last = first
-            start = now
-            done = k
-            if k > 1:
-                self._interruptible = True
-                try:
-                    yield env.timeout(run_sum_s(k, first, last, k, curve))
-                except simpy.Interrupt:
-                    done = steps_within(env.now - start, first, last, k, curve)
-                    end = start + run_sum_s(done, first, last, k, curve)
-                    if end > env.now:
-                        yield env.timeout(end - env.now)
-                    last = run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve)
-                self._interruptible = False
-            else:
-                yield env.timeout(first)
-            now = env.now
-            if ttft.concerns(plan):
-                ttft.on_step(plan, now, now - start)
-            if extrapolated or lm_head_extrapolated or outside is not None:
-                rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
-            kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
-            finished = sched.on_step_done(plan, now, done)
-            n = batch.num_decode_seqs
-            record((self.index, start, now - start, done, n + len(chunks), batch.prefill_tokens, n * done, kv_used,
-                    len(sched.waiting), first, last, 0))
+    def _plan(self, _event=None) -> None:
+        """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
+        env, sched = self.env, self.scheduler
+        now = env.now
+        plan = sched.schedule(now)
+        self.ttft.on_schedule(plan, now)
+        if plan.idle:
+            self._idle = True
+            return
+        if plan.block:
+            self._block = _BlockState(plan, plan.batch, now)
+            self._block_piece()
+            return
+        batch = plan.batch
+        # the cost model may cover only the run's first steps (its affine piece): run those,
+        # then plan again (the scheduler takes back the rest's KV blocks)
+        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self.cost.run_cost(batch)
+        if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
+            first += plan.swap_blocks * self.swap_s_per_block
+            last = first
+        self._run = (plan, batch, now, first, last, k, curve, extrapolated, lm_head_extrapolated, outside)
+        if k > 1:
+            self._interruptible = True
+            self._end = _Call(env, self._step_end, run_sum_s(k, first, last, k, curve))
+        else:
+            _Call(env, self._step_end, first)
+
+    def _step_end(self, _event) -> None:
+        """The step (or the whole run) ended."""
+        self._interruptible = False
+        run = self._run
+        self._apply(run[5], run[4])
+
+    def _cut(self, _event) -> None:
+        """An arrival during a run: the run ends at the boundary of the step running now."""
+        self._end.callbacks.clear()  # the run's end event will find nothing to resume
+        _, _, start, first, last, k, curve, _, _, _ = self._run
+        now = self.env.now
+        done = steps_within(now - start, first, last, k, curve)
+        end = start + run_sum_s(done, first, last, k, curve)
+        self._cut_steps = done
+        if end > now:
+            _Call(self.env, self._cut_end, end - now)
+        else:
+            self._cut_end(None)
+
+    def _cut_end(self, _event) -> None:
+        """A cut run's last step ended."""
+        _, _, _, first, last, k, curve, _, _, _ = self._run
+        done = self._cut_steps
+        self._apply(done, run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve))
+
+    def _apply(self, done: int, last: float) -> None:
+        """``done`` steps of the plan in flight ended now (the last took ``last`` seconds): the
+        observers see them, the scheduler applies them, the step log gets its row; plan again."""
+        plan, batch, start, first, _, _, _, extrapolated, lm_head_extrapolated, outside = self._run
+        sched, rec = self.scheduler, self.recorder
+        now = self.env.now
+        if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
+            self.ttft.on_step(plan, now, now - start)
+        if extrapolated or lm_head_extrapolated or outside is not None:
+            rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
+        kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
+        finished = sched.on_step_done(plan, now, done)
+        n = batch.num_decode_seqs
+        rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch.prefill_tokens, n * done,
+                  kv_used, len(sched.waiting), first, last, 0))
+        if plan.ready_gaps_s:
             for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
                 rec.itl_adjust.append((first, first + gap))
+        if plan.pause_extras:
             for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
                 rec.itl_adjust.extend([(first, first + extra)] * count)
-            if finished:
-                self.on_finish(finished)
-            self.last_step_s = now - start
-            if self.on_step is not None:
-                self.on_step(self)
+        if finished:
+            self.on_finish(finished)
+        self.last_step_s = now - start
+        if self.on_step is not None:
+            self.on_step(self)
+        self._plan()
 
+    # -- multi-step blocks ------------------------------------------------------------------------
+    def _block_piece(self) -> None:
+        """Run the block's next piece (the cost model's pieces one after another, each at most
+        ``max_run_steps``), uninterrupted; after the last, apply the block."""
+        bs = self._block
+        b = bs.batch
+        n, k = b.num_decode_seqs, b.num_steps
+        if bs.done >= k:
+            self._block_end()
+            return
+        rc = self.cost.run_cost(Batch(n, b.decode_context_tokens + n * bs.done, (), b.num_logits,
+                                      min(k - bs.done, self.scheduler.limits.max_run_steps)))
+        if not bs.done:
+            bs.first_s = rc.first_s
+        bs.last_s = rc.last_s
+        bs.rc = rc
+        _Call(self.env, self._block_piece_end,
+              run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
 
-    def _block(self, plan):
-        """Run a multi-step block's ``num_steps`` decode steps whole (SimPy sub-process): the cost
-        model's pieces one after another (each at most ``max_run_steps``), uninterrupted.
-        Returns the first and the last step's seconds."""
-        b = plan.batch
-        n, k, cap = b.num_decode_seqs, b.num_steps, self.scheduler.limits.max_run_steps
-        done, first, last = 0, 0.0, 0.0
-        while done < k:
-            rc = self.cost.run_cost(Batch(n, b.decode_context_tokens + n * done, (), b.num_logits,
-                                          min(k - done, cap)))
-            if not done:
-                first = rc.first_s
-            last = rc.last_s
-            yield self.env.timeout(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
-            self.recorder.count_cost(self.index, rc.extrapolated, rc.lm_head_extrapolated, rc.overhead_outside_seqs,
-                                     rc.num_steps)
-            done += rc.num_steps
-        return first, last
+    def _block_piece_end(self, _event) -> None:
+        bs = self._block
+        rc = bs.rc
+        self.recorder.count_cost(self.index, rc.extrapolated, rc.lm_head_extrapolated, rc.overhead_outside_seqs,
+                                 rc.num_steps)
+        bs.done += rc.num_steps
+        self._block_piece()
+
+    def _block_end(self) -> None:
+        """All the block's steps ran: its tokens are released together now."""
+        bs, sched, rec = self._block, self.scheduler, self.recorder
+        plan, start = bs.plan, bs.start_s
+        now = self.env.now
+        self.ttft.on_decode_step(plan, now)
+        done = plan.num_steps
+        kv_used = sched.kv.num_used
+        finished = sched.on_step_done(plan, now, done)
+        rec.step((self.index, start, now - start, done, plan.num_decode_seqs, 0,
+                  plan.num_decode_seqs * done, kv_used, len(sched.waiting), bs.first_s, bs.last_s, 1))
+        if finished:
+            self.on_finish(finished)
+        self.last_step_s = now - start
+        self._block = None
+        if self.on_step is not None:
+            self.on_step(self)
+        self._plan()
 
 
 class Colocated:

@@ -97,14 +97,19 @@ class StepPlan:
 
     @property
     def batch(self) -> Batch:
-        completing = sum(1 for (r, n), c in zip(self.chunks, self.chunk_contexts) if c + n == r.prefill_target)
-        return Batch(
-            num_decode_seqs=self.num_decode_seqs,
-            decode_context_tokens=self.decode_context_tokens,
-            prefill_chunks=tuple((n, c) for (_, n), c in zip(self.chunks, self.chunk_contexts)),
-            num_logits=self.num_decode_seqs + completing,
-            num_steps=self.num_steps,
-        )
+        """The step's shape: decodes, one (new tokens, cached tokens) chunk per prompt, and a
+        logit per decode and per chunk that completes its prompt. One pass over the chunks
+        sums their tokens too (``Batch.of``, the same Batch as ``Batch(...)``; built every step)."""
+        n = self.num_decode_seqs
+        if not self.chunks:
+            return Batch.of(n, self.decode_context_tokens, (), n, self.num_steps, 0)
+        pairs, completing, tokens = [], 0, 0
+        for (r, t), c in zip(self.chunks, self.chunk_contexts):
+            pairs.append((t, c))
+            tokens += t
+            if c + t == r.prefill_target:
+                completing += 1
+        return Batch.of(n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens)
 
     @property
     def prefill_tokens(self) -> int:
