@@ -68,13 +68,14 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     """``env.run()`` with a watchdog: a run whose clock stays at one instant for more than
     ``STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * requests`` events raises
     ``SimulationStalled`` naming the instant, instead of hanging."""
-    step, peek = env.step, env.peek
+    # ``env.peek()`` read in place: SimPy's queue (``Environment._queue``, simpy 4.1) is a heap
+    # of (time, priority, event id, event), so its first entry's time is the next event's and an
+    # empty queue is peek's infinity; this loop runs once per event.
+    queue, step = env._queue, env.step
     inf = math.inf
     last_t, same = -1.0, 0
-    while True:
-        t = peek()
-        if t == inf:
-            return
+    while queue:
+        t = queue[0][0]
         if t == last_t:
             same += 1
             if same > STALL_EVENTS_BASE:
@@ -84,25 +85,32 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
                         f"simulation stalled: the clock stayed at t={t:.9g} s for {same:,} events "
                         f"(a model defect; please report it with the scenario)")
         else:
+            if t == inf:
+                return
             last_t, same = t, 0
         step()
 
 
 class _Call(simpy.Event):
-    """A SimPy event, already triggered, that calls ``fn(event)`` when the environment
-    processes it, ``delay_s`` from now at ``priority``: what SimPy's ``Timeout`` (NORMAL),
-    ``Initialize`` and ``Interruption`` (URGENT) are to a generator process, with ``fn`` in
-    place of the process's resume. The replica's loop runs on these (see ``Replica``)."""
+    """A SimPy event, triggered, that calls ``fn(event)`` when the environment processes it:
+    ``at(delay_s, priority)`` schedules it ``delay_s`` from now. What SimPy's ``Timeout``
+    (NORMAL priority), ``Initialize`` and ``Interruption`` (URGENT) are to a generator process,
+    with ``fn`` in place of the process's resume. The replica's loop runs on these (``Replica``).
+    An event that has run may be scheduled again (one object per replica for its steps, not
+    one per step); one left pending in the queue may not."""
 
-    def __init__(self, env: simpy.Environment, fn: Callable[[simpy.Event], None], delay_s: float = 0.0,
-                 priority=NORMAL):
-        if delay_s < 0:  # as Timeout
-            raise ValueError(f"Negative delay {delay_s}")
+    def __init__(self, env: simpy.Environment, fn: Callable[[simpy.Event], None]):
         self.env = env
-        self.callbacks = [fn]
+        self._fn = fn
         self._value = None
         self._ok = True
-        env.schedule(self, priority, delay_s)
+
+    def at(self, delay_s: float, priority=NORMAL) -> "_Call":
+        if delay_s < 0:  # as Timeout
+            raise ValueError(f"Negative delay {delay_s}")
+        self.callbacks = [self._fn]
+        self.env.schedule(self, priority, delay_s)
+        return self
 
 
 class _BlockState:
@@ -139,11 +147,12 @@ class Replica:
         # the step (or run) in flight: plan, batch, start, first and last step seconds, steps,
         # curve, and the cost model's flags (extrapolated, LM head extrapolated, outside range)
         self._run: tuple | None = None
-        self._end: _Call | None = None  # the end event of the run in flight
+        self._end: _Call | None = None  # the end event of the run in flight (cut: left pending)
+        self._step_done = _Call(env, self._step_end)  # the end event of single steps, reused
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
-        _Call(env, self._plan, 0.0, URGENT)  # the loop starts as a process would (Initialize)
+        _Call(env, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
@@ -158,10 +167,10 @@ class Replica:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
         if self._idle:
             self._idle = False
-            _Call(self.env, self._plan)  # a wake-up event succeeding now
+            _Call(self.env, self._plan).at(0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            _Call(self.env, self._cut, 0.0, URGENT)  # an interruption
+            _Call(self.env, self._cut).at(0.0, URGENT)  # an interruption
 
     def _plan(self, _event=None) -> None:
         """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
@@ -186,9 +195,9 @@ class Replica:
         self._run = (plan, batch, now, first, last, k, curve, extrapolated, lm_head_extrapolated, outside)
         if k > 1:
             self._interruptible = True
-            self._end = _Call(env, self._step_end, run_sum_s(k, first, last, k, curve))
+            self._end = _Call(env, self._step_end).at(run_sum_s(k, first, last, k, curve))
         else:
-            _Call(env, self._step_end, first)
+            self._step_done.at(first)  # (the previous step's end has run)
 
     def _step_end(self, _event) -> None:
         """The step (or the whole run) ended."""
@@ -205,7 +214,7 @@ class Replica:
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
         if end > now:
-            _Call(self.env, self._cut_end, end - now)
+            _Call(self.env, self._cut_end).at(end - now)
         else:
             self._cut_end(None)
 
@@ -259,8 +268,8 @@ class Replica:
             bs.first_s = rc.first_s
         bs.last_s = rc.last_s
         bs.rc = rc
-        _Call(self.env, self._block_piece_end,
-              run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
+        _Call(self.env, self._block_piece_end).at(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps,
+                                                           rc.curve_s))
 
     def _block_piece_end(self, _event) -> None:
         bs = self._block
@@ -362,6 +371,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
 
     def arrivals():
         i = 0
+        submit = topo.submit
         for chunk in chunks:  # a stream is read only as far as simulated time has reached
             hash_ids = chunk.hash_ids
             for lo in range(0, len(chunk), ARRIVAL_SLICE):  # Python numbers for a slice at a time
@@ -370,8 +380,9 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
                 out = chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist()
                 for j in range(len(arrival)):
                     t = arrival[j]
-                    if t > env.now:
-                        yield env.timeout(t - env.now)
+                    now = env.now
+                    if t > now:
+                        yield env.timeout(t - now)
                     if max_concurrency is not None:
                         while free[0] <= 0:
                             wake[0] = env.event()
@@ -386,7 +397,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
                     if keep:
                         requests.append(req)
                     sent[0] = i = i + 1
-                    topo.submit(req)
+                    submit(req)
 
     env.process(arrivals())
     # The run allocates millions of short-lived objects but creates almost no reference cycles;

@@ -20,13 +20,10 @@ RouterFn = Callable[[Request, Sequence[Scheduler]], int]
 
 
 def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
-    """Fewest waiting + running requests; ties go to the lowest index."""
-    best, best_n = 0, None
-    for i, s in enumerate(replicas):
-        n = s.num_outstanding
-        if best_n is None or n < best_n:
-            best, best_n = i, n
-    return best
+    """Fewest waiting + running requests; ties go to the lowest index (``list.index`` finds the
+    first replica with the fewest)."""
+    loads = [s.num_outstanding for s in replicas]
+    return loads.index(min(loads))
 
 
 def least_kv(req: Request, replicas: Sequence[Scheduler]) -> int:

@@ -1,0 +1,221 @@
+"""The replica loop runs on event callbacks (sim/engine/cluster.py ``Replica``) and must schedule
+exactly the events the generator process it replaced did: same times, priorities and order.
+The process is kept here as the reference; runs that exercise every path of the loop (runs cut
+by arrivals on a coarse time grid, where arrivals and step ends coincide; multi-step blocks;
+swap preemption; disaggregation's hooks and wake-ups) must give identical step logs and
+request records. Also: the watched event loop is ``env.run()`` event for event."""
+
+import math
+
+import numpy as np
+import pytest
+import simpy
+
+from sim.core.batch import Batch
+from sim.core.ttft import TTFTAccounting
+from sim.cost.runs import run_sum_s
+from sim.engine import cluster, topology
+from sim.run import run_scenario
+from sim.scenario import scenario_from_dict
+from sim.workload.arrays import RequestArrays
+
+
+class ProcessReplica(cluster.Replica):
+    """The replica loop as a SimPy generator process (the code before the callbacks)."""
+
+    def __init__(self, env, index, scheduler, cost, recorder, on_finish, swap_s_per_block=0.0, on_step=None):
+        self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
+        self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
+        self.swap_s_per_block = swap_s_per_block
+        self.ttft = TTFTAccounting(cost)
+        self._wake = None
+        self._interruptible = False
+        self.last_step_s = 0.0
+        self.process = env.process(self._loop())
+
+    def notify(self):
+        if self._wake is not None:
+            if not self._wake.triggered:
+                self._wake.succeed()
+        elif self._interruptible:
+            self._interruptible = False
+            self.process.interrupt()
+
+    def _loop(self):
+        env, sched, rec, cost, ttft = self.env, self.scheduler, self.recorder, self.cost, self.ttft
+        while True:
+            now = env.now
+            plan = sched.schedule(now)
+            ttft.on_schedule(plan, now)
+            if plan.idle:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            if plan.block:
+                start = env.now
+                first, last = yield from self._process_block(plan)
+                ttft.on_decode_step(plan, env.now)
+                done = plan.num_steps
+                kv_used = sched.kv.num_used
+                finished = sched.on_step_done(plan, env.now, done)
+                rec.step((self.index, start, env.now - start, done, plan.num_decode_seqs, 0,
+                          plan.num_decode_seqs * done, kv_used, len(sched.waiting), first, last, 1))
+                if finished:
+                    self.on_finish(finished)
+                self.last_step_s = env.now - start
+                if self.on_step is not None:
+                    self.on_step(self)
+                continue
+            batch = plan.batch
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = cost.run_cost(batch)
+            if plan.swap_blocks:
+                first += plan.swap_blocks * self.swap_s_per_block
+                last = first
+            start = now
+            done = k
+            if k > 1:
+                self._interruptible = True
+                try:
+                    yield env.timeout(run_sum_s(k, first, last, k, curve))
+                except simpy.Interrupt:
+                    done = cluster.steps_within(env.now - start, first, last, k, curve)
+                    end = start + run_sum_s(done, first, last, k, curve)
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                    last = run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve)
+                self._interruptible = False
+            else:
+                yield env.timeout(first)
+            now = env.now
+            if ttft.concerns(plan):
+                ttft.on_step(plan, now, now - start)
+            if extrapolated or lm_head_extrapolated or outside is not None:
+                rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
+            kv_used = sched.kv.num_used
+            finished = sched.on_step_done(plan, now, done)
+            n = batch.num_decode_seqs
+            rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch.prefill_tokens, n * done,
+                      kv_used, len(sched.waiting), first, last, 0))
+            for gap in plan.ready_gaps_s:
+                rec.itl_adjust.append((first, first + gap))
+            for extra, count in plan.pause_extras:
+                rec.itl_adjust.extend([(first, first + extra)] * count)
+            if finished:
+                self.on_finish(finished)
+            self.last_step_s = now - start
+            if self.on_step is not None:
+                self.on_step(self)
+
+    def _process_block(self, plan):
+        b = plan.batch
+        n, k, cap = b.num_decode_seqs, b.num_steps, self.scheduler.limits.max_run_steps
+        done, first, last = 0, 0.0, 0.0
+        while done < k:
+            rc = self.cost.run_cost(Batch(n, b.decode_context_tokens + n * done, (), b.num_logits,
+                                          min(k - done, cap)))
+            if not done:
+                first = rc.first_s
+            last = rc.last_s
+            yield self.env.timeout(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps, rc.curve_s))
+            self.recorder.count_cost(self.index, rc.extrapolated, rc.lm_head_extrapolated, rc.overhead_outside_seqs,
+                                     rc.num_steps)
+            done += rc.num_steps
+        return first, last
+
+
+def _workload(n: int, grid_s: float, seed: int) -> RequestArrays:
+    rng = np.random.default_rng(seed)
+    # arrivals on a coarse grid: many share an instant, and some fall exactly on a step's end
+    t = np.floor(np.cumsum(rng.exponential(0.08, n)) / grid_s) * grid_s
+    return RequestArrays(t, rng.integers(20, 1500, n), rng.integers(1, 300, n))
+
+
+CASES = {
+    "chunked": {"engine": {"policy": "chunked", "max_num_batched_tokens": 256}},
+    "continuous, KV short, swap": {"hardware": {"gpu": "l40s"},
+                                   "engine": {"policy": "continuous", "preemption_mode": "swap",
+                                              "gpu_memory_utilization": 0.42}},
+    "multi-step": {"engine": {"policy": "continuous", "num_scheduler_steps": 6}},
+    "disaggregated": {"disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_callback_loop_is_the_process_loop_event_for_event(case, monkeypatch):
+    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+           "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
+    # (each case's keys replace the defaults')
+    if "disaggregation" in raw:
+        del raw["cluster"]
+    workload = _workload(300, 0.05, 1)
+    new = run_scenario(scenario_from_dict(raw), workload=workload)
+    monkeypatch.setattr(cluster, "Replica", ProcessReplica)
+    monkeypatch.setattr(topology, "Replica", ProcessReplica)
+    old = run_scenario(scenario_from_dict(raw), workload=workload)
+    assert new.steps.height > 300
+    if case == "multi-step":
+        assert int(new.steps["multi_step"].sum()) > 10
+    else:
+        assert int(new.steps["num_steps"].max()) > 1  # fast-forwarded runs, some cut
+    assert new.steps.equals(old.steps)
+    assert new.requests.equals(old.requests)
+    if "swap" in case:
+        assert sum(s.num_swaps for s in new.schedulers) > 0
+    assert new.itl_adjust == old.itl_adjust and new.resume_gaps_s == old.resume_gaps_s
+
+
+@pytest.mark.parametrize("run", [True, False])
+def test_arrival_exactly_at_a_step_end(run, monkeypatch):
+    """A request that arrives at the very instant a step (or a fast-forwarded run) ends: the
+    cut of the run and the end of the step come in the process's order."""
+    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+           "cluster": {"replicas": 1}, "engine": {"policy": "chunked", "max_num_batched_tokens": 256},
+           "workload": {"synthetic": {"num_requests": 1}}}
+    base = _workload(60, 0.05, 2)
+    steps = run_scenario(scenario_from_dict(raw), workload=base).steps
+    end = steps["start_s"] + steps["duration_s"]
+    pick = (steps["num_steps"] > 1) if run else (steps["num_steps"] == 1)
+    t_end = float(end.filter(pick & (steps["start_s"] > 1.0) & (end > steps["start_s"] * 1.0))[0])
+    t = np.sort(np.append(base.arrival_s, t_end))
+    i = int(np.searchsorted(t, t_end))
+    workload = RequestArrays(t, np.insert(base.input_tokens, i, 200), np.insert(base.output_tokens, i, 40))
+    new = run_scenario(scenario_from_dict(raw), workload=workload)
+    assert (new.steps["start_s"] == t_end).any()  # a step began at the arrival: the ends met
+    monkeypatch.setattr(cluster, "Replica", ProcessReplica)
+    old = run_scenario(scenario_from_dict(raw), workload=workload)
+    assert new.steps.equals(old.steps) and new.requests.equals(old.requests)
+
+
+def _trace(env: simpy.Environment, log: list):
+    def proc(i):
+        for j in range(4):
+            log.append((env.now, i, j))
+            yield env.timeout((i * 0.3 + j) % 1.0)
+        if i == 2:
+            raise KeyError("boom")
+
+    for i in range(4):
+        env.process(proc(i))
+
+
+def test_watched_loop_is_env_run():
+    a, b = [], []
+    env_a, env_b = simpy.Environment(), simpy.Environment()
+    _trace(env_a, a)
+    _trace(env_b, b)
+    with pytest.raises(KeyError, match="boom"):
+        env_a.run()
+    with pytest.raises(KeyError, match="boom"):
+        cluster.run_watched(env_b, lambda: 0)
+    assert a == b and env_a.now == env_b.now and len(a) > 10
+
+
+def test_batch_derives_its_token_counts():
+    b = Batch(3, 300, ((100, 0), (20, 50)), 4)
+    assert (b.prefill_tokens, b.num_tokens, b.num_steps) == (120, 123, 1)
+    assert Batch.of(3, 300, ((100, 0), (20, 50)), 4, 1, 120) == b
+    assert b._replace(prefill_chunks=()) == Batch(3, 300, (), 4)
+    assert Batch(num_decode_seqs=2).num_tokens == 2 and Batch().num_tokens == 0
+    import pickle
+    assert pickle.loads(pickle.dumps(b)) == b and math.isfinite(b.num_tokens)
