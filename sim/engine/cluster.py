@@ -147,8 +147,9 @@ class Replica:
         # the step (or run) in flight: plan, batch, start, first and last step seconds, steps,
         # curve, and the cost model's flags (extrapolated, LM head extrapolated, outside range)
         self._run: tuple | None = None
-        self._end: _Call | None = None  # the end event of the run in flight (cut: left pending)
-        self._step_done = _Call(env, self._step_end)  # the end event of single steps, reused
+        # the end event of the step or run in flight: one object, scheduled again for each step
+        # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
+        self._end = _Call(env, self._step_end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
@@ -195,9 +196,9 @@ class Replica:
         self._run = (plan, batch, now, first, last, k, curve, extrapolated, lm_head_extrapolated, outside)
         if k > 1:
             self._interruptible = True
-            self._end = _Call(env, self._step_end).at(run_sum_s(k, first, last, k, curve))
+            self._end.at(run_sum_s(k, first, last, k, curve))
         else:
-            self._step_done.at(first)  # (the previous step's end has run)
+            self._end.at(first)
 
     def _step_end(self, _event) -> None:
         """The step (or the whole run) ended."""
@@ -208,6 +209,7 @@ class Replica:
     def _cut(self, _event) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
         self._end.callbacks.clear()  # the run's end event will find nothing to resume
+        self._end = _Call(self.env, self._step_end)  # (it stays in the queue until its time)
         _, _, start, first, last, k, curve, _, _, _ = self._run
         now = self.env.now
         done = steps_within(now - start, first, last, k, curve)
