@@ -219,3 +219,15 @@ def test_batch_derives_its_token_counts():
     assert Batch(num_decode_seqs=2).num_tokens == 2 and Batch().num_tokens == 0
     import pickle
     assert pickle.loads(pickle.dumps(b)) == b and math.isfinite(b.num_tokens)
+
+
+def test_a_plans_batch_is_the_general_batch():
+    from sim.core.request import Request
+    from sim.policies.base import StepPlan
+    a, b = Request(0, 0.0, 900, 10), Request(1, 0.0, 300, 10)
+    a.prefill_target, b.prefill_target = 900, 300
+    plan = StepPlan(3, 40, 40000, 100, chunks=[(a, 400), (b, 300)], chunk_contexts=[500, 0])
+    assert plan.batch == Batch(40, 40000, ((400, 500), (300, 0)), 42, 3)  # both complete
+    assert plan.batch.prefill_tokens == plan.prefill_tokens == 700
+    decode = StepPlan(5, 7, 7000, 10)
+    assert decode.batch == Batch(7, 7000, (), 7, 5) and decode.batch.num_tokens == 7
