@@ -41,7 +41,6 @@ class CalibratedOps:
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
-        self._eff_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}  # decode_eff_fn, per batch size
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
@@ -122,43 +121,6 @@ class CalibratedOps:
         """At the table's batch of equal work (``HeadTables.pick``: batch x KV heads tiles)."""
         return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
 
-    def decode_eff_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
-        """``Grid2.eff`` of the decode table at ``num_seqs`` as a function of the context per
-        sequence, in closed form per table cell: between two measured contexts log(efficiency)
-        is linear in the axis coordinate u (piecewise-linear rows, blended linearly in log
-        batch), so a cell is two numbers, memoised per (batch, cell); a step then costs one log
-        and one exp (this runs for every decode step). Built once per batch size."""
-        fn = self._eff_fns.get(num_seqs)
-        if fn is None:
-            fn = self._eff_fns[num_seqs] = self._make_decode_eff_fn(num_seqs)
-        return fn
-
-    def _make_decode_eff_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
-        grid = self.decode_grid[0]
-        n = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
-        nodes = grid.b_nodes
-        first, last = nodes[0], nodes[-1]
-        axis = grid.rows[0].axis
-        u, exp, log = axis.u, math.exp, math.log
-        # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
-        # the same operations as ``Axis.u`` without its call
-        plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
-        cells: dict[int, tuple | bool] = {}
-
-        def eff(context_per_seq: float) -> tuple[float, bool]:
-            x = context_per_seq if context_per_seq > 1.0 else 1.0
-            k = bisect_right(nodes, x) - 1
-            cell = cells.get(k)
-            if cell is None:
-                cell = cells[k] = self._decode_cell(n, k)
-            if cell is False:  # a cubic row: no closed form
-                return grid.eff(n, x)
-            a, b, out = cell
-            if not b:
-                return exp(a), out or x < first or x > last
-            return exp(a + b * (log(ua * x + ushift) if plain else u(x))), out or x < first or x > last
-        return eff
-
     def _decode_cell(self, num_seqs: int, k: int):
         """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
         (k = -1 below its first context, len - 1 at or beyond its last: clamped, b = 0)."""
@@ -182,24 +144,87 @@ class CalibratedOps:
             b += w * rb
         return a, b, oa
 
-    def decode_combine_fn(self, num_seqs: int) -> Callable[[float], float]:
-        """Per-layer seconds of FA2's split-KV combine kernel at ``num_seqs`` decodes, as a function of
-        the context per sequence, when this decode splits (the calibration's ``split_kv``; 0
-        otherwise). NOTE: the mean context stands for FA2's max_seqlen_k, which sets the number of
-        KV blocks."""
-        ds = self.decode_split
-        if not ds:
-            return lambda context_per_seq: 0.0
-        combine_s, block, ceil = ds["combine_s"], ds["block"], math.ceil
-        by_blocks: dict[int, float] = {}  # KV blocks per sequence -> seconds
+    def decode_attn_fn(self, num_seqs: int, *, num_layers: int, flops_per_token: float, kv_bytes: float,
+                       kv_reads: float, q_bytes: float, kv_scale: float,
+                       window: Callable[[float], float] | None = None) -> Callable[[float], tuple[float, bool]]:
+        """Decode attention of ``num_seqs`` sequences as a function of their total context:
+        context_tokens -> (seconds over ``num_layers`` layers, outside the table); built once per
+        batch size. Per layer: the raw bound max(FLOPs / peak, bytes / bandwidth) over the
+        efficiency measured at this batch size and the context per sequence (looked up at
+        ``kv_scale`` times it: equal bytes), plus FA2's split-KV combine kernel when the step
+        splits (the calibration's ``split_kv``; NOTE: the mean context stands for FA2's
+        max_seqlen_k, which sets the number of KV blocks). ``window``: the context that
+        sliding-window layers read (sim/cost/arch.py).
 
-        def combine(context_per_seq: float) -> float:
-            nb = ceil(max(1.0, context_per_seq) / block)
-            t = by_blocks.get(nb)
-            if t is None:
-                t = by_blocks[nb] = combine_s if self._splits(num_seqs, nb) else 0.0
-            return t
-        return combine
+        The efficiency is ``Grid2.eff`` of the decode table in closed form per table cell:
+        between two measured contexts log(efficiency) is linear in the axis coordinate u
+        (piecewise-linear rows, blended linearly in log batch), so a cell is two numbers
+        (``_decode_cell``), and a step costs one log and one exp; a cubic row has no closed form
+        and goes through ``Grid2.eff``. NOTE: this runs for every decode step costed (several
+        times per run), so it is one closure, with two exact shortcuts: the cell of the last call
+        is kept with its bounds (nodes[k] <= x < nodes[k + 1] is what ``bisect_right(nodes, x) -
+        1 == k`` means), and so is the last KV-block count nb with its bounds (nb - 1 < q <= nb
+        is what ``ceil(q) == nb`` means): the steps of a run lie in one cell
+        (``decode_smooth_end`` cuts runs there) and mostly in one block count."""
+        n = num_seqs
+        L, peak, bw = num_layers, self.peak, self.bw
+        grid = self.decode_grid[0]
+        n_eq = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
+        nodes = grid.b_nodes
+        first, last = nodes[0], nodes[-1]
+        axis = grid.rows[0].axis
+        u, exp, log, ceil, inf = axis.u, math.exp, math.log, math.ceil, math.inf
+        # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
+        # the same operations as ``Axis.u`` without its call
+        plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
+        cells: dict[int, tuple | bool] = {}  # _decode_cell by cell index
+        ds = self.decode_split
+        combine_s, block = (ds["combine_s"], ds["block"]) if ds else (0.0, 1)
+        # the last cell: x in [lo, hi) has log eff = ca + cb u(x) (``_decode_cell``); empty at first
+        lo = hi = 0.0
+        ca = cb = 0.0
+        cout = False
+        # the last KV-block count: q = ctx / block in (qlo, qhi] takes ``comb`` seconds
+        qlo = qhi = 0.0
+        comb = 0.0
+
+        def attn(context_tokens: float) -> tuple[float, bool]:
+            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb
+            if window is not None:
+                context_tokens = window(context_tokens)
+            flops = flops_per_token * context_tokens
+            bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
+            ctx = context_tokens / n
+            # the efficiency at ctx * kv_scale
+            x = ctx * kv_scale
+            if not x > 1.0:
+                x = 1.0
+            if lo <= x < hi:
+                e = exp(ca) if not cb else exp(ca + cb * (log(ua * x + ushift) if plain else u(x)))
+                out = cout or x < first or x > last
+            else:
+                k = bisect_right(nodes, x) - 1
+                cell = cells.get(k)
+                if cell is None:
+                    cell = cells[k] = self._decode_cell(n_eq, k)
+                if cell is False:  # a cubic row: no closed form
+                    e, out = grid.eff(n_eq, x)
+                else:
+                    ca, cb, cout = cell
+                    lo = nodes[k] if k >= 0 else -inf
+                    hi = nodes[k + 1] if k + 1 < len(nodes) else inf
+                    e = exp(ca) if not cb else exp(ca + cb * (log(ua * x + ushift) if plain else u(x)))
+                    out = cout or x < first or x > last
+            # FA2's combine kernel: by KV blocks per sequence
+            if ds:
+                q = (ctx if ctx > 1.0 else 1.0) / block
+                if not qlo < q <= qhi:
+                    nb = ceil(q)
+                    qlo, qhi = nb - 1, nb
+                    comb = combine_s if self._splits(n, nb) else 0.0
+            fb, mb = flops / peak, bytes_ / bw
+            return L * ((mb if mb > fb else fb) / e + comb), out
+        return attn
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
         ds = self.decode_split

@@ -58,7 +58,7 @@ class DataParallelEPCostModel(RooflineCostModel):
         self._group_caches: dict[tuple[int | None, int], tuple[dict, ...]] = {(None, 0): self._memos()}
 
     def _memos(self) -> tuple[dict, ...]:
-        return self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns
+        return self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns, self._step_cache
 
     def _set_group(self, group_tokens: int | None, pad_tokens: int = 0) -> None:
         key = (group_tokens, pad_tokens)
@@ -67,8 +67,8 @@ class DataParallelEPCostModel(RooflineCostModel):
         self._group_tokens, self._pad_tokens = group_tokens, pad_tokens
         memos = self._group_caches.get(key)
         if memos is None:
-            memos = self._group_caches[key] = ({}, {}, {}, {})
-        self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns = memos
+            memos = self._group_caches[key] = ({}, {}, {}, {}, {})
+        self._gemm_cache, self._token_cache, self._fixed_cache, self._run_fns, self._step_cache = memos
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
         return super()._gemms(max(tokens, self._pad_tokens))

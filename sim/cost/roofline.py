@@ -87,6 +87,24 @@ class _Fixed(NamedTuple):
     lm_flag: bool              # the LM head's does
 
 
+class _Step(NamedTuple):
+    """Everything ``run_cost`` needs of a batch shape (decode sequences, sampled positions, prompt
+    chunks) but its decode context: the ``_Fixed`` terms, decode attention as a function of the
+    context, the engine's overhead and the run's step function (``_run_step_fn``)."""
+
+    head: float                # _Fixed.head: the operators before decode attention
+    elem: float                # _Fixed.after, one by one (summed after decode attention, in order)
+    ar: float
+    lm: float
+    sampling: float
+    flag: bool                 # _Fixed.flag
+    lm_flag: bool              # _Fixed.lm_flag
+    decode: Callable[[float], tuple[float, bool]]  # _decode_fn(num_decode_seqs)
+    overhead: Callable[[float], float] | None      # the engine's (_host); None: a step of no tokens
+    outside: tuple[int, int] | None                # (seqs, seqs) when _host says outside its range
+    run_fns: tuple | None      # _run_step_fn of a decode-only batch; None: built per call
+
+
 class RooflineCostModel:
     """Per-step time of a batch on one replica of ``tp`` GPUs."""
 
@@ -191,6 +209,7 @@ class RooflineCostModel:
         self._run_fns: dict[tuple[int, int], tuple] = {}
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
+        self._step_cache: dict[tuple[int, int, tuple], _Step] = {}  # run_cost's, per batch shape
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
@@ -332,7 +351,7 @@ class RooflineCostModel:
 
         Decode attention reads every cached K and V of the batch: bandwidth bound. With a
         calibration: the raw bound over the efficiency measured at this batch size and this
-        step's own mean context per sequence (closed form per table cell, ``decode_eff_fn``),
+        step's own mean context per sequence (closed form per table cell, ``CalibratedOps.decode_attn_fn``),
         plus FA2's split-KV combine kernel when the step splits."""
         fn = self._decode_fns.get(num_seqs)
         if fn is None:
@@ -352,18 +371,11 @@ class RooflineCostModel:
             # the bytes it moves, so an fp8 KV cache is looked up at the context of equal bytes
             # (at short contexts, latency-bound, its step then costs what a bf16 step does).
             # FA2's split decision counts KV blocks of tokens, whatever their dtype.
-            eff, combine = self.cops.decode_eff_fn(n), self.cops.decode_combine_fn(n)
-            peak, bw, kv_scale = self.flops_s, self.gpu.hbm_bw_bytes_per_s, self._kv_scale
-
-            def calibrated(context_tokens: float) -> tuple[float, bool]:
-                if slide is not None:
-                    context_tokens = windowed_context(self, n, context_tokens)
-                flops = flops_per_token * context_tokens
-                bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
-                ctx = context_tokens / n
-                e, out = eff(ctx * kv_scale)
-                return L * (max(flops / peak, bytes_ / bw) / e + combine(ctx)), out
-            return calibrated
+            # (CalibratedOps' peak and bandwidth are this model's flops_s and the GPU's HBM bandwidth)
+            return self.cops.decode_attn_fn(
+                n, num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes, kv_reads=kv_reads,
+                q_bytes=q_bytes, kv_scale=self._kv_scale,
+                window=None if slide is None else (lambda context_tokens: windowed_context(self, n, context_tokens)))
         peak, bw, floor = self.flops_s * self.eff.attn_compute, self.mem_bw, self.eff.kernel_floor_s
 
         def roofline(context_tokens: float) -> tuple[float, bool]:
@@ -564,28 +576,60 @@ class RooflineCostModel:
         and last step seconds, their bend (``RunCost.curve_s``), whether the shape lies outside
         a calibrated table, and whether the engine overhead was taken outside the profile's
         measured batch range. The caller runs that prefix (``sim.cost.runs.run_sum_s``), then
-        plans again. The same operators as ``_components``, summed in the same order."""
-        self._flag = self._lm_flag = False
-        fx = self._fixed(batch)
-        n, chunks = batch.num_decode_seqs, batch.prefill_chunks
-        d, flag = self._decode_fn(n)(batch.decode_context_tokens)
-        self._flag = flag = flag or fx.flag
-        elem, ar, lm, sampling = fx.after
-        g = fx.head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
-        outside = None
-        if batch.num_tokens:
+        plans again. The same operators as ``_components``, summed in the same order; what the
+        batch's shape fixes comes from ``_step`` (memoised), the decode context is costed here."""
+        n = batch.num_decode_seqs
+        st = self._step_cache.get((n, batch.num_logits, batch.prefill_chunks))
+        if st is None:
+            st = self._step(batch)
+        d, flag = st.decode(batch.decode_context_tokens)
+        flag = flag or st.flag
+        g = st.head + d + st.elem + st.ar + st.lm + st.sampling  # sum(parts) of _components, term by term
+        overhead_fn = st.overhead
+        first = g + overhead_fn(g) if overhead_fn is not None else g + 0.0
+        if batch.num_steps == 1 or not n:
+            return _new(RunCost, (first, first, 1, flag, st.lm_flag, 0.0, st.outside))
+        self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
+        step_s, kinked = st.run_fns or self._run_step_fn(batch, self._fixed(batch))
+        j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
+        return _new(RunCost, (first, z, j, self._flag, st.lm_flag, q, st.outside))
+
+    # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
+    # shapes with prompt chunks recur as chunk budgets and prompt lengths repeat, and the memo
+    # starts over when full (its entries are pure functions of their key: nothing else changes).
+    MAX_STEP_SHAPES = 50_000
+
+    def _step(self, b: Batch) -> _Step:
+        """``run_cost``'s terms of ``b``'s shape (what ``_fixed``, ``_decode_fn`` and ``_host``
+        give), memoised by (decode sequences, sampled positions, prompt chunks), which fix them:
+        the token count is the decodes plus the chunks' new tokens."""
+        n, chunks = b.num_decode_seqs, b.prefill_chunks
+        if chunks:
+            # _fixed's terms, without building its tuple (it does not memoise these shapes)
+            qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
+            lm, sampling, lm_flag = self._logit_ops(b.num_logits)
+            saved, self._flag = self._flag, False
+            head = qkv + o + up + down + self._attn_prefill_s(chunks)  # _Fixed.head, summed as there
+            flag |= self._flag
+            self._flag = saved
+            run_fns = None
+        else:
+            fx = self._fixed(b)
+            head, flag, lm_flag = fx.head, fx.flag, fx.lm_flag
+            elem, ar, lm, sampling = fx.after
+            run_fns = self._run_step_fn(b, fx) if n else None
+        overhead_fn, outside = None, None
+        if b.num_tokens:
             seqs = n + len(chunks)
             overhead_fn, _, out = self._host(seqs, bool(chunks))
-            first = g + overhead_fn(g)
             if out:
                 outside = (seqs, seqs)
-        else:
-            first = g + 0.0
-        if batch.num_steps == 1 or not n:
-            return _new(RunCost, (first, first, 1, flag, fx.lm_flag, 0.0, outside))
-        step_s, kinked = self._run_step_fn(batch, fx)
-        j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
-        return _new(RunCost, (first, z, j, self._flag, fx.lm_flag, q, outside))
+        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, self._decode_fn(n), overhead_fn, outside, run_fns))
+        cache = self._step_cache
+        if len(cache) >= self.MAX_STEP_SHAPES:
+            cache.clear()
+        cache[(n, b.num_logits, chunks)] = st
+        return st
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:
         """(first step, last step) seconds of ``batch``, each at its own context."""
