@@ -81,11 +81,16 @@ class EngineProfile:
         """Seconds the step takes beyond its ``gpu_s`` of kernels (see the module docstring)."""
         return self.overhead_fn(num_seqs, has_prefill, tp, num_layers)(gpu_s)
 
+    def host_terms(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> tuple[float, float]:
+        """(cpu, launch): the step's CPU work and its kernel launches (the module docstring)."""
+        launch = 0.0 if self.graphed(num_seqs, has_prefill) else num_layers * self.eager_launch_per_layer_s
+        return self.cpu_s(num_seqs, has_prefill, tp), launch
+
     def overhead_fn(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> Callable[[float], float]:
         """``overhead_s`` as a function of the GPU seconds, the host terms fixed by the batch
-        computed once (every step of a decode run shares them)."""
-        cpu = self.cpu_s(num_seqs, has_prefill, tp)
-        launch = 0.0 if self.graphed(num_seqs, has_prefill) else num_layers * self.eager_launch_per_layer_s
+        computed once (every step of a decode run shares them). NOTE: the cost model's per-step
+        path writes this function out (``RooflineCostModel.run_cost``): change both together."""
+        cpu, launch = self.host_terms(num_seqs, has_prefill, tp, num_layers)
         if self.overlap_cpu:
             return lambda gpu_s: max(gpu_s, launch, cpu) - gpu_s
         return lambda gpu_s: cpu + max(gpu_s, launch) - gpu_s

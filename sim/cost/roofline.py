@@ -39,6 +39,13 @@ ATTN_DECODE = OPS.index("attn_decode")  # the only operator whose cost changes a
 # A NamedTuple with every field given, built without its generated __new__ (a Python call per
 # step on the hot path): what ``NamedTuple._make`` does, without the length check.
 _new = tuple.__new__
+# _PLUS_OVERHEAD: a step's seconds from its GPU seconds g and the engine's (cpu, launch) terms
+# (``_host``) are ``g + EngineProfile.overhead_fn(...)(g)``: g + (max(g, launch, cpu) - g) for an
+# engine overlapping its CPU work with the GPU, g + (cpu + max(g, launch) - g) for a serial one.
+# The per-step path (``run_cost``, ``_run_step_fn``'s step function) writes that out instead of
+# calling the function (once or more per step): max(a, b, c) as ``m = b if b > a else a`` then
+# ``c if c > m else m``, which is what ``max`` returns (it keeps the first of equals), with the
+# same additions in the same order: the same floats to the bit.
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class _Step(NamedTuple):
     flag: bool                 # _Fixed.flag
     lm_flag: bool              # _Fixed.lm_flag
     decode: Callable[[float], tuple[float, bool]]  # _decode_fn(num_decode_seqs)
-    overhead: Callable[[float], float] | None      # the engine's (_host); None: a step of no tokens
+    host: tuple[float, float] | None  # the engine's (cpu, launch) seconds (_host); None: a step of no tokens
     outside: tuple[int, int] | None                # (seqs, seqs) when _host says outside its range
     run_fns: tuple | None      # _run_step_fn of a decode-only batch; None: built per call
 
@@ -180,6 +187,7 @@ class RooflineCostModel:
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
+        self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
         self._fp8_cal = (self.cops is not None and self.cops.fp8_curves is not None and q is not None
                          and q.compute == "fp8" and bool(gpu.fp8_flops_per_s))
@@ -210,6 +218,7 @@ class RooflineCostModel:
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
         self._step_cache: dict[tuple[int, int, tuple], _Step] = {}  # run_cost's, per batch shape
+        self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
@@ -299,8 +308,9 @@ class RooflineCostModel:
         self._lm_flag |= hit[1]
         return hit[0]
 
-    def _attn_prefill_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
-        """Causal attention of each chunk of c new tokens after x cached ones.
+    def _prefill_attn(self, chunks: tuple[tuple[int, int], ...]) -> tuple[float, bool]:
+        """(seconds, outside a calibrated table) of causal attention of each chunk of c new
+        tokens after x cached ones.
 
         FLOPs: QK^T and PV, 2 * 2 * heads * d_head per (query, key) pair (MLA: 2 * heads *
         (192 + 128), plus the up-projection of cached context, ``arch.mla_attention``); a chunk has
@@ -308,12 +318,12 @@ class RooflineCostModel:
         of the square). Bytes: K and V of x + c tokens read once, Q read and O written.
         """
         if not chunks:
-            return 0.0
+            return 0.0, False
         L = self.model.num_layers
-        if self.cops is not None and self.cops.prefill_grid is not None:
+        if self._prefill_cal:
             # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
             # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
-            total, n, cache = 0.0, len(chunks), self._chunk_cache
+            total, flag, n, cache = 0.0, False, len(chunks), self._chunk_cache
             for c, x in chunks:
                 key = (n, c, x)
                 hit = cache.get(key)
@@ -326,15 +336,15 @@ class RooflineCostModel:
                     hit = (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e, out)
                     if len(cache) < 500_000:
                         cache[key] = hit
-                self._flag |= hit[1]
+                flag |= hit[1]
                 total += hit[0]
-            return L * total
+            return L * total, flag
         pairs = sum(windowed_pairs(self, c, x) for c, x in chunks)  # sliding layers: the window only
         kv_tokens = sum(c + x for c, x in chunks)
         new_tokens = sum(c for c, _ in chunks)
         flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * sum(x for _, x in chunks)
         bytes_ = kv_tokens * self._prefill_kv_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
-        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
+        return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s), False
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Seconds of decode attention of ``num_seqs`` sequences over ``context_tokens`` cached
@@ -455,10 +465,8 @@ class RooflineCostModel:
         qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
         lm, sampling, lm_flag = self._logit_ops(b.num_logits)
         if chunks:
-            saved, self._flag = self._flag, False
-            prefill = self._attn_prefill_s(chunks)
-            flag |= self._flag
-            self._flag = saved
+            prefill, out = self._prefill_attn(chunks)
+            flag |= out
         else:
             prefill = 0.0
         # summed left to right, as sum() of the parts
@@ -519,20 +527,21 @@ class RooflineCostModel:
             if b.num_tokens else 0.0
         return (*parts, overhead)
 
-    def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool]:
+    def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool, tuple]:
         """The engine profile's terms of a step of ``num_seqs`` scheduled sequences (the one place
         overhead enters a step): (GPU seconds -> overhead seconds, the knee: GPU seconds beyond
         which the host no longer adds to the step, whether the batch lies outside the profile's
-        measured range). Memoised: fixed along a decode run."""
+        measured range, the (cpu, launch) seconds that function adds: _PLUS_OVERHEAD).
+        Memoised: fixed along a decode run."""
         key = (num_seqs, has_prefill)
         hit = self._host_cache.get(key)
         if hit is None:
             eng, L = self.engine, self.model.num_layers
             # the step's total is max(gpu, knee) (+ serial CPU): it bends where gpu crosses the knee
-            launch = 0.0 if eng.graphed(num_seqs, has_prefill) else L * eng.eager_launch_per_layer_s
-            knee = max(launch, eng.cpu_s(num_seqs, has_prefill, self.tp)) if eng.overlap_cpu else launch
+            cpu, launch = eng.host_terms(num_seqs, has_prefill, self.tp, L)
+            knee = max(launch, cpu) if eng.overlap_cpu else launch
             hit = self._host_cache[key] = (eng.overhead_fn(num_seqs, has_prefill, self.tp, L), knee,
-                                           eng.outside_range(num_seqs))
+                                           eng.outside_range(num_seqs), (cpu, launch))
         return hit
 
     # -- public ---------------------------------------------------------------------------------
@@ -542,7 +551,7 @@ class RooflineCostModel:
         self._flag = self._lm_flag = False
         qkv, o, up, down = self._gemms(tokens)
         elem, ar, _ = self._per_tokens(tokens)
-        t = qkv + o + up + down + elem + ar + self._attn_prefill_s(((tokens, context_tokens),))
+        t = qkv + o + up + down + elem + ar + self._prefill_attn(((tokens, context_tokens),))[0]
         if completing:
             t += self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
         return t
@@ -582,17 +591,25 @@ class RooflineCostModel:
         st = self._step_cache.get((n, batch.num_logits, batch.prefill_chunks))
         if st is None:
             st = self._step(batch)
-        d, flag = st.decode(batch.decode_context_tokens)
-        flag = flag or st.flag
-        g = st.head + d + st.elem + st.ar + st.lm + st.sampling  # sum(parts) of _components, term by term
-        overhead_fn = st.overhead
-        first = g + overhead_fn(g) if overhead_fn is not None else g + 0.0
+        head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns = st
+        d, out = decode(batch.decode_context_tokens)
+        flag = out or flag
+        g = head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
+        if host is None:
+            first = g + 0.0
+        else:  # g + overhead_fn(g) of _host, written out (_PLUS_OVERHEAD)
+            cpu, launch = host
+            m = launch if launch > g else g
+            if self._overlap_cpu:
+                first = g + ((cpu if cpu > m else m) - g)
+            else:
+                first = g + (cpu + m - g)
         if batch.num_steps == 1 or not n:
-            return _new(RunCost, (first, first, 1, flag, st.lm_flag, 0.0, st.outside))
+            return _new(RunCost, (first, first, 1, flag, lm_flag, 0.0, outside))
         self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
-        step_s, kinked = st.run_fns or self._run_step_fn(batch, self._fixed(batch))
+        step_s, kinked = run_fns or self._run_step_fn(batch, self._fixed(batch))
         j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
-        return _new(RunCost, (first, z, j, self._flag, st.lm_flag, q, st.outside))
+        return _new(RunCost, (first, z, j, self._flag, lm_flag, q, outside))
 
     # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
     # shapes with prompt chunks recur as chunk budgets and prompt lengths repeat, and the memo
@@ -608,23 +625,22 @@ class RooflineCostModel:
             # _fixed's terms, without building its tuple (it does not memoise these shapes)
             qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
             lm, sampling, lm_flag = self._logit_ops(b.num_logits)
-            saved, self._flag = self._flag, False
-            head = qkv + o + up + down + self._attn_prefill_s(chunks)  # _Fixed.head, summed as there
-            flag |= self._flag
-            self._flag = saved
+            prefill, out = self._prefill_attn(chunks)
+            head = qkv + o + up + down + prefill  # _Fixed.head, summed as there
+            flag |= out
             run_fns = None
         else:
             fx = self._fixed(b)
             head, flag, lm_flag = fx.head, fx.flag, fx.lm_flag
             elem, ar, lm, sampling = fx.after
             run_fns = self._run_step_fn(b, fx) if n else None
-        overhead_fn, outside = None, None
+        host, outside = None, None
         if b.num_tokens:
             seqs = n + len(chunks)
-            overhead_fn, _, out = self._host(seqs, bool(chunks))
+            _, _, out, host = self._host(seqs, bool(chunks))
             if out:
                 outside = (seqs, seqs)
-        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, self._decode_fn(n), overhead_fn, outside, run_fns))
+        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, self._decode_fn(n), host, outside, run_fns))
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()
@@ -652,14 +668,25 @@ class RooflineCostModel:
                 return hit
         rest = fx.head + fx.tail  # kernels but decode attention
         attn = self._decode_fn(n)
-        overhead_fn, knee, _ = self._host(n, has_prefill)
+        _, knee, _, (cpu, launch) = self._host(n, has_prefill)
 
-        def step_s(context_tokens: int) -> float:
-            t, out = attn(context_tokens)
-            if out:
-                self._flag = True
-            g = rest + t
-            return g + overhead_fn(g)
+        # g + overhead_fn(g) of _host, written out (_PLUS_OVERHEAD), for an overlapping engine
+        # and for a serial one
+        if self._overlap_cpu:
+            def step_s(context_tokens: int) -> float:
+                t, out = attn(context_tokens)
+                if out:
+                    self._flag = True
+                g = rest + t
+                m = launch if launch > g else g
+                return g + ((cpu if cpu > m else m) - g)
+        else:
+            def step_s(context_tokens: int) -> float:
+                t, out = attn(context_tokens)
+                if out:
+                    self._flag = True
+                g = rest + t
+                return g + (cpu + (launch if launch > g else g) - g)
 
         def kinked(context_tokens: int) -> bool:
             t, out = attn(context_tokens)

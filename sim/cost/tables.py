@@ -115,13 +115,21 @@ class Curve:
 
     def at(self, u: float) -> tuple[float, bool]:
         """log(eff) at coordinate u, and whether u lies outside the measured range."""
-        i, w, out = bracket(self.lx, u)
-        ly = self.ly
-        if len(ly) == 1:
-            return ly[0], out
+        # bracket(self.lx, u), written out (this runs for every new shape costed)
+        lx, ly = self.lx, self.ly
+        n = len(lx)
+        if n == 1:
+            return ly[0], u != lx[0]
+        if u <= lx[0]:
+            i, w, out = 0, 0.0, u < lx[0]
+        elif u >= lx[-1]:
+            i, w, out = n - 2, 1.0, u > lx[-1]
+        else:
+            i = bisect_right(lx, u) - 1
+            w, out = (u - lx[i]) / (lx[i + 1] - lx[i]), False
         if self.m is None or out or w == 0.0 or w == 1.0:
             return ly[i] + w * (ly[i + 1] - ly[i]), out
-        h = self.lx[i + 1] - self.lx[i]
+        h = lx[i + 1] - lx[i]
         w2, w3 = w * w, w * w * w
         return ((2 * w3 - 3 * w2 + 1) * ly[i] + (w3 - 2 * w2 + w) * h * self.m[i]
                 + (3 * w2 - 2 * w3) * ly[i + 1] + (w3 - w2) * h * self.m[i + 1]), out
@@ -139,7 +147,7 @@ class Grid2:
     ``Curve`` on ``axis_b`` (linear or PCHIP); missing nodes (None) are filled along b from
     their neighbours first, so every row is a usable curve."""
 
-    __slots__ = ("la", "rows", "b_nodes")
+    __slots__ = ("la", "rows", "b_nodes", "_a_brackets")
 
     def __init__(self, a_vals, b_vals, log_eff, axis_b: Axis = LOG, cubic: bool = False):
         self.la = [math.log(a) for a in a_vals]
@@ -156,9 +164,13 @@ class Grid2:
                 j = min((j for j, rr in enumerate(rows) if rr is not None), key=lambda j: abs(j - i))
                 rows[i] = rows[j]
         self.rows = rows
+        self._a_brackets: dict[float, tuple[int, float, bool]] = {}  # bracket(la, log a) by a (few: batch sizes)
 
     def eff(self, a: float, b: float) -> tuple[float, bool]:
-        i, wa, oa = bracket(self.la, math.log(a))
+        hit = self._a_brackets.get(a)
+        if hit is None:
+            hit = self._a_brackets[a] = bracket(self.la, math.log(a))
+        i, wa, oa = hit
         r0 = self.rows[i]
         u = r0.axis.u(b)
         y0, ob = r0.at(u)
