@@ -102,3 +102,25 @@ def test_outside_range_is_counted_per_replica_and_summarised_as_before():
     assert all(1 <= lo <= hi < 8 for lo, hi in seen.values())
     assert summarize(result)["simsrv_overhead_outside_batch_range"] == [min(lo for lo, _ in seen.values()),
                                                                        max(hi for _, hi in seen.values())]
+
+
+@pytest.mark.parametrize("over", [COST_MODELS["calibrated"], COST_MODELS["fp8 kv, a100"], COST_MODELS["sliding window"]],
+                         ids=["calibrated", "fp8 kv, a100", "sliding window"])
+def test_decode_attention_does_not_depend_on_the_context_costed_before(over):
+    """The calibrated decode-attention function keeps the table cell and the KV-block count of
+    its last call: contexts visited in any order (across cells, block counts and split
+    decisions, both ways) give what a function that has seen nothing gives."""
+    import random
+
+    cm = _cost(**over)
+    assert cm.cops is not None and cm.cops.decode_grid is not None
+    rng = random.Random(7)
+    for n in (1, 5, 64, 300):
+        contexts = [n * x for x in (1, 2, 50, 127, 128, 129, 1000, 4095, 4096, 4097, 30000, 200000)]
+        contexts += [n * 128 * k + d for k in range(1, 40) for d in (0, 1)]  # FA2 KV blocks of 128
+        contexts += [rng.randrange(n, n * 100_000) for _ in range(60)]
+        rng.shuffle(contexts)
+        contexts += sorted(contexts, reverse=True)  # every cell and block count left downwards too
+        warm = cm._make_decode_fn(n)
+        for c in contexts:
+            assert warm(c) == cm._make_decode_fn(n)(c), (n, c)
