@@ -165,6 +165,7 @@ class KVBlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.groups = groups
+        self._plain = groups.plain  # one full-attention group: blocks_for is ceil(tokens / block_size)
         # With sliding-window groups a cached block is the full-attention group's page of that
         # prefix (one full group); the hit's sliding pages are shared uncharged (``KVGroups``).
         # NOTE: with no full-attention group (every layer sliding) or several, prefix caching
@@ -186,13 +187,41 @@ class KVBlockManager:
     def blocks_for(self, num_tokens: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
         ``computed``, while a chunk computes the tokens from ``computed`` on (``KVGroups.blocks``)."""
-        if self.groups.plain:
+        if self._plain:
             return -(-num_tokens // self.block_size)
         return self.groups.blocks(num_tokens, self.block_size, computed, shared)
 
     def blocks_of(self, req: Request, num_tokens: int, computed: int | None = None) -> int:
         """``blocks_for`` of ``req``, whose allocation began with ``req.kv_hit_blocks`` hits."""
         return self.blocks_for(num_tokens, computed, req.kv_hit_blocks)
+
+    def chunk_blocks(self, req: Request, num_tokens: int, computed: int) -> int:
+        """Blocks ``req`` gains for a prefill chunk computing its tokens from ``computed`` up to
+        ``num_tokens`` (negative: blocks that left its sliding windows go back):
+        ``blocks_of(req, num_tokens, computed) - blocks_held(req)`` in one call (it runs for
+        every chunk of every step); ``grow`` takes them."""
+        t = self.tables.get(req.request_id)
+        if self._plain:
+            new = -(-num_tokens // self.block_size)
+        else:
+            new = self.groups.blocks(num_tokens, self.block_size, computed, req.kv_hit_blocks)
+        if t is not None:
+            new -= t.num_blocks
+        return new
+
+    def grow(self, req: Request, new: int) -> None:
+        """``allocate(req, num_tokens, computed=computed)`` for a running prompt's chunk (no
+        cache hits to take) whose ``chunk_blocks`` delta ``new`` the caller has computed and
+        checked to be free: a negative one gives back the blocks that left a sliding window."""
+        t = self.tables.get(req.request_id)
+        if new < 0:
+            self.trim(req, t.num_blocks + new)
+            return
+        if t is None:
+            t = self.tables[req.request_id] = Table(req.request_id)
+        if new:
+            t.num_blocks += new
+            self._take(new)
 
     def blocks_held(self, req: Request) -> int:
         """Blocks ``req`` holds here (0 while it is in the decode set: see ``decode_blocks``)."""
@@ -219,8 +248,15 @@ class KVBlockManager:
         """Pop ``n`` blocks from the head of the free queue, evicting cached ones popped."""
         if n > self.num_free:
             raise AssertionError(f"KV over-allocation: {n} > {self.num_free} free")
+        if not n:  # nothing popped; peak_used already counts every block in use (each take updated it)
+            return
         self.num_free -= n
         q = self._queue
+        entry = next(iter(q))
+        if type(entry) is Run and entry.owner is None and entry.count > n:
+            # the common case, the loop below in one pass: a plain run at the head covers them
+            entry.count -= n
+            n = 0
         while n:
             entry = next(iter(q))
             if type(entry) is Block:
@@ -259,8 +295,9 @@ class KVBlockManager:
 
     def allocate_blocks(self, n: int) -> None:
         """Take ``n`` blocks for the aggregate decode set (the caller checked they are free)."""
-        self._take(n)
-        self.decode_blocks += n
+        if n:
+            self._take(n)
+            self.decode_blocks += n
 
     def release_blocks(self, n: int) -> None:
         """Give back blocks taken but not used (a decode run cut short) to the queue's head.
@@ -283,9 +320,15 @@ class KVBlockManager:
     def from_decode(self, req: Request, num_tokens: int) -> None:
         """``req`` leaves the decode set with ``num_tokens`` tokens of KV: its blocks (every
         group's, ``KVGroups.blocks``) are its own again."""
-        n = self.blocks_of(req, num_tokens)
+        if self._plain:  # blocks_of
+            n = -(-num_tokens // self.block_size)
+        else:
+            n = self.groups.blocks(num_tokens, self.block_size, None, req.kv_hit_blocks)
         self.decode_blocks -= n
-        self.table(req).num_blocks = n
+        t = self.tables.get(req.request_id)  # self.table(req), inline
+        if t is None:
+            t = self.tables[req.request_id] = Table(req.request_id)
+        t.num_blocks = n
 
     def swap_out(self, req: Request) -> int:
         """Copy ``req``'s blocks to host memory (the caller then frees them here); their count."""
@@ -315,8 +358,12 @@ class KVBlockManager:
         if not self.prefix_caching:
             return [], 0
         bs = self.block_size
+        keys = req.prefix_keys  # prefix_keys(req, bs) once memoised
+        if keys is None:
+            keys = prefix_keys(req, bs)
+        if not keys and req.request_id not in self.tables:  # nothing it could hit (the loop below finds none)
+            return [], 0
         cap = (req.prompt_tokens + req.num_generated - 1) // bs
-        keys = prefix_keys(req, bs)
         hits: list[Block] = []
         cached = self._cached
         for key in keys[:cap]:
@@ -343,11 +390,14 @@ class KVBlockManager:
         shared = num_hit if num_hit else req.kv_hit_blocks
         t = self.tables.get(req.request_id)
         held = t.num_blocks if t is not None else 0
-        new = self.blocks_for(num_tokens, computed, shared) - held - num_hit
+        if self._plain:  # blocks_for
+            new = -(-num_tokens // self.block_size) - held - num_hit
+        else:
+            new = self.groups.blocks(num_tokens, self.block_size, computed, shared) - held - num_hit
         if new < 0:  # a sliding window moved past blocks of an earlier chunk: freed first
             self.trim(req, held + new)
             new = 0
-        evictable = own_hits + sum(1 for b in hits if b.ref == 0)
+        evictable = own_hits + sum(1 for b in hits if b.ref == 0) if hits else own_hits
         if new + evictable > self.num_free:
             return False
         if t is None:
@@ -394,12 +444,16 @@ class KVBlockManager:
         """Publish the request's full blocks among its first ``num_tokens`` tokens."""
         if not self.prefix_caching:
             return
-        t = self.table(req)
+        t = self.tables.get(req.request_id)  # self.table(req), inline: this runs for every chunk
+        if t is None:
+            t = self.tables[req.request_id] = Table(req.request_id)
         full = num_tokens // self.block_size
         done = len(t.shared) + t.num_own_cached
         if full <= done:
             return
-        keys = prefix_keys(req, self.block_size)
+        keys = req.prefix_keys  # prefix_keys(req, ...) once memoised
+        if keys is None:
+            keys = prefix_keys(req, self.block_size)
         if done < len(keys) and not t.num_own_cached:
             cached = self._cached
             for key in keys[done:min(full, len(keys))]:
@@ -414,8 +468,9 @@ class KVBlockManager:
         if full > done:
             t.num_own_cached += full - done
 
-    def free(self, req: Request) -> None:
-        """Release a request's blocks, tail first; cached ones stay resident, evictable."""
+    def free(self, req: Request, forget: bool = False) -> None:
+        """Release a request's blocks, tail first; cached ones stay resident, evictable.
+        ``forget``: then ``forget(req)`` (done here for good), in one pass."""
         req.kv_hit_blocks = 0
         t = self.tables.pop(req.request_id, None)
         if t is None:
@@ -425,6 +480,11 @@ class KVBlockManager:
             self.num_held -= t.num_blocks
             t.held = False
         t.num_blocks = 0
+        if forget:
+            # its own cached blocks could be hit by itself only: forgotten, they are plain ones,
+            # following its uncached ones in the queue as the run ``forget`` leaves ownerless
+            plain += t.num_own_cached
+            t.num_own_cached = 0
         freed = plain
         if plain:
             self._append_plain(plain)

@@ -40,6 +40,7 @@ class VLLMAdmission:
     """vLLM's: admit on the KV blocks needed now (base.py); nothing to add here."""
 
     name = "vllm"
+    has_hooks = False  # every hook below does nothing: the scheduler skips calling them
 
     def start_round(self, sched: Scheduler) -> None:
         pass
@@ -81,6 +82,7 @@ class SGLangAdmission(VLLMAdmission):
     """
 
     name = "sglang"
+    has_hooks = True
 
     def __init__(self, exact_lengths: bool):
         self.exact_lengths = exact_lengths  # radix cache off + ignore_eos: add_one_req_ignore_eos
@@ -182,7 +184,7 @@ class SGLangAdmission(VLLMAdmission):
             sched._preempt(victim, now)
             sched.waiting.remove(victim)  # tp_worker: waiting_queue.extend(retracted_reqs)
             sched.waiting.append(victim)
-            plan.preempted.append(victim)
+            plan.add_preempted(victim)
             self.num_retractions += 1
         decoded = sum(gen[r.request_id] for r in decodes)
         max_new = sum(r.output_tokens for r in decodes)

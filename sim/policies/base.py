@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.core.batch import Batch
 from sim.core.kv import KVBlockManager
-from sim.policies.admission import make_admission
+from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
 
@@ -51,30 +51,52 @@ class EngineLimits:
     admission: str = "vllm"
 
 
+class _NoEntries(list):
+    """The empty list that a ``StepPlan`` list field shares with every other plan until its first
+    entry (most rounds leave most fields empty; eight new lists per round were a measurable
+    share of a step's CPU). Read-only: the scheduler assigns the field a new list before
+    appending. Hashable by identity only so that dataclasses accept it as a default (they
+    take unhashable defaults for mutable ones; this one cannot change)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a StepPlan field's shared empty list is read-only: assign a new list")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+
+
+NONE = _NoEntries()
+
+
 @dataclass(slots=True)
 class StepPlan:
     """What one scheduling round decided (vLLM V1's ``SchedulerOutput``): the step (or
     ``num_steps`` identical decode steps) to run, and what happened to the requests it leaves
     out. A round with nothing to run is ``idle``; it still reports its preemptions and why
-    the waiting requests wait."""
+    the waiting requests wait.
+    The list fields start as the shared read-only ``NONE``; the scheduler gives a field a list
+    of its own at its first entry."""
 
     num_steps: int
     num_decode_seqs: int
     decode_context_tokens: int
     decode_blocks: int
     # prompt tokens scheduled per request (a decode takes one token: ``Scheduler.scheduled_tokens``)
-    chunks: list[tuple[Request, int]] = field(default_factory=list)
-    chunk_contexts: list[int] = field(default_factory=list)
+    chunks: list[tuple[Request, int]] = NONE
+    chunk_contexts: list[int] = NONE
     swap_blocks: int = 0  # KV blocks moved over PCIe (swap-out and swap-in) before the step
     # Requests that joined the decode set with KV computed elsewhere (swapped in, or sent by a
     # prefill replica), and the gap before their first decode step (their next token's
     # inter-token latency is that gap + the step; nan when that token is their first).
-    kv_ready: list[Request] = field(default_factory=list)
-    ready_gaps_s: list[float] = field(default_factory=list)
-    new_reqs: list[Request] = field(default_factory=list)   # scheduled for the first time ever
-    preempted: list[Request] = field(default_factory=list)  # preempted planning it, in order
+    kv_ready: list[Request] = NONE
+    ready_gaps_s: list[float] = NONE
+    new_reqs: list[Request] = NONE   # scheduled for the first time ever
+    preempted: list[Request] = NONE  # preempted planning it, in order
     # running prompts given no chunk this step (the token budget ran out before them)
-    prompts_skipped: list[Request] = field(default_factory=list)
+    prompts_skipped: list[Request] = NONE
     # the requests left waiting wait for KV blocks (one did not fit, or the round preempted:
     # V1 then admits nothing); otherwise for room in the batch or the token budget
     kv_blocked: bool = False
@@ -83,8 +105,14 @@ class StepPlan:
     block: bool = False
     # separate prefill steps: (extra seconds, sequences) whose gap to this plan's first decode
     # step also spans the prompt steps that paused them
-    pause_extras: list[tuple[float, int]] = field(default_factory=list)
+    pause_extras: list[tuple[float, int]] = NONE
     planned_s: float = 0.0  # when it was planned (the step's start)
+
+    def add_preempted(self, req: Request) -> None:
+        """Append to ``preempted`` (a list from its first entry on)."""
+        if self.preempted is NONE:
+            self.preempted = []
+        self.preempted.append(req)
 
     @property
     def idle(self) -> bool:
@@ -128,6 +156,7 @@ class Scheduler:
         self.running: dict[int, Request] = {}     # admission order; the tail is preempted first
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
         self.decode = DecodeSet(kv)
+        self._kv_windows = not kv.groups.plain  # sliding-window (or several) KV groups
         self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
         self.num_swaps = 0
@@ -141,12 +170,42 @@ class Scheduler:
         self._pending_pause: list[list] = []  # separate prefill steps: [extra seconds, sequences]
         self.admission = make_admission(limits.admission, kv.prefix_caching)
 
+    @property
+    def admission(self) -> VLLMAdmission:
+        return self._admission
+
+    @admission.setter
+    def admission(self, admission: VLLMAdmission) -> None:
+        self._admission = admission
+        # vLLM's admission (the default) does nothing in its hooks: the rounds skip the calls
+        self._hooks = admission.has_hooks
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: EngineLimits) -> None:
+        """Set the engine knobs and what the rounds derive from them (fixed for a run; read
+        once here rather than every round)."""
+        self._limits = limits
+        self._budget = limits.max_num_batched_tokens
+        self._max_num_seqs = limits.max_num_seqs
+        self._threshold = limits.long_prefill_token_threshold
+        self._max_run_steps = limits.max_run_steps
+        self._multi = limits.num_scheduler_steps > 1
+        self._separate = self._multi or limits.separate_prefill_steps
+        # a prompt step of its own pauses the decodes (multi-step blocks measure their own gaps)
+        self._prompt_steps_pause = limits.separate_prefill_steps and limits.num_scheduler_steps == 1
+        self._no_evict = limits.capacity_scheduler_policy == "guaranteed_no_evict"
+        self._swap = limits.preemption_mode == "swap"
+
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
         """Why ``req`` can never be served here, or ''."""
         total = req.prompt_tokens + req.output_tokens
-        if total > self.limits.max_model_len:
-            return f"prompt+output {total} tokens > max_model_len {self.limits.max_model_len}"
+        if total > self._limits.max_model_len:
+            return f"prompt+output {total} tokens > max_model_len {self._limits.max_model_len}"
         kv = self.kv
         need = kv.blocks_for(total - 1)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
@@ -181,21 +240,22 @@ class Scheduler:
         preempted (vLLM returns it empty) is planned again at once; its preemptions go to the
         next plan."""
         self.num_schedules += 1
-        preempted: list[Request] = []
-        while True:
+        plan = self.plan_step(now)
+        if plan.preempted and not (plan.num_decode_seqs or plan.chunks):  # only preempted
+            preempted = list(plan.preempted)
             plan = self.plan_step(now)
-            if plan.preempted and plan.idle:
+            while plan.preempted and not (plan.num_decode_seqs or plan.chunks):
                 preempted += plan.preempted
-                continue
-            if preempted:
-                plan.preempted[:0] = preempted
-                plan.kv_blocked = True
-            if len(self.prefilling) > len(plan.chunks):
-                in_step = {req.request_id for req, _ in plan.chunks}
-                plan.prompts_skipped = [r for r in self.prefilling.values() if r.request_id not in in_step]
-            if plan.idle:
-                self.admission.on_idle()  # sglang: an idle round resets new_token_ratio
-            return plan
+                plan = self.plan_step(now)
+            plan.preempted = preempted + list(plan.preempted)
+            plan.kv_blocked = True
+        chunks = plan.chunks
+        if len(self.prefilling) > len(chunks):
+            in_step = {req.request_id for req, _ in chunks}
+            plan.prompts_skipped = [r for r in self.prefilling.values() if r.request_id not in in_step]
+        if self._hooks and not (plan.num_decode_seqs or chunks):
+            self._admission.on_idle()  # sglang: an idle round resets new_token_ratio
+        return plan
 
     def plan_step(self, now: float) -> StepPlan:
         """One vLLM V1 ``Scheduler.schedule()`` (vllm/v1/core/sched/scheduler.py): running
@@ -204,10 +264,9 @@ class Scheduler:
         preempted (recomputed later) and the allocation retried; then, only if nothing was
         preempted, waiting requests in order. The plan may be empty (it only preempted)."""
         kv, ds = self.kv, self.decode
-        budget = self.limits.max_num_batched_tokens
+        budget = self._budget
         plan = StepPlan(1, 0, 0, 0, planned_s=now)
-        multi = self.limits.num_scheduler_steps > 1
-        separate = multi or self.limits.separate_prefill_steps
+        separate = self._separate
         if separate and self.waiting:
             # vLLM V0 without chunked prefill (vllm/core/scheduler.py _schedule_default) and
             # SGLang without --enable-mixed-chunk (managers/tp_worker.py forward_step): waiting
@@ -218,35 +277,51 @@ class Scheduler:
             self._fill_prefills(plan, budget, now)
             if plan.chunks:
                 return plan
-        self.admission.before_decode(self, plan, now)  # sglang: retract_decode when KV is short
-        fast = self._running_without_conflict(budget)
+        if self._hooks:
+            self._admission.before_decode(self, plan, now)  # sglang: retract_decode when KV is short
+        fast = self._running_without_conflict(plan, budget)
+        deferred = 0  # the decodes' blocks for this step not taken yet
         if fast is None:
             budget = self._schedule_running(plan, budget, now)
         else:  # the loop would give every decode its token and these chunks, in this order
-            plan.decode_blocks = ds.blocks_next_step()
-            kv.allocate_blocks(plan.decode_blocks)
             budget -= ds.num_seqs
-            for req, n in fast:
-                self._run_chunk(plan, req, n)
-                budget -= n
+            if fast or (self.waiting and not separate):
+                if plan.decode_blocks:
+                    kv.allocate_blocks(plan.decode_blocks)
+                for req, n, new in fast:
+                    self._run_chunk(plan, req, n, new)
+                    budget -= n
+            else:
+                # nothing else takes or reads free blocks before the end of this round: the
+                # step's blocks are taken there (with the run's, if it becomes one), in one go
+                deferred = plan.decode_blocks
         if plan.preempted:
             plan.kv_blocked = True  # V1 admits nothing in a step that preempted
         elif self.waiting and not separate:  # separate: the waiting ones did not fit (above)
             self._fill_prefills(plan, budget, now)
-        plan.num_decode_seqs = ds.num_seqs
-        plan.decode_context_tokens = ds.context_tokens + ds.num_seqs
-        plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
-        plan.block = multi and ds.num_seqs > 0 and not plan.chunks
-        if self._pending_pause and ds.num_seqs:
+        num_seqs = ds.num_seqs
+        plan.num_decode_seqs = num_seqs
+        plan.decode_context_tokens = ds.context_tokens + num_seqs
+        if self._swap_blocks:
+            plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
+        multi = self._multi
+        if multi:
+            plan.block = num_seqs > 0 and not plan.chunks
+        if self._pending_pause and num_seqs:
             if not plan.preempted and not self._paused and not plan.block:
                 # NOTE: after a preemption (or a budget pause) the paused gaps are not lengthened;
                 # a multi-step block measures its gaps itself
                 plan.pause_extras = [(e, c) for e, c in self._pending_pause if e > 0]
             self._pending_pause.clear()
-        if (plan.chunks or not ds.num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
+        if (plan.chunks or not num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
                 or self._paused):
+            if deferred:
+                kv.allocate_blocks(deferred)
             return plan
-        kv.release_blocks(plan.decode_blocks)
+        # A run of decode steps: its length is chosen as if the one step's blocks taken above
+        # were given back first (they are free for it).
+        taken = plan.decode_blocks - deferred
+        free = kv.num_free + taken
         if multi:
             # One scheduling covers num_scheduler_steps decode steps of this batch, with KV
             # slots reserved ahead (lookahead slots); a sequence that ends inside the block
@@ -255,58 +330,101 @@ class Scheduler:
             # NOTE: where KV for the whole block is short, the block is cut to the steps that
             # fit (vLLM would preempt to make room for the lookahead slots); with sliding-window
             # layers still filling, it is cut where the set changes (finish or full window).
-            k = min(self.limits.num_scheduler_steps, ds.max_steps_within(kv.num_free))
+            k = self._limits.num_scheduler_steps
             if ds.num_filling:
                 k = min(k, ds.steps_to_next_change())
         else:  # nothing else can join until a sequence finishes: fast-forward identical steps
-            k = min(ds.steps_to_next_change(), ds.max_steps_within(kv.num_free), self.limits.max_run_steps)
+            k = ds.steps_to_next_change()
+            if k > self._max_run_steps:
+                k = self._max_run_steps
+        # k = min(k, ds.max_steps_within(free)): that is the largest k' with blocks_needed(k')
+        # <= free (blocks_needed grows with k'), so it is k itself when k's blocks fit
+        need = ds.blocks_needed(k)
+        if need > free:
+            k = ds.max_steps_within(free)
+            need = ds.blocks_needed(k)
         plan.num_steps = k
-        plan.decode_blocks = ds.blocks_needed(k)
-        kv.allocate_blocks(plan.decode_blocks)
+        # The run's blocks: giving back the step's blocks (kv.release_blocks puts them at the
+        # free queue's head) and taking the run's pops the same blocks in the same order as
+        # taking only the difference (or giving back the surplus) from where the step's ended.
+        extra = need - taken
+        if extra > 0:
+            kv.allocate_blocks(extra)
+        elif extra < 0:
+            kv.release_blocks(-extra)
+        plan.decode_blocks = need
         return plan
 
-    def _running_without_conflict(self, budget: int) -> list[tuple[Request, int]] | None:
+    def _running_without_conflict(self, plan: StepPlan, budget: int) -> list[tuple[Request, int, int]] | None:
         """The chunks of the running prompts when the ordered loop cannot preempt or leave a
         decode out (None otherwise): every decode and chunk gets its blocks, and either
         everything fits the budget or the prompts in progress are the last admitted (so the
-        decodes come first and the prompts share what is left, in order)."""
+        decodes come first and the prompts share what is left, in order). A chunk is (request,
+        tokens, blocks gained: ``kv.chunk_blocks``). When it returns them, ``plan.decode_blocks``
+        holds the blocks the decodes open this step."""
         ds, kv = self.decode, self.kv
         if ds.num_seqs > budget:
             return None
-        blocks = ds.blocks_next_step()
-        if not self.prefilling:
-            return [] if blocks <= kv.num_free else None
-        tail = reversed(self.running)
-        in_order = all(next(tail) in self.prefilling for _ in range(len(self.prefilling)))
+        blocks = decode_blocks = ds.blocks_next_step()
+        prefilling = self.prefilling
+        if not prefilling:
+            if blocks > kv.num_free:
+                return None
+            plan.decode_blocks = decode_blocks
+            return NONE
+        in_order = None  # whether the prompts are the last admitted: found when first needed
         left = budget - ds.num_seqs
+        thr = self._threshold
         chunks = []
-        for req in self.prefilling.values():
-            n = self._chunk_tokens(req.prefill_target - req.num_computed)
+        for req in prefilling.values():
+            computed = req.num_computed
+            n = req.prefill_target - computed
+            if 0 < thr < n:  # _chunk_tokens
+                n = thr
             if n > left:
+                if in_order is None:  # the last len(prefilling) admitted are all prompts
+                    in_order = True
+                    tail = reversed(self.running)
+                    for _ in range(len(prefilling)):
+                        if next(tail) not in prefilling:
+                            in_order = False
+                            break
                 if not in_order:
                     return None
                 n = left
             if n <= 0:
                 break
-            chunks.append((req, n))
+            new = kv.chunk_blocks(req, computed + n, computed)
+            chunks.append((req, n, new))
             left -= n
-            blocks += max(0, kv.blocks_of(req, req.num_computed + n, req.num_computed) - kv.blocks_held(req))
-        return chunks if blocks <= kv.num_free else None
+            if new > 0:
+                blocks += new
+        if blocks > kv.num_free:
+            return None
+        plan.decode_blocks = decode_blocks
+        return chunks
 
     def _chunk_tokens(self, n: int) -> int:
         """A prompt's next chunk before the budget: its ``n`` tokens left, capped by
         ``long_prefill_token_threshold`` (0: no cap), as vLLM V1 takes them for running and
         waiting requests alike."""
-        thr = self.limits.long_prefill_token_threshold
+        thr = self._threshold
         return thr if 0 < thr < n else n
 
-    def _run_chunk(self, plan: StepPlan, req: Request, n: int) -> None:
+    def _run_chunk(self, plan: StepPlan, req: Request, n: int, new: int | None = None) -> None:
         """Give running prompt ``req`` a chunk of ``n`` tokens this step: its KV blocks (published
-        to the prefix cache as computed) and its place in the plan."""
-        self.kv.allocate(req, req.num_computed + n, computed=req.num_computed)
-        self.kv.cache(req, req.num_computed + n)
+        to the prefix cache as computed) and its place in the plan. ``new``: the blocks it
+        gains, when known (``kv.chunk_blocks``)."""
+        computed = req.num_computed
+        if new is None:
+            self.kv.allocate(req, computed + n, computed=computed)
+        else:
+            self.kv.grow(req, new)
+        self.kv.cache(req, computed + n)
+        if plan.chunks is NONE:  # the plan's first chunk: its lists (StepPlan)
+            plan.chunks, plan.chunk_contexts = [], []
         plan.chunks.append((req, n))
-        plan.chunk_contexts.append(req.num_computed)
+        plan.chunk_contexts.append(computed)
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         """The running requests one by one (vLLM's loop over ``self.running``); returns the
@@ -321,14 +439,14 @@ class Scheduler:
                 need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.request_id in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = kv.blocks_of(req, req.num_computed + n, req.num_computed) - kv.blocks_held(req)
+                need = kv.chunk_blocks(req, req.num_computed + n, req.num_computed)  # may be < 0
             else:
                 i += 1
                 continue
             while need > kv.num_free:
                 victim = order.pop()
                 self._preempt(victim, now)
-                plan.preempted.append(victim)
+                plan.add_preempted(victim)
                 if victim is req:
                     break
             else:
@@ -352,10 +470,11 @@ class Scheduler:
         """Waiting requests in order (vLLM's loop over ``self.waiting``): one whose first chunk
         the policy cannot take now is skipped and keeps its place; one whose KV blocks do not
         fit stops the loop (first come first served on memory)."""
-        waiting, limits = self.waiting, self.limits
+        waiting, running, max_num_seqs = self.waiting, self.running, self._max_num_seqs
         skipped: list[Request] = []
-        self.admission.start_round(self)
-        while waiting and budget > 0 and len(self.running) < limits.max_num_seqs:
+        if self._hooks:
+            self._admission.start_round(self)
+        while waiting and budget > 0 and len(running) < max_num_seqs:
             req = waiting[0]
             if req.kv_ready:
                 if not self._admit_kv_ready(req, plan, now):
@@ -395,6 +514,8 @@ class Scheduler:
         if opened:  # its first decode step opens a block
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
+        if plan.kv_ready is NONE:  # the plan's first: its lists (StepPlan)
+            plan.kv_ready, plan.ready_gaps_s = [], []
         plan.kv_ready.append(req)
         # a request with no token yet (vLLM P/D: the decode side emits the first) has no gap
         plan.ready_gaps_s.append(now - req.last_token_s if req.num_generated else math.nan)
@@ -408,11 +529,11 @@ class Scheduler:
         its KV blocks do not fit, -1 if the policy skips it this step. A prefix-cache hit
         (vLLM ``get_computed_blocks``) skips the cached blocks' prefill."""
         kv = self.kv
-        no_evict = self.limits.capacity_scheduler_policy == "guaranteed_no_evict"
+        no_evict = self._no_evict
         if no_evict and self.reserved_blocks + self._full_blocks(req) > kv.num_blocks:
             plan.kv_blocked = True
             return 0
-        if not self.admission.admits(self, req):
+        if self._hooks and not self._admission.admits(self, req):  # vLLM's admits everything
             plan.kv_blocked = True
             return 0
         hits, own = kv.lookup(req)
@@ -431,7 +552,8 @@ class Scheduler:
             req.prefix_hit_tokens += start
         req.num_computed = start
         kv.cache(req, start + n)
-        self.admission.on_admit(req)
+        if self._hooks:
+            self._admission.on_admit(req)
         self._admit(req, plan, n, now)
         return n
 
@@ -452,9 +574,13 @@ class Scheduler:
         req.status = "running"
         if req.first_scheduled_s != req.first_scheduled_s:  # nan: first time
             req.first_scheduled_s = now
+            if plan.new_reqs is NONE:  # the plan's first: its list (StepPlan)
+                plan.new_reqs = []
             plan.new_reqs.append(req)
         self.running[req.request_id] = req
         self.prefilling[req.request_id] = req
+        if plan.chunks is NONE:  # the plan's first chunk: its lists (StepPlan)
+            plan.chunks, plan.chunk_contexts = [], []
         plan.chunks.append((req, num_tokens))
         plan.chunk_contexts.append(req.num_computed)
 
@@ -476,8 +602,7 @@ class Scheduler:
         pending = self._pending_pause
         # a prompt step of its own (separate_prefill_steps; a multi-step block measures its own
         # gaps): every decode waiting meanwhile gains its length
-        paused_step = (plan.chunks and not plan.num_decode_seqs and self.limits.separate_prefill_steps
-                       and self.limits.num_scheduler_steps == 1)
+        paused_step = self._prompt_steps_pause and plan.chunks and not plan.num_decode_seqs
         if paused_step:
             d = now - plan.planned_s
             for e in pending:
@@ -490,7 +615,8 @@ class Scheduler:
             if k < plan.num_steps:
                 kv.release_blocks(plan.decode_blocks - ds.blocks_needed(k))
             self.tokens_emitted += ds.num_seqs * k
-            self.admission.on_decode_steps(k)
+            if self._hooks:
+                self._admission.on_decode_steps(k)
             if plan.block:
                 self._release_burst(now)
             for req in ds.advance(k):
@@ -538,18 +664,20 @@ class Scheduler:
     def _on_prefill_done(self, req: Request, now: float) -> None:
         """The prompt's last chunk emitted a token: decode continues here (colocated); blocks
         its last chunk held beyond a sliding window go back first."""
-        self.kv.trim(req, self.kv.blocks_of(req, req.num_computed))
+        # (with one full-attention group it holds exactly blocks_of(num_computed) after its last
+        # chunk, allocate having grown it to that: nothing to give back)
+        if self._kv_windows:
+            self.kv.trim(req, self.kv.blocks_of(req, req.num_computed))
         self.decode.add(req)
 
     def _finish(self, req: Request, now: float, finished: list[Request]) -> None:
         req.status = "completed"
         req.finish_s = now
         kv = self.kv
-        if self.limits.capacity_scheduler_policy == "guaranteed_no_evict":
+        if self._no_evict:
             self.reserved_blocks -= self._full_blocks(req)
         kv.cache(req, req.prompt_tokens + req.num_generated - 1)  # its generated blocks too
-        kv.free(req)
-        kv.forget(req)
+        kv.free(req, forget=True)
         del self.running[req.request_id]
         finished.append(req)
 
@@ -561,14 +689,14 @@ class Scheduler:
         PCIe and back. NOTE: vLLM V1 only recomputes; swap is vLLM V0's option. A prefill in
         progress is always recomputed, and host memory is assumed large enough."""
         del self.running[req.request_id]
-        if self.limits.capacity_scheduler_policy == "guaranteed_no_evict":
+        if self._no_evict:
             self.reserved_blocks -= self._full_blocks(req)
         swap = False
         if req.in_decode:  # it emitted a token at the end of the step that just ended
             self.decode.remove(req)
             self.kv.cache(req, req.prompt_tokens + req.num_generated - 1)
             req.last_token_s = now
-            swap = self.limits.preemption_mode == "swap"
+            swap = self._swap
         else:
             del self.prefilling[req.request_id]
         if swap:

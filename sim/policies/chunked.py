@@ -17,13 +17,16 @@ class ChunkedScheduler(Scheduler):
     name = "chunked"
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
-        limits = self.limits
-        n = min(self._chunk_tokens(remaining), budget)
-        if n < remaining and limits.max_num_partial_prefills > 0:
+        thr = self._threshold
+        n = thr if 0 < thr < remaining else remaining  # _chunk_tokens
+        if n > budget:
+            n = budget
+        max_partial = self._limits.max_num_partial_prefills
+        if n < remaining and max_partial > 0:
             # NOTE: vLLM V0's max_num_partial_prefills (V1 does not enforce it; off by default):
             # a prompt that would start as one partial prefill too many waits.
             partial = sum(1 for r in self.prefilling.values() if r.num_computed + self._chunk_of(r, plan) < r.prefill_target)
-            if partial >= limits.max_num_partial_prefills:
+            if partial >= max_partial:
                 return 0
         return n
 

@@ -20,7 +20,7 @@ class ContinuousScheduler(Scheduler):
         prompt is rejected (vllm/core/scheduler.py ``_get_prompt_limit``; V1 refuses such a
         configuration outright), never run alone over the budget."""
         reason = super().admission_error(req)
-        if not reason and req.prompt_tokens > self.limits.max_num_batched_tokens:
+        if not reason and req.prompt_tokens > self._budget:
             reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
                       "(policy continuous: no chunked prefill)")
         return reason
@@ -32,7 +32,7 @@ class ContinuousScheduler(Scheduler):
             # NOTE: admission_error keeps every prompt within the whole budget; a preempted
             # request recomputes prompt + generated tokens, which may exceed it: that runs in a
             # step with no other prompt instead of waiting forever.
-            if plan.chunks or remaining <= self.limits.max_num_batched_tokens:
+            if plan.chunks or remaining <= self._budget:
                 return -1
         return remaining
 

@@ -57,6 +57,8 @@ class DecodeSet:
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
         heapq.heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        if not self._sliding:  # _slide_last is -1: nothing to fill
+            return
         last = self._slide_last(req)
         if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
@@ -71,7 +73,7 @@ class DecodeSet:
         req.num_generated = g
         self.kv.from_decode(req, n)
         req.in_decode = False
-        if self._filling(req):
+        if self.num_filling and self._filling(req):
             self.num_filling -= 1
             self.filling_count[req.phase] -= 1
         req.epoch += 1  # invalidates its heap entries
@@ -131,8 +133,12 @@ class DecodeSet:
             return 0
         rounds, rem = divmod(num_steps, self.block_size)
         if not self.num_filling and self.w_full == 1:  # one block per opening (no sliding windows filling)
-            counts, bs, base = self.phase_count, self.block_size, -self.steps
-            return rounds * self.num_seqs + sum(counts[(base - r) % bs] for r in range(rem))
+            # sum(counts[(q0 - r) % bs] for r in range(rem)), q0 the class at offset 0: the
+            # classes q0, q0 - 1, ... wrap below 0 to the end of the list, so two slices
+            counts, q0 = self.phase_count, -self.steps % self.block_size
+            if rem <= q0 + 1:
+                return rounds * self.num_seqs + sum(counts[q0 + 1 - rem:q0 + 1])
+            return rounds * self.num_seqs + sum(counts[:q0 + 1]) + sum(counts[q0 + 1 - rem:])
         return rounds * self._per_round() + sum(self._count_at_offset(r) for r in range(rem))
 
     def max_steps_within(self, free_blocks: int) -> int:
@@ -144,6 +150,16 @@ class DecodeSet:
         # the block numbered free_blocks (0-based) is the first that cannot be met.
         rounds, idx = divmod(free_blocks, per_round)
         seen = 0
+        if not self.num_filling and self.w_full == 1:
+            # _count_at_offset(r) is counts[(q0 - r) % bs] here: walk the classes down from q0
+            counts, bs = self.phase_count, self.block_size
+            q = -self.steps % bs
+            for r in range(bs):
+                seen += counts[q]
+                if seen > idx:
+                    return r + rounds * bs
+                q = q - 1 if q else bs - 1
+            raise AssertionError("phase histogram inconsistent with num_seqs")
         for r in range(self.block_size):
             seen += self._count_at_offset(r)
             if seen > idx:
@@ -173,17 +189,17 @@ class DecodeSet:
     # -- progress -----------------------------------------------------------------------------
     def advance(self, num_steps: int) -> list[Request]:
         """Run ``num_steps`` decode steps (the caller allocated their blocks); return finishers."""
-        self.steps += num_steps
+        self.steps = steps = self.steps + num_steps
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
-        while fill and fill[0][0] <= self.steps:
+        while fill and fill[0][0] <= steps:
             _, _, epoch, req = heapq.heappop(fill)
             if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
-        done = []
         heap = self._heap
-        while heap and heap[0][0] <= self.steps:
+        done = []
+        while heap and heap[0][0] <= steps:
             _, _, epoch, req = heapq.heappop(heap)
             if epoch == req.epoch:
                 done.append(req)
