@@ -187,9 +187,17 @@ class CalibratedOps:
         # the last KV-block count: q = ctx / block in (qlo, qhi] takes ``comb`` seconds
         qlo = qhi = 0.0
         comb = 0.0
+        # the last call's context and answer: planning a run asks for the same context twice
+        # (run_cost's first step, then the kink test there; the kink test at a piece's last
+        # step, then its step time, ``RooflineCostModel._piece``); the function is pure
+        prev_ctx: float | None = None
+        prev = (0.0, False)
 
         def attn(context_tokens: float) -> tuple[float, bool]:
-            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb
+            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb, prev_ctx, prev
+            if context_tokens == prev_ctx:
+                return prev
+            prev_ctx = context_tokens
             if window is not None:
                 context_tokens = window(context_tokens)
             flops = flops_per_token * context_tokens
@@ -223,7 +231,8 @@ class CalibratedOps:
                     qlo, qhi = nb - 1, nb
                     comb = combine_s if self._splits(n, nb) else 0.0
             fb, mb = flops / peak, bytes_ / bw
-            return L * ((mb if mb > fb else fb) / e + comb), out
+            prev = (L * ((mb if mb > fb else fb) / e + comb), out)
+            return prev
         return attn
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:

@@ -219,6 +219,7 @@ class RooflineCostModel:
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
         self._step_cache: dict[tuple[int, int, tuple], _Step] = {}  # run_cost's, per batch shape
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
+        self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
@@ -549,11 +550,24 @@ class RooflineCostModel:
         """Compute seconds of one prompt chunk run alone (no decodes, no engine overhead): the
         same operators as ``step_time`` of that one-chunk batch, without building it."""
         self._flag = self._lm_flag = False
-        qkv, o, up, down = self._gemms(tokens)
-        elem, ar, _ = self._per_tokens(tokens)
-        t = qkv + o + up + down + elem + ar + self._prefill_attn(((tokens, context_tokens),))[0]
+        if tokens:
+            # _gemms and _per_tokens through their per-token-count memo (``_token_ops``: the
+            # same floats; it also records the GEMMs' extrapolation, as every other caller does)
+            qkv, o, up, down, elem, ar, _ = self._token_cache.get(tokens) or self._token_ops(tokens)
+        else:  # _token_ops has a step of no tokens cost nothing; a chunk of none still runs its kernels
+            qkv, o, up, down = self._gemms(tokens)
+            elem, ar, _ = self._per_tokens(tokens)
+        hit = self._chunk_cache.get((1, tokens, context_tokens)) if self._prefill_cal else None
+        if hit is not None:  # _prefill_attn of the one chunk: L * (0.0 + its memoised seconds), as here
+            attn = self.model.num_layers * hit[0]
+        else:
+            attn = self._prefill_attn(((tokens, context_tokens),))[0]
+        t = qkv + o + up + down + elem + ar + attn
         if completing:
-            t += self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
+            tail = self._alone_tail
+            if tail is None:  # the LM head of one position and its sampling (pure: computed once)
+                tail = self._alone_tail = self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
+            t += tail
         return t
 
     def overhead_s(self, num_seqs: int, has_prefill: bool = True) -> float:
@@ -622,10 +636,18 @@ class RooflineCostModel:
         the token count is the decodes plus the chunks' new tokens."""
         n, chunks = b.num_decode_seqs, b.prefill_chunks
         if chunks:
-            # _fixed's terms, without building its tuple (it does not memoise these shapes)
-            qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
-            lm, sampling, lm_flag = self._logit_ops(b.num_logits)
-            prefill, out = self._prefill_attn(chunks)
+            # _fixed's terms, without building its tuple (it does not memoise these shapes).
+            # Shapes with prompt chunks miss this memo often (a chunk's cached context moves on
+            # with every chunk of its prompt), so the memos below are read in place first: each
+            # ``cache.get(key) or method(key)`` is what the method returns (they are non-empty
+            # tuples and functions), the method running on a miss.
+            qkv, o, up, down, elem, ar, flag = self._token_cache.get(b.num_tokens) or self._token_ops(b.num_tokens)
+            lm, sampling, lm_flag = self._logit_cache.get(b.num_logits) or self._logit_ops(b.num_logits)
+            hit = self._chunk_cache.get((1, *chunks[0])) if self._prefill_cal and len(chunks) == 1 else None
+            if hit is not None:  # _prefill_attn of one chunk: L * (0.0 + its memoised seconds), as there
+                prefill, out = self.model.num_layers * hit[0], hit[1]
+            else:
+                prefill, out = self._prefill_attn(chunks)
             head = qkv + o + up + down + prefill  # _Fixed.head, summed as there
             flag |= out
             run_fns = None
@@ -637,10 +659,11 @@ class RooflineCostModel:
         host, outside = None, None
         if b.num_tokens:
             seqs = n + len(chunks)
-            _, _, out, host = self._host(seqs, bool(chunks))
+            _, _, out, host = self._host_cache.get((seqs, bool(chunks))) or self._host(seqs, bool(chunks))
             if out:
                 outside = (seqs, seqs)
-        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, self._decode_fn(n), host, outside, run_fns))
+        decode = self._decode_fns.get(n) or self._decode_fn(n)
+        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns))
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()
