@@ -124,3 +124,42 @@ def test_decode_attention_does_not_depend_on_the_context_costed_before(over):
         warm = cm._make_decode_fn(n)
         for c in contexts:
             assert warm(c) == cm._make_decode_fn(n)(c), (n, c)
+
+
+def _alone_by_operator(cm, tokens: int, ctx: int, completing: bool) -> float:
+    """prefill_alone_s as the operators give it, summed in its order, with no memo of its own."""
+    qkv, o, up, down = cm._gemms(tokens)
+    elem, ar, _ = cm._per_tokens(tokens)
+    t = qkv + o + up + down + elem + ar + cm._prefill_attn(((tokens, ctx),))[0]
+    if completing:
+        t += cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw
+    return t
+
+
+@pytest.mark.parametrize("over", COST_MODELS.values(), ids=COST_MODELS.keys())
+def test_prefill_alone_is_its_operators_whatever_was_costed_before(over):
+    """prefill_alone_s reads the per-token-count and chunk memos that run_cost fills: the same
+    seconds cold, warm, and after run_cost costed the chunk in a step."""
+    shapes = [(t, x, done) for t in (1, 37, 512, 2048) for x in (0, 5, 1200) for done in (False, True)]
+    cost = _cost(**over)
+    for i, cm in enumerate(getattr(cost, "stages", [cost])):
+        ref = [_alone_by_operator(_cost(**over).stages[i] if hasattr(cost, "stages") else _cost(**over), *s)
+               for s in shapes]
+        cold = [cm.prefill_alone_s(*s) for s in shapes]
+        for b in _batches() + [Batch(3, 300, ((t, x),), 3 + done, 1) for t, x, done in shapes]:
+            cm.run_cost(b)
+        warm = [cm.prefill_alone_s(*s) for s in reversed(shapes)][::-1]
+        assert cold == warm == ref
+
+
+@pytest.mark.parametrize("over", [COST_MODELS["calibrated"], COST_MODELS["sliding window"]],
+                         ids=["calibrated", "sliding window"])
+def test_prefill_chunk_memo_starts_over_when_full_with_the_same_seconds(over):
+    small, big = _cost(**over), _cost(**over)
+    small.MAX_CHUNK_SHAPES = 5
+    batches = [Batch(n, n * 100, tuple((c + k, x) for k in range(m)), n + 1, 1)
+               for n in (0, 4) for c in (16, 300) for x in (0, 77, 4000) for m in (1, 2, 3)]
+    for _ in range(2):
+        small._step_cache.clear()
+        assert [small.run_cost(b) for b in batches] == [big.run_cost(b) for b in batches]
+        assert 0 < len(small._chunk_cache) <= 5 < len(big._chunk_cache)

@@ -43,6 +43,9 @@ class CalibratedOps:
         self._split_cache: dict[tuple[int, int], bool] = {}
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
+        # decode_smooth_end's table nodes, and whether FA2 may split (grouped-query decode only)
+        self._decode_nodes = self.decode_grid[0].b_nodes if self.decode_grid else None
+        self._gqa_split = bool(self.decode_split) and heads > kv_heads
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
         # vLLM's custom all-reduce (small buffers, sim/cost/fit.py ``uses_custom_allreduce``)
         self.custom_curve = cal.allreduce_curve(tp, custom=True) if (cal.custom_allreduce and tp > 1) else None
@@ -187,17 +190,9 @@ class CalibratedOps:
         # the last KV-block count: q = ctx / block in (qlo, qhi] takes ``comb`` seconds
         qlo = qhi = 0.0
         comb = 0.0
-        # the last call's context and answer: planning a run asks for the same context twice
-        # (run_cost's first step, then the kink test there; the kink test at a piece's last
-        # step, then its step time, ``RooflineCostModel._piece``); the function is pure
-        prev_ctx: float | None = None
-        prev = (0.0, False)
 
         def attn(context_tokens: float) -> tuple[float, bool]:
-            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb, prev_ctx, prev
-            if context_tokens == prev_ctx:
-                return prev
-            prev_ctx = context_tokens
+            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb
             if window is not None:
                 context_tokens = window(context_tokens)
             flops = flops_per_token * context_tokens
@@ -231,8 +226,7 @@ class CalibratedOps:
                     qlo, qhi = nb - 1, nb
                     comb = combine_s if self._splits(n, nb) else 0.0
             fb, mb = flops / peak, bytes_ / bw
-            prev = (L * ((mb if mb > fb else fb) / e + comb), out)
-            return prev
+            return L * ((mb if mb > fb else fb) / e + comb), out
         return attn
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
@@ -250,11 +244,11 @@ class CalibratedOps:
         (looked up at ``kv_scale`` x the context) and no change of FA2's split decision (a KV
         block boundary where the combine kernel starts or stops) lies before it."""
         end = ctx_last
-        nodes = self.decode_grid[0].b_nodes
+        nodes = self._decode_nodes
         m = bisect_right(nodes, ctx_first * kv_scale)
         if m < len(nodes):
             end = min(end, nodes[m] / kv_scale)
-        if self.decode_split and self.heads > self.kv_heads:  # FA2 splits grouped-query decode only
+        if self._gqa_split:
             block = self.decode_split["block"]
             nb = math.ceil(max(1.0, ctx_first) / block)
             split = self._splits(num_seqs, nb)
