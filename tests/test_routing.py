@@ -84,3 +84,20 @@ def test_cache_aware_thresholds_are_scenario_keys():
     s = load_scenario("scenarios/routing.yaml", ["cluster.cache_aware.balance_abs_threshold=8"])
     router = make_router("cache_aware", 4, s.seed, s.cluster.cache_aware)
     assert router.balance_abs_threshold == 8 and router.cache_threshold == pytest.approx(0.3)
+
+
+def test_least_outstanding_is_the_first_replica_with_fewest_outstanding():
+    """Its written-out sum is ``Scheduler.num_outstanding``; ties go to the lowest index."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from sim.engine.router import least_outstanding
+    from sim.policies.base import Scheduler
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        reps = [SimpleNamespace(waiting=deque(range(rng.integers(0, 3))),
+                                running=dict.fromkeys(range(rng.integers(0, 3))), incoming=int(rng.integers(0, 2)))
+                for _ in range(int(rng.integers(1, 6)))]
+        loads = [Scheduler.num_outstanding.fget(s) for s in reps]
+        assert least_outstanding(None, reps) == min(range(len(reps)), key=lambda i: (loads[i], i))

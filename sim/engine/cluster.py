@@ -1,4 +1,4 @@
-"""Cluster wiring in SimPy: an arrival process, a router, one process per replica.
+"""Cluster wiring in SimPy: the arrivals (sim/engine/arrivals.py), a router, one loop per replica.
 
 Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
 waits the plan's step time and applies ``on_step_done``; its TTFT accounting observes every
@@ -20,12 +20,14 @@ from heapq import heappop
 from collections.abc import Callable, Iterable
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import URGENT
 
 from sim.core.batch import Batch
 from sim.cost.runs import run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
+from sim.engine.arrivals import Arrivals
+from sim.engine.calls import Call
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.core.request import Request
@@ -55,8 +57,6 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_
         j += 1
     return j
 
-
-ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a whole chunk)
 
 # Events allowed at one simulated instant before the run is declared stalled, on top of a
 # per-request allowance (a trace on a coarse time grid legitimately puts thousands of
@@ -99,28 +99,6 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
             raise exc
 
 
-class _Call(simpy.Event):
-    """A SimPy event, triggered, that calls ``fn(event)`` when the environment processes it:
-    ``at(delay_s, priority)`` schedules it ``delay_s`` from now. What SimPy's ``Timeout``
-    (NORMAL priority), ``Initialize`` and ``Interruption`` (URGENT) are to a generator process,
-    with ``fn`` in place of the process's resume. The replica's loop runs on these (``Replica``).
-    An event that has run may be scheduled again (one object per replica for its steps, not
-    one per step); one left pending in the queue may not."""
-
-    def __init__(self, env: simpy.Environment, fn: Callable[[simpy.Event], None]):
-        self.env = env
-        self._fn = fn
-        self._value = None
-        self._ok = True
-
-    def at(self, delay_s: float, priority=NORMAL) -> "_Call":
-        if delay_s < 0:  # as Timeout
-            raise ValueError(f"Negative delay {delay_s}")
-        self.callbacks = [self._fn]
-        self.env.schedule(self, priority, delay_s)
-        return self
-
-
 class _BlockState:
     """A multi-step block in progress: its plan and shape, when it began, the steps run so far,
     the first and the last step's seconds, and the cost of the piece running now."""
@@ -157,11 +135,11 @@ class Replica:
         self._run: tuple | None = None
         # the end event of the step or run in flight: one object, scheduled again for each step
         # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
-        self._end = _Call(env, self._step_end)
+        self._end = Call(env, self._step_end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
-        _Call(env, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
+        Call(env, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
@@ -176,10 +154,10 @@ class Replica:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
         if self._idle:
             self._idle = False
-            _Call(self.env, self._plan).at(0.0)  # a wake-up event succeeding now
+            Call(self.env, self._plan).at(0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            _Call(self.env, self._cut).at(0.0, URGENT)  # an interruption
+            Call(self.env, self._cut).at(0.0, URGENT)  # an interruption
 
     def _plan(self, _event=None) -> None:
         """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
@@ -217,14 +195,14 @@ class Replica:
     def _cut(self, _event) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
         self._end.callbacks.clear()  # the run's end event will find nothing to resume
-        self._end = _Call(self.env, self._step_end)  # (it stays in the queue until its time)
+        self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
         _, _, start, first, last, k, curve, _, _, _ = self._run
         now = self.env.now
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
         if end > now:
-            _Call(self.env, self._cut_end).at(end - now)
+            Call(self.env, self._cut_end).at(end - now)
         else:
             self._cut_end(None)
 
@@ -278,7 +256,7 @@ class Replica:
             bs.first_s = rc.first_s
         bs.last_s = rc.last_s
         bs.rc = rc
-        _Call(self.env, self._block_piece_end).at(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps,
+        Call(self.env, self._block_piece_end).at(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps,
                                                            rc.curve_s))
 
     def _block_piece_end(self, _event) -> None:
@@ -342,22 +320,15 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     env = simpy.Environment()
     rec = Recorder()
     requests: list[Request] = []
-    sent = [0]
     ended = [0]
     chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
     total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
     report_every = max(1, total // 200)
-    free = [max_concurrency if max_concurrency is not None else -1]  # -1: open loop
-    wake: list[simpy.Event | None] = [None]
-
-    def release(n: int) -> None:
-        free[0] += n
-        if wake[0] is not None and not wake[0].triggered:
-            wake[0].succeed()
+    arrivals: Arrivals | None = None  # (made after the topology, as the process was started)
 
     def release_later(n: int):
         yield env.timeout(think_time_s)
-        release(n)
+        arrivals.release(n)
 
     def on_finish(finished: list[Request]) -> None:
         if results is not None:
@@ -368,7 +339,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
             if think_time_s > 0:
                 env.process(release_later(len(finished)))
             else:
-                release(len(finished))
+                arrivals.release(len(finished))
         if progress is not None and ended[0] // report_every != before // report_every:
             progress(ended[0])
 
@@ -377,51 +348,19 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     else:
         topo = topology(env, rec, on_finish)
 
-    keep = results is None
-
-    def arrivals():
-        i = 0
-        submit = topo.submit
-        for chunk in chunks:  # a stream is read only as far as simulated time has reached
-            hash_ids = chunk.hash_ids
-            for lo in range(0, len(chunk), ARRIVAL_SLICE):  # Python numbers for a slice at a time
-                arrival = chunk.arrival_s[lo:lo + ARRIVAL_SLICE].tolist()
-                inp = chunk.input_tokens[lo:lo + ARRIVAL_SLICE].tolist()
-                out = chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist()
-                for j in range(len(arrival)):
-                    t = arrival[j]
-                    now = env.now
-                    if t > now:
-                        yield env.timeout(t - now)
-                    if max_concurrency is not None:
-                        while free[0] <= 0:
-                            wake[0] = env.event()
-                            yield wake[0]
-                            wake[0] = None
-                        free[0] -= 1
-                        t = env.now
-                    req = Request(i, t, inp[j], out[j])
-                    if hash_ids is not None:
-                        req.hash_ids = hash_ids[lo + j]
-                        req.hash_block_size = chunk.hash_block_size
-                    if keep:
-                        requests.append(req)
-                    sent[0] = i = i + 1
-                    submit(req)
-
-    env.process(arrivals())
+    arrivals = Arrivals(env, chunks, topo.submit, requests if results is None else None, max_concurrency)
     # The run allocates millions of short-lived objects but creates almost no reference cycles;
     # the cyclic collector would rescan every live request on each pass (28% of the wall time
     # at 100k requests, bench/README.md). Reference counting still frees everything meanwhile.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run_watched(env, lambda: sent[0])
+        run_watched(env, lambda: arrivals.sent)
     finally:
         if was_enabled:
             gc.enable()
     if results is not None:
-        results.sent = sent[0]
+        results.sent = arrivals.sent
     for s in topo.schedulers:
         rec.resume_gaps_s.extend(s.resume_gaps_s)
         rec.resume_gaps_s.extend(s.burst_gaps_s)
