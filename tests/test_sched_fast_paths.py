@@ -159,3 +159,16 @@ def test_limits_set_later_are_obeyed():
         s.add_request(Request(i, 0.0, 10, 3), 0.0)
     plan = s.schedule(0.0)
     assert len(plan.chunks) == 2 and s.limits.max_num_seqs == 2
+
+
+def test_new_plan_is_the_dataclass_plan_field_by_field():
+    """``new_plan(now)`` equals ``StepPlan(1, 0, 0, 0, planned_s=now)``: every field set, the
+    list fields the shared read-only ``NONE`` itself."""
+    import dataclasses
+
+    from sim.policies.base import new_plan
+    a, b = new_plan(2.5), StepPlan(1, 0, 0, 0, planned_s=2.5)
+    for f in dataclasses.fields(StepPlan):
+        x, y = getattr(a, f.name), getattr(b, f.name)  # (an unset slot raises AttributeError)
+        assert x is y if y is NONE else (type(x) is type(y) and x == y), f.name
+    assert a == b and new_plan(0.0) == StepPlan(1, 0, 0, 0)

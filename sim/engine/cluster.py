@@ -136,6 +136,11 @@ class Replica:
         # the end event of the step or run in flight: one object, scheduled again for each step
         # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
         self._end = Call(env, self._step_end)
+        # the wake-up, the cut and the cut run's end: one object each, scheduled again each time
+        # (each is pending at most once: an idle replica has no step in flight; a run is cut once)
+        self._wake = Call(env, self._plan)
+        self._cut_call = Call(env, self._cut)
+        self._cut_end_call = Call(env, self._cut_end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
@@ -143,7 +148,7 @@ class Replica:
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        now = self.env.now
+        now = self.env._now  # (simpy's Environment.now property returns _now)
         if not self.scheduler.add_request(req, now):
             self.on_finish([req])
             return
@@ -154,18 +159,18 @@ class Replica:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
         if self._idle:
             self._idle = False
-            Call(self.env, self._plan).at(0.0)  # a wake-up event succeeding now
+            self._wake.at(0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            Call(self.env, self._cut).at(0.0, URGENT)  # an interruption
+            self._cut_call.at(0.0, URGENT)  # an interruption
 
     def _plan(self, _event=None) -> None:
         """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
         env, sched = self.env, self.scheduler
-        now = env.now
+        now = env._now
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
-        if plan.idle:
+        if not (plan.num_decode_seqs or plan.chunks):  # plan.idle, inline (a property call per round)
             self._idle = True
             return
         if plan.block:
@@ -197,12 +202,12 @@ class Replica:
         self._end.callbacks.clear()  # the run's end event will find nothing to resume
         self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
         _, _, start, first, last, k, curve, _, _, _ = self._run
-        now = self.env.now
+        now = self.env._now
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
         if end > now:
-            Call(self.env, self._cut_end).at(end - now)
+            self._cut_end_call.at(end - now)
         else:
             self._cut_end(None)
 
@@ -217,12 +222,13 @@ class Replica:
         observers see them, the scheduler applies them, the step log gets its row; plan again."""
         plan, batch, start, first, _, _, _, extrapolated, lm_head_extrapolated, outside = self._run
         sched, rec = self.scheduler, self.recorder
-        now = self.env.now
+        now = self.env._now
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
             self.ttft.on_step(plan, now, now - start)
         if extrapolated or lm_head_extrapolated or outside is not None:
             rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
-        kv_used = sched.kv.num_used  # during the step, before finished requests free theirs
+        kv = sched.kv
+        kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
         finished = sched.on_step_done(plan, now, done)
         n = batch.num_decode_seqs
         rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch.prefill_tokens, n * done,
