@@ -231,3 +231,19 @@ def test_a_plans_batch_is_the_general_batch():
     assert plan.batch.prefill_tokens == plan.prefill_tokens == 700
     decode = StepPlan(5, 7, 7000, 10)
     assert decode.batch == Batch(7, 7000, (), 7, 5) and decode.batch.num_tokens == 7
+
+
+@pytest.mark.parametrize("case", ["chunked", "multi-step"])
+def test_cost_flags_are_the_process_loops(case, monkeypatch):
+    """The cost model's flags reach the recorder as the process loop passed them (the callback
+    loop skips count_cost for an LM-head flag alone once the run has it)."""
+    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+           "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
+    workload = _workload(200, 0.05, 3)
+    new = run_scenario(scenario_from_dict(raw), workload=workload)
+    monkeypatch.setattr(cluster, "Replica", ProcessReplica)
+    monkeypatch.setattr(topology, "Replica", ProcessReplica)
+    old = run_scenario(scenario_from_dict(raw), workload=workload)
+    assert new.lm_head_extrapolated and new.lm_head_extrapolated == old.lm_head_extrapolated
+    assert new.extrapolated_steps == old.extrapolated_steps
+    assert new.overhead_outside_seqs == old.overhead_outside_seqs
