@@ -235,8 +235,7 @@ def test_a_plans_batch_is_the_general_batch():
 
 @pytest.mark.parametrize("case", ["chunked", "multi-step"])
 def test_cost_flags_are_the_process_loops(case, monkeypatch):
-    """The cost model's flags reach the recorder as the process loop passed them (the callback
-    loop skips count_cost for an LM-head flag alone once the run has it)."""
+    """The cost model's flags reach the recorder as the process loop passed them."""
     raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
            "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
     workload = _workload(200, 0.05, 3)

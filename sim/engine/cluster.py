@@ -225,9 +225,7 @@ class Replica:
         now = self.env._now
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
             self.ttft.on_step(plan, now, now - start)
-        # (the LM head's flag is up on most models' every step: alone, all count_cost does with it
-        # is set rec.lm_head_extrapolated, reported once per run; once set, the call is skipped)
-        if extrapolated or outside is not None or (lm_head_extrapolated and not rec.lm_head_extrapolated):
+        if extrapolated or lm_head_extrapolated or outside is not None:
             rec.count_cost(self.index, extrapolated, lm_head_extrapolated, outside, done)
         kv = sched.kv
         kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
