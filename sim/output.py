@@ -6,8 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import polars as pl
-
 from sim.atomic import atomic_path, write_text
 from sim.errors import UserError
 
@@ -28,15 +26,68 @@ def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
     # result.json last: a directory holding it holds the whole run
-    # a time that never happened (a failed request's first token) is null, not NaN
-    requests = result.requests.select(REQUEST_COLUMNS).with_columns(pl.col(pl.Float64).fill_nan(None))
     with atomic_path(out / "requests.parquet") as tmp:
-        requests.write_parquet(tmp, statistics=False)
+        _write_parquet(tmp, result.num_requests, _request_group(result))
     with atomic_path(out / "steps.parquet") as tmp:
-        result.steps.select(STEP_COLUMNS).write_parquet(tmp, statistics=False)
+        _write_parquet(tmp, result.num_step_rows, lambda a, b: result.step_frame(a, b, STEP_COLUMNS))
     write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
     write_text(out / "result.json", json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
     return out
+
+
+def _request_group(result):
+    import polars as pl
+
+    def rows(start: int, stop: int):
+        # a time that never happened (a failed request's first token) is null, not NaN
+        return result.request_frame(start, stop, REQUEST_COLUMNS).with_columns(pl.col(pl.Float64).fill_nan(None))
+    return rows
+
+
+def row_group_rows(num_rows: int) -> list[int]:
+    """The rows of each row group polars' ``write_parquet`` gives a frame of ``num_rows`` rows
+    (its defaults: the split depends on the row count alone, not on the columns), read off
+    the file it writes for a column of nulls that long (a few kilobytes; 40 ms at 10M rows)."""
+    import io
+
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pl.select(pl.repeat(None, num_rows, dtype=pl.Int8).alias("x")).write_parquet(buf, statistics=False)
+    buf.seek(0)
+    meta = pq.ParquetFile(buf).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def _write_parquet(path: Path, num_rows: int, rows) -> None:
+    """A Parquet file of ``num_rows`` rows, ``rows(start, stop)`` giving a polars frame of rows
+    [start, stop), written one row group at a time (memory: one row group, ~130,000 rows).
+
+    The bytes are those of ``rows(0, num_rows).write_parquet(path, statistics=False)``: polars
+    writes a frame through the same streaming Parquet sink, which makes one row group of each
+    morsel it gets (when near its 122,880-row target); fed the row groups that write would
+    have made (``row_group_rows``) as morsels from a Python source, it writes the same file
+    (tests/test_output_stream.py compares the two)."""
+    import polars as pl
+    from polars.io.plugins import register_io_source
+
+    if num_rows == 0:
+        rows(0, 0).write_parquet(path, statistics=False)
+        return
+    sizes = row_group_rows(num_rows)
+    first = [rows(0, sizes[0])]
+    schema = first[0].schema
+
+    def source(with_columns, predicate, n_rows, batch_size):
+        # a sink reads every column and row: no projection, filter or limit reaches here
+        assert with_columns is None and predicate is None and n_rows is None
+        start = 0
+        for size in sizes:
+            yield first.pop() if start == 0 else rows(start, start + size)
+            start += size
+
+    register_io_source(source, schema=schema).sink_parquet(path, statistics=False)
 
 
 def _json_safe(v):

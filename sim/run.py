@@ -6,27 +6,51 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
+from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
-from sim.analysis.metrics import request_metrics
+from sim.analysis.metrics import REQUEST_METRICS, request_metric
 from sim.scenario import Scenario
 from sim.engine.topology import layout_for
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
+from sim.workload.arrays import mean_rate_per_s
+
+if TYPE_CHECKING:
+    import polars as pl
+
+
+# requests.parquet's columns taken as recorded (sim/engine/results.py field names)
+_RAW = {"request_id": "request_id", "arrival_s": "arrival_s", "first_scheduled_s": "first_scheduled_s",
+        "first_token_s": "first_token_s", "finish_s": "finish_s", "input_tokens": "prompt_tokens",
+        "output_tokens": "output_tokens", "num_preemptions": "num_preemptions", "replica": "replica",
+        "prefix_hit_tokens": "prefix_hit_tokens", "decode_wait_s": "decode_wait_s",
+        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in TTFT_PARTS}}
+# the requests frame's columns, in its order
+REQUEST_FRAME_COLUMNS = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+                         "input_tokens", "output_tokens", *REQUEST_METRICS, "num_preemptions", "replica",
+                         "prefix_hit_tokens", "kv_transfer_s", "decode_wait_s", "decode_rounds_waited",
+                         *TTFT_PARTS, "status", "fail_reason")
 
 
 @dataclass
 class RunResult:
+    """A finished run. Its per-request results and step rows stay in their column stores
+    (spilled to disk for a large run, sim/engine/columns.py): ``request_column`` /
+    ``step_column`` read one column, ``request_frame`` / ``step_frame`` a range of rows, and
+    ``requests`` / ``steps`` build the whole polars frames (on first use; a large run's
+    summary and run directory never need them)."""
     scenario: Scenario
     deployment: Deployment          # the replica (the decode pool's, when disaggregated)
-    workload: RequestArrays
-    requests: pl.DataFrame
-    steps: pl.DataFrame
+    results: RequestResults
+    step_store: ColumnBuffer
+    given_workload: RequestArrays | None   # None: the requests as sent are read from the results
     resume_gaps_s: list[float]
     wall_s: float
     schedulers: list = field(default_factory=list)
@@ -44,27 +68,77 @@ class RunResult:
     def peak_kv_usage(self) -> float:
         return max((s.kv.peak_used / s.kv.num_blocks for s in self.schedulers), default=0.0)
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.results)
 
-def _request_frame(cols: dict[str, np.ndarray]) -> pl.DataFrame:
-    """requests.parquet's columns from the finished requests' results (sim/engine/results.py)."""
-    times = {"request_id": cols["request_id"], "arrival_s": cols["arrival_s"],
-             "first_scheduled_s": cols["first_scheduled_s"],
-             "first_token_s": cols["first_token_s"], "finish_s": cols["finish_s"],
-             "input_tokens": cols["prompt_tokens"], "output_tokens": cols["output_tokens"]}
-    metrics = request_metrics({**times, "status": cols["status"]})
-    return pl.DataFrame({
-        **times,
-        **metrics,
-        "num_preemptions": cols["num_preemptions"],
-        "replica": cols["replica"],
-        "prefix_hit_tokens": cols["prefix_hit_tokens"],
-        "kv_transfer_s": cols["transfer_end_s"] - cols["transfer_start_s"],
-        "decode_wait_s": cols["decode_wait_s"],
-        "decode_rounds_waited": cols["decode_rounds_waited"],
-        **{part: cols[part] for part in TTFT_PARTS},
-        "status": cols["status"].tolist(),
-        "fail_reason": cols["fail_reason"].tolist(),
-    }, nan_to_null=False)
+    @property
+    def num_step_rows(self) -> int:
+        return len(self.step_store)
+
+    @property
+    def workload(self) -> RequestArrays:
+        """The requests as sent (a streamed or closed-loop run: read back from the results,
+        each time: a 10M-request run does not keep them)."""
+        if self.given_workload is not None:
+            return self.given_workload
+        return RequestArrays(self.request_column("arrival_s"), self.request_column("input_tokens"),
+                             self.request_column("output_tokens"))
+
+    @property
+    def mean_rate_per_s(self) -> float:
+        """The workload's mean arrival rate (``RequestArrays.mean_rate_per_s``)."""
+        if self.given_workload is not None:
+            return self.given_workload.mean_rate_per_s
+        return mean_rate_per_s(self.request_column("arrival_s"))
+
+    def completed(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Per request (rows [start, stop)): completed (status "completed")."""
+        done = [i for i, (status, _) in enumerate(self.results.labels()) if status == "completed"]
+        return np.isin(self.results.read("label", start, stop), done)
+
+    def request_column(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) of one requests-frame column (by request id)."""
+        read = self.results.read
+        if name in _RAW:
+            return read(_RAW[name], start, stop)
+        if name in REQUEST_METRICS:
+            def col(f):
+                return read("prompt_tokens" if f == "input_tokens" else f, start, stop)
+            return request_metric(name, col, self.completed(start, stop))
+        if name == "kv_transfer_s":
+            return read("transfer_end_s", start, stop) - read("transfer_start_s", start, stop)
+        if name in ("status", "fail_reason", "label"):  # label: the (status, fail_reason) code
+            return read(name, start, stop)
+        raise KeyError(name)
+
+    def request_frame(self, start: int = 0, stop: int | None = None,
+                      columns: tuple[str, ...] = REQUEST_FRAME_COLUMNS) -> pl.DataFrame:
+        """Rows [start, stop) of the requests frame (every value computed per row, so any split
+        into row ranges gives the same values)."""
+        data = {c: self.request_column(c, start, stop) for c in columns}
+        for c in ("status", "fail_reason"):
+            if c in data:
+                data[c] = data[c].tolist()
+        import polars as pl
+
+        return pl.DataFrame(data, nan_to_null=False)
+
+    def step_column(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.step_store.read(name, start, stop)
+
+    def step_frame(self, start: int = 0, stop: int | None = None, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+        import polars as pl
+
+        return pl.DataFrame({c: self.step_column(c, start, stop) for c in (columns or self.step_store.names)})
+
+    @cached_property
+    def requests(self) -> pl.DataFrame:
+        return self.request_frame()
+
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        return self.step_frame()
 
 
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
@@ -97,12 +171,10 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     layout = layout_for(scenario)
     results = RequestResults()
     _, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
-    steps = pl.DataFrame(rec.step_columns())
-    frame = _request_frame(results.columns())
-    if streamed or concurrency is not None:  # the requests as sent
-        arrays = RequestArrays(frame["arrival_s"].to_numpy(), frame["input_tokens"].to_numpy(),
-                               frame["output_tokens"].to_numpy())
-    return RunResult(scenario, layout.deployment, arrays, frame, steps, rec.resume_gaps_s,
-                     time.perf_counter() - t0, layout.schedulers, rec.itl_adjust, layout.transfer_stats(),
-                     dict(sorted(rec.extrapolated_steps.items())), rec.lm_head_extrapolated, layout=layout,
+    results.finish()
+    return RunResult(scenario, layout.deployment, results, rec.step_store(),
+                     None if streamed or concurrency is not None else arrays,  # else: the requests as sent
+                     rec.resume_gaps_s, time.perf_counter() - t0, layout.schedulers, rec.itl_adjust,
+                     layout.transfer_stats(), dict(sorted(rec.extrapolated_steps.items())),
+                     rec.lm_head_extrapolated, layout=layout,
                      overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())))

@@ -306,16 +306,31 @@ def _count_le(p: RunLengthSamples, x: float, strict: bool = False) -> np.ndarray
     return np.where(rising, lo - p.j0, p.j1 - lo)
 
 
+REQUEST_METRICS = ("ttft_s", "tpot_s", "e2el_s", "queue_s")
+
+
+def request_metric(name: str, col, ok: np.ndarray) -> np.ndarray:
+    """One per-request metric of ``REQUEST_METRICS`` in seconds (nan where undefined), from
+    ``col(field)`` (a request column) and ``ok`` (completed): one column at a time, so a
+    summary of millions of requests holds a few columns, not all of them."""
+    if name == "queue_s":
+        return col("first_scheduled_s") - col("arrival_s")
+    if name == "ttft_s":
+        return np.where(ok, col("first_token_s") - col("arrival_s"), np.nan)
+    if name == "e2el_s":
+        return np.where(ok, col("finish_s") - col("arrival_s"), np.nan)
+    if name == "tpot_s":
+        e2el, ttft = request_metric("e2el_s", col, ok), request_metric("ttft_s", col, ok)
+        out = col("output_tokens")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(ok & (out > 1), (e2el - ttft) / (out - 1), np.nan)
+    raise KeyError(name)
+
+
 def request_metrics(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-request TTFT, TPOT, E2EL and queue time in seconds (nan where undefined)."""
     ok = req["status"] == "completed"
-    ttft = np.where(ok, req["first_token_s"] - req["arrival_s"], np.nan)
-    e2el = np.where(ok, req["finish_s"] - req["arrival_s"], np.nan)
-    out = req["output_tokens"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(ok & (out > 1), (e2el - ttft) / (out - 1), np.nan)
-    queue = req["first_scheduled_s"] - req["arrival_s"]
-    return {"ttft_s": ttft, "tpot_s": tpot, "e2el_s": e2el, "queue_s": queue}
+    return {m: request_metric(m, req.__getitem__, ok) for m in REQUEST_METRICS}
 
 
 def goodput_mask(m: dict[str, np.ndarray], ok: np.ndarray, slo) -> np.ndarray:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.analysis.metrics import STAT_KEYS, goodput_mask, itl_samples, plain_stats, run_length_stats
+from sim.analysis.metrics import (REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_samples, plain_stats,
+                                  run_length_stats)
 from sim.analysis.run_warnings import failure_kinds, run_warnings
 
 
@@ -70,43 +72,63 @@ def num_gpus(s) -> int:
     return layout_for(s).num_gpus
 
 
+class _Columns(Mapping):
+    """Columns read on access (from the run's column stores), one at a time."""
+
+    def __init__(self, names, read):
+        self._names, self._read = tuple(names), read
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._read(name)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def summarize(result) -> dict:
+    """Read column by column from the run's stores (``RunResult.request_column``): memory
+    holds a few request-sized columns at a time, never the whole requests frame."""
     s = result.scenario
-    rq = result.requests
-    ok = (rq["status"] == "completed").to_numpy()
-    cols = {c: rq[c].to_numpy() for c in ("ttft_s", "tpot_s", "e2el_s", "queue_s", "finish_s",
-                                          "input_tokens", "output_tokens", "num_preemptions")}
-    steps = {c: result.steps[c].to_numpy() for c in result.steps.columns}
-    finish = cols["finish_s"][ok]
+    n = result.num_requests
+    ok = result.completed()
+    col = result.request_column
+    finish = col("finish_s")[ok]
     duration = float(finish.max()) if ok.any() else 0.0
+    del finish
     completed = int(ok.sum())
-    tin = int(cols["input_tokens"][ok].sum())
-    tout = int(cols["output_tokens"][ok].sum())
-    itl = itl_samples(steps, result.resume_gaps_s, result.itl_adjust)
+    tin = int(col("input_tokens")[ok].sum())
+    tout = int(col("output_tokens")[ok].sum())
+    itl = itl_samples(_Columns(result.step_store.names, result.step_column), result.resume_gaps_s, result.itl_adjust)
     if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     elif s.workload.synthetic is not None:  # a rate that varies over time: its mean
-        rate, burst = result.workload.mean_rate_per_s, s.workload.synthetic.burstiness
+        rate, burst = result.mean_rate_per_s, s.workload.synthetic.burstiness
     else:
-        rate, burst = result.workload.mean_rate_per_s, None
+        rate, burst = result.mean_rate_per_s, None
     has_slo = any(v is not None for v in (s.slo.ttft_ms, s.slo.tpot_ms, s.slo.e2el_ms))
-    good = int(goodput_mask(cols, ok, s.slo).sum()) if has_slo else None
+    good = int(goodput_mask(_Columns(REQUEST_METRICS, col), ok, s.slo).sum()) if has_slo else None
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     model_id = s.model if isinstance(s.model, str) else (s.model.name or s.model.hf_config)
-    reasons = failure_kinds(rq.filter(~rq["status"].eq("completed"))["fail_reason"].to_list())
+    labels = result.results.labels()
+    reasons = failure_kinds([labels[c][1] for c in result.request_column("label")[~ok].tolist()])
     dep = result.deployment
     out: dict = {
         "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "backend": "simsrv",
         "model_id": model_id,
         "tokenizer_id": model_id,
-        "num_prompts": len(rq),
+        "num_prompts": n,
         "request_rate": "inf" if math.isinf(rate) else rate,
         "burstiness": burst,
         "max_concurrency": s.workload.synthetic.max_concurrency if s.workload.synthetic is not None else None,
         "duration": duration,
         "completed": completed,
-        "failed": len(rq) - completed,
+        "failed": n - completed,
         "total_input_tokens": tin,
         "total_output_tokens": tout,
         "request_throughput": per_s(completed),
@@ -114,16 +136,16 @@ def summarize(result) -> dict:
         "output_throughput": per_s(tout),
         "total_token_throughput": per_s(tin + tout),
     }
-    out.update(_ms(plain_stats(cols["ttft_s"][ok]), "ttft"))
-    out.update(_ms(plain_stats(cols["tpot_s"][ok]), "tpot"))
+    out.update(_ms(plain_stats(col("ttft_s")[ok]), "ttft"))
+    out.update(_ms(plain_stats(col("tpot_s")[ok]), "tpot"))
     itl_stats = run_length_stats(itl, tail=True)
     out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
     # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
     out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = (
         (None, None) if math.isnan(itl_stats["max"]) else (itl_stats["p99.9"] * 1e3, itl_stats["max"] * 1e3))
     out["simsrv_num_itl_samples"] = itl.num_samples
-    out.update(_ms(plain_stats(cols["e2el_s"][ok]), "e2el"))
-    q = plain_stats(cols["queue_s"][ok])
+    out.update(_ms(plain_stats(col("e2el_s")[ok]), "e2el"))
+    q = plain_stats(col("queue_s")[ok])
     out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
     out.update({
         "simsrv_policy": s.engine.policy,
@@ -135,7 +157,7 @@ def summarize(result) -> dict:
         "simsrv_num_gpus": num_gpus(s),
         "simsrv_router": s.cluster.router,
         "simsrv_seed": s.seed,
-        "simsrv_num_preemptions": int(cols["num_preemptions"].sum()),
+        "simsrv_num_preemptions": int(col("num_preemptions").sum()),
         "simsrv_failed_reasons": reasons,
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
@@ -144,14 +166,14 @@ def summarize(result) -> dict:
         "simsrv_prefix_cache_hit_rate": _hit_rate(result.schedulers),
         "simsrv_kv_transfers": result.transfers.get("count", 0),
         "simsrv_kv_transfer_bytes": result.transfers.get("bytes", 0.0),
-        "simsrv_mean_kv_transfer_ms": _mean_ms(rq["kv_transfer_s"].to_numpy()),
+        "simsrv_mean_kv_transfer_ms": _mean_ms(col("kv_transfer_s")),
         # backpressure: requests whose KV had arrived but waited for decode blocks, held meanwhile
         # by the prefill side
-        "simsrv_kv_backpressure_requests": int((rq["decode_rounds_waited"] > 0).sum()),
-        "simsrv_mean_decode_wait_ms": _mean_ms(rq["decode_wait_s"].to_numpy()),
+        "simsrv_kv_backpressure_requests": int((col("decode_rounds_waited") > 0).sum()),
+        "simsrv_mean_decode_wait_ms": _mean_ms(col("decode_wait_s")),
         "simsrv_peak_prefill_held_blocks": max((x.kv.peak_held for x in result.schedulers), default=0),
-        "simsrv_num_steps": int(steps["num_steps"].sum()) if len(steps["num_steps"]) else 0,
-        "simsrv_num_step_rows": len(steps["num_steps"]),
+        "simsrv_num_steps": int(result.step_column("num_steps").sum()) if result.num_step_rows else 0,
+        "simsrv_num_step_rows": result.num_step_rows,
         "simsrv_cost_model": _cost_models(result),
         # {operator: GPU} whose measured curve an operator borrows (scaled by the bandwidth ratio)
         "simsrv_calibration_carried_from": {k: v for c in _costs(result) for k, v in c.carried_from.items()},
@@ -162,10 +184,10 @@ def summarize(result) -> dict:
         # outside the profile's measured batch range (null: none did)
         "simsrv_overhead_outside_batch_range": _outside(result),
         "simsrv_wall_s": result.wall_s,
-        "simsrv_requests_per_wall_s": len(rq) / result.wall_s if result.wall_s > 0 else None,
+        "simsrv_requests_per_wall_s": n / result.wall_s if result.wall_s > 0 else None,
     })
-    out["simsrv_warnings"] = run_warnings(out, rq["arrival_s"].to_numpy()[ok], cols["queue_s"][ok],
-                                          (cols["e2el_s"] - cols["queue_s"])[ok])
+    queue = col("queue_s")
+    out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], (col("e2el_s") - queue)[ok])
     g = dep.memory.kv_groups
     if s.engine.enable_prefix_caching and not g.caches_prefixes:
         out["simsrv_warnings"].append(

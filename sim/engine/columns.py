@@ -1,28 +1,49 @@
-"""``ColumnBuffer``: rows appended as tuples, kept as numpy columns.
+"""``ColumnBuffer``: rows appended as tuples, kept as numpy columns, spilled to disk as they fill.
 
 Why: the simulation produces millions of small records (step rows, finished requests); as
 tuples of Python numbers each costs 300-800 bytes, as columns 8 bytes a field. Appending a
 tuple stays the cheapest thing a hot loop can do: every ``block_rows`` rows the tuples are
 packed into one float64 array (integer fields are exact there, below 2**53) and split into
-per-column chunks; ``columns()`` joins each column's chunks, one column at a time.
+per-column chunks.
+
+Memory stays flat in the row count (issue 14: 10M requests with bounded memory): once a
+buffer has packed a block, every packed block is appended to one raw file per column (native
+float64 / int64 bytes) in a temporary directory owned by the buffer, deleted with it. Readers
+take one column at a time (``column``) or a slice of rows (``read``), so nothing needs all
+columns in memory at once. A buffer that never filled a block (a small run) never touches disk.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
 import numpy as np
 
 
+# Rows packed (and spilled) at a time, unless a buffer is given its own: ~350 bytes a row
+# meanwhile as tuples (11 MB), 8 bytes a field once packed.
+BLOCK_ROWS = 1 << 15
+
+
 class ColumnBuffer:
-    def __init__(self, names: tuple[str, ...], int_names=frozenset(), block_rows: int = 1 << 15):
+    def __init__(self, names: tuple[str, ...], int_names=frozenset(), block_rows: int | None = None):
         self.names = names
         self._is_int = [n in int_names for n in names]
-        self.block_rows = block_rows
+        self.block_rows = block_rows or BLOCK_ROWS
         self.rows: list[tuple] = []           # appended since the last pack
-        self._chunks: list[list[np.ndarray]] = [[] for _ in names]
+        self._chunks: list[list[np.ndarray]] = [[] for _ in names]   # packed, not spilled
         self._packed = 0
+        self._spilled = 0                     # rows in the column files
+        self._dir: Path | None = None
 
     def __len__(self) -> int:
         return self._packed + len(self.rows)
+
+    def dtype(self, name: str):
+        return np.int64 if self._is_int[self.names.index(name)] else np.float64
 
     def append(self, row: tuple) -> None:
         rows = self.rows
@@ -34,24 +55,61 @@ class ColumnBuffer:
         if not self.rows:
             return
         block = np.array(self.rows, dtype=np.float64).reshape(-1, len(self.names))
+        self.rows = []
+        self.add_block(block)
+
+    def add_block(self, block: np.ndarray) -> None:
+        """Rows given as one float64 array (rows x names), after those appended before."""
         for i, chunks in enumerate(self._chunks):
             col = block[:, i]
             chunks.append(col.astype(np.int64) if self._is_int[i] else col.copy())
         self._packed += len(block)
-        self.rows = []
+        if self._packed - self._spilled >= self.block_rows:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Append the packed chunks to the column files (created on the first spill)."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="simsrv-columns-"))
+            weakref.finalize(self, shutil.rmtree, self._dir, True)
+        for name, chunks in zip(self.names, self._chunks):
+            with open(self._dir / name, "ab") as f:
+                for c in chunks:
+                    c.tofile(f)
+            chunks.clear()
+        self._spilled = self._packed
+
+    def finish(self) -> None:
+        """Pack what is left; on disk if anything is (every row then in the files)."""
+        self.pack()
+        if self._dir is not None and self._packed > self._spilled:
+            self._spill()
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) of one column (a fresh array), after ``finish``."""
+        stop = self._packed if stop is None else min(stop, self._packed)
+        dtype = self.dtype(name)
+        if stop <= start:
+            return np.zeros(0, dtype)
+        if self._dir is not None:
+            return np.fromfile(self._dir / name, dtype, count=stop - start, offset=start * 8)
+        chunks = self._chunks[self.names.index(name)]
+        if len(chunks) != 1:  # join once; later reads slice the one array
+            chunks[:] = [np.concatenate(chunks)]
+        return chunks[0][start:stop].copy()
+
+    def column(self, name: str) -> np.ndarray:
+        """One whole column (packing what is left first)."""
+        self.finish()
+        return self.read(name)
 
     def columns(self, order_by: str | None = None) -> dict[str, np.ndarray]:
-        """{name: array}; with ``order_by``, rows sorted by that column (stable). The joined
-        columns replace the chunks (a second call costs nothing more)."""
-        self.pack()
-        for i, chunks in enumerate(self._chunks):
-            if len(chunks) != 1:
-                dtype = np.int64 if self._is_int[i] else np.float64
-                self._chunks[i] = [np.concatenate(chunks) if chunks else np.zeros(0, dtype)]
+        """{name: array}, every column whole in memory; with ``order_by``, rows sorted by that
+        column (stable)."""
+        cols = {n: self.column(n) for n in self.names}
         if order_by is not None:
-            key = self._chunks[self.names.index(order_by)][0]
+            key = cols[order_by]
             if len(key) and (np.diff(key) < 0).any():
                 order = np.argsort(key, kind="stable")
-                for chunks in self._chunks:
-                    chunks[0] = chunks[0][order]
-        return {n: chunks[0] for n, chunks in zip(self.names, self._chunks)}
+                cols = {n: c[order] for n, c in cols.items()}
+        return cols

@@ -1,9 +1,10 @@
 """Append-only records of a run: one row per engine step (or fast-forwarded run of identical
-decode steps), turned into columns once at the end.
+decode steps), read back as columns at the end.
 
 Why: appending a tuple per step is the cheapest thing the hot loop can do; all analysis reads
-columns afterwards; they are packed into numpy columns as they come (``ColumnBuffer``: 88
-bytes a row instead of ~350 as a tuple of Python numbers).
+columns afterwards; they are packed into numpy columns as they come and spilled to disk as
+blocks fill (``ColumnBuffer``: 88 bytes a row on disk instead of ~350 in memory as a tuple of
+Python numbers), so a run's memory does not grow with its step rows.
 """
 
 from __future__ import annotations
@@ -57,4 +58,10 @@ class Recorder:
             self.count_overhead_outside(replica, outside)
 
     def step_columns(self) -> dict[str, np.ndarray]:
+        """Every step column whole in memory (tests, small runs)."""
         return self._steps.columns()
+
+    def step_store(self) -> ColumnBuffer:
+        """The step rows, complete (read a column or a slice of rows at a time)."""
+        self._steps.finish()
+        return self._steps

@@ -14,6 +14,7 @@ import operator
 import numpy as np
 
 from sim.core.ttft import TTFT_PARTS
+from sim.engine import columns as column_store
 from sim.engine.columns import ColumnBuffer
 
 # Request attributes copied, in this order; the last is the (status, fail_reason) code.
@@ -27,37 +28,87 @@ INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_pre
 
 
 class RequestResults:
-    """Append-only sink of finished requests (``add``); ``columns()`` returns them ordered by
-    request id. Every request sent (``sent``, set by the simulation) must be added exactly once."""
+    """Append-only sink of finished requests (``add``), kept in request-id order. Every request
+    sent (``sent``, set by the simulation) must be added exactly once; ``finish`` checks that.
 
-    def __init__(self) -> None:
+    Requests end out of id order, but only within the requests in flight: each packed block
+    is merged with the rows still waiting (sorted by id), and the run of consecutive ids from
+    the next one due goes on to the columns (spilled to disk as they fill, ``ColumnBuffer``);
+    the rest waits. What waits is bounded by the requests in flight, not by those served."""
+
+    def __init__(self, block_rows: int | None = None) -> None:
+        block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 26 fields: ~800 bytes a row as tuples
         self.sent = 0
         self._get = operator.attrgetter(*FIELDS)
-        self._buf = ColumnBuffer((*FIELDS, "label"), INT_FIELDS, block_rows=1 << 14)
+        self._names = (*FIELDS, "label")
+        self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
+        self._rows: list[tuple] = []
+        self._block_rows = block_rows
+        self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
         self._label_code: dict[tuple[str, str], int] = {}
+        self._finished = False
 
     def __len__(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + len(self._waiting) + len(self._rows)
 
     def add(self, reqs) -> None:
-        get, append, codes = self._get, self._buf.append, self._label_code
+        get, rows, codes = self._get, self._rows, self._label_code
         for r in reqs:
             label = (r.status, r.fail_reason)
             code = codes.get(label)
             if code is None:
                 code = codes[label] = len(codes)
-            append((*get(r), code))
+            rows.append((*get(r), code))
+        if len(rows) >= self._block_rows:
+            self._release()
+
+    def _release(self) -> None:
+        """Merge the new rows with those waiting; pass on the consecutive ids from the next due."""
+        if not self._rows:
+            return
+        block = np.array(self._rows, dtype=np.float64).reshape(-1, len(self._names))
+        self._rows = []
+        rows = np.concatenate([self._waiting, block]) if len(self._waiting) else block
+        ids = rows[:, 0]
+        if len(ids) > 1 and (np.diff(ids) < 0).any():
+            rows = rows[np.argsort(ids, kind="stable")]
+            ids = rows[:, 0]
+        due = np.arange(len(self._buf), len(self._buf) + len(ids), dtype=np.float64)
+        ready = len(ids) if (ids == due).all() else int(np.argmin(ids == due))
+        if ready:
+            self._buf.add_block(rows[:ready])
+        self._waiting = rows[ready:]
+
+    def finish(self) -> None:
+        """Every request recorded, each exactly once (else AssertionError); columns complete."""
+        if self._finished:
+            return
+        self._release()
+        n = len(self._buf)
+        if n != self.sent or len(self._waiting):
+            raise AssertionError(f"{self.sent:,} requests sent, {len(self):,} results recorded "
+                                 f"(each request must end exactly once)")
+        self._buf.finish()
+        self._finished = True
+
+    def labels(self) -> list[tuple[str, str]]:
+        """(status, fail_reason) per ``label`` code."""
+        return list(self._label_code) or [("", "")]
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) (by request id) of one field, ``label``, or ``status`` /
+        ``fail_reason`` (object arrays of str)."""
+        self.finish()
+        if name in ("status", "fail_reason"):
+            code = self._buf.read("label", start, stop)
+            i = 0 if name == "status" else 1
+            return np.array([lab[i] for lab in self.labels()], dtype=object)[code]
+        return self._buf.read(name, start, stop)
 
     def columns(self) -> dict[str, np.ndarray]:
         """{field: array} ordered by request id, plus ``status`` and ``fail_reason`` (object
         arrays of str)."""
-        cols = dict(self._buf.columns(order_by="request_id"))
-        ids = cols["request_id"]
-        if len(ids) != self.sent or (len(ids) and (ids != np.arange(len(ids))).any()):
-            raise AssertionError(f"{self.sent:,} requests sent, {len(ids):,} results recorded "
-                                 f"(each request must end exactly once)")
-        labels = list(self._label_code) or [("", "")]
-        code = cols.pop("label")
-        cols["status"] = np.array([s for s, _ in labels], dtype=object)[code]
-        cols["fail_reason"] = np.array([f for _, f in labels], dtype=object)[code]
+        cols = {n: self.read(n) for n in FIELDS}
+        cols["status"] = self.read("status")
+        cols["fail_reason"] = self.read("fail_reason")
         return cols

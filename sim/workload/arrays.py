@@ -32,8 +32,7 @@ class RequestArrays:
 
     @property
     def mean_rate_per_s(self) -> float:
-        span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) > 1 else 0.0
-        return (len(self) - 1) / span if span > 0 else float("inf")
+        return mean_rate_per_s(self.arrival_s)
 
     def take(self, idx: np.ndarray) -> "RequestArrays":
         """The requests at positions ``idx`` (an index array or boolean mask), in that order."""
@@ -50,6 +49,13 @@ class RequestArrays:
 
     def with_arrivals(self, arrival_s: np.ndarray) -> "RequestArrays":
         return replace(self, arrival_s=arrival_s)
+
+
+def mean_rate_per_s(arrival_s: np.ndarray) -> float:
+    """Requests per second over the span of ``arrival_s`` (sorted): (n - 1) / (last - first)."""
+    n = len(arrival_s)
+    span = float(arrival_s[-1] - arrival_s[0]) if n > 1 else 0.0
+    return (n - 1) / span if span > 0 else float("inf")
 
 
 def _take(v, idx: np.ndarray):
