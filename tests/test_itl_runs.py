@@ -156,3 +156,34 @@ def test_points_match_numpy():
     expanded = np.repeat(v, w)
     for p in (50, 90, 99):
         assert got[f"p{p}"] == pytest.approx(np.percentile(expanded, p), rel=1e-15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=rows_st, resume=st.lists(durations, max_size=5), data=st.data())
+def test_step_log_read_in_chunks_gives_the_same_bits(rows, resume, data):
+    """The summary reads the step log from disk a block of rows at a time (``itl_pieces``,
+    ``pieces_stats``): every figure is bit-identical to the whole log's, for any block size
+    and any histogram resolution (2 bins: brackets as wide as the data)."""
+    k = np.array([r[0] for r in rows])
+    first = np.array([r[1] for r in rows])
+    last = np.array([r[1] if r[4] else r[2] for r in rows])
+    seqs = np.array([r[3] for r in rows])
+    multi = np.array([data.draw(st.sampled_from([0, 0, 1])) for _ in rows])
+    steps = {"num_steps": k, "decode_tokens": seqs * k, "multi_step": multi, "first_step_duration_s": first,
+             "last_step_duration_s": last}
+    decoding = [i for i in range(len(rows)) if seqs[i] > 0 and not multi[i]]
+    picks = data.draw(st.lists(st.sampled_from(decoding), max_size=3, unique=True)) if decoding else []
+    adjust = [(float(first[i]), float(first[i]) + 0.002) for i in picks]
+    whole = run_length_stats(itl_samples(steps, resume, adjust), tail=True)
+    chunk = data.draw(st.integers(1, 7))
+    pieces = metrics.itl_pieces(lambda a, b: {c: v[a:b] for c, v in steps.items()}, len(k), resume, adjust,
+                                chunk_rows=chunk)
+    saved = metrics._BINS
+    try:
+        metrics._BINS = data.draw(st.sampled_from([saved, 2, 16]))
+        got = metrics.pieces_stats(pieces, tail=True)
+    finally:
+        metrics._BINS = saved
+    assert got["n"] == itl_samples(steps, resume, adjust).num_samples
+    for key, v in whole.items():
+        assert got[key] == v or (math.isnan(v) and math.isnan(got[key])), key

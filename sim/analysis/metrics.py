@@ -60,20 +60,24 @@ class RunLengthSamples:
         return int(self._weights().sum())
 
     def sum_s(self) -> float:
-        """Sum of all values (closed form per piece: L first + span (j0 + ... + j1 - 1))."""
+        """Sum of all values."""
+        return float(np.sum(self._sum_terms()))
+
+    def _sum_terms(self) -> np.ndarray:
+        """Per piece, the sum of its values (closed form: L first + span (j0 + ... + j1 - 1))."""
         length = (self.j1 - self.j0).astype(np.float64)
         s1 = (self.j0 + self.j1 - 1) * length / 2.0
-        return float(np.sum(self.count * (length * self.first_s + self.span_s * s1)))
+        return self.count * (length * self.first_s + self.span_s * s1)
 
-    def _sq_dev_sum(self, mean: float) -> float:
-        """Sum of (value - mean)^2: per piece L d^2 + 2 d span S1 + span^2 S2 (d = first - mean,
-        S1 = sum of j, S2 = sum of j^2 over the piece)."""
+    def _sq_dev_terms(self, mean: float) -> np.ndarray:
+        """Per piece, the sum of (value - mean)^2: L d^2 + 2 d span S1 + span^2 S2 (d = first -
+        mean, S1 = sum of j, S2 = sum of j^2 over the piece)."""
         j0, j1 = self.j0.astype(np.float64), self.j1.astype(np.float64)
         length = j1 - j0
         s1 = (j0 + j1 - 1) * length / 2.0
         s2 = ((j1 - 1) * j1 * (2 * j1 - 1) - (j0 - 1) * j0 * (2 * j0 - 1)) / 6.0
         d = self.first_s - mean
-        return float(np.sum(self.count * (length * d * d + 2.0 * d * self.span_s * s1 + self.span_s ** 2 * s2)))
+        return self.count * (length * d * d + 2.0 * d * self.span_s * s1 + self.span_s ** 2 * s2)
 
     def values_at(self, ranks) -> dict[int, float]:
         """{rank: the value at that 0-based rank of the sorted multiset}, exactly (no expansion:
@@ -199,22 +203,122 @@ def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str,
     """mean/median/std/p50/p90/p99 of the multiset, as numpy's linear method gives on the
     expanded array (percentiles exact; mean and std from closed forms per piece). ``tail``
     adds ``p99.9`` (rank 0.999 (n - 1), interpolated) and ``max``."""
-    n = samples.num_samples
+    return pieces_stats(lambda: iter((samples,)), tail)
+
+
+def pieces_stats(pieces, tail: bool = False) -> dict[str, float]:
+    """``run_length_stats`` of the union of the piece sets that ``pieces()`` yields (a fresh
+    iterator each call: they are read several times, one set in memory at a time, so a run's
+    step log is summarised from disk in bounded memory). Also gives ``n``, the sample count.
+
+    Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
+    same bits as summing the concatenated pieces); percentiles are exact order statistics:
+    a histogram of the pieces' ends brackets each rank's value (``_brackets``), then only the
+    pieces that reach into the bracket are kept and searched (``_select``)."""
+    sizes, n = [], 0
+    for p in pieces():
+        sizes.append(len(p.first_s))
+        n += p.num_samples
+    keys = ("p99.9", "max") if tail else ()
     if n == 0:
-        return {k: float("nan") for k in (*STAT_KEYS, *(("p99.9", "max") if tail else ()))}
+        return {"n": 0, **{k: float("nan") for k in (*STAT_KEYS, *keys)}}
     ranks = [r for p in PCTS for r in _ranks(n, p / 100.0 * (n - 1))]
     if tail:
         ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
-    at = samples.values_at(ranks)
-    mean = samples.sum_s() / n
-    std = float(np.sqrt(max(samples._sq_dev_sum(mean) / n, 0.0)))
-    out = {"mean": mean, "std": std, "median": _percentile(n, 50, at)}
+    terms = np.empty(sum(sizes))
+    _fill(terms, pieces(), lambda p: p._sum_terms())
+    mean = float(np.sum(terms)) / n
+    _fill(terms, pieces(), lambda p: p._sq_dev_terms(mean))
+    std = float(np.sqrt(max(float(np.sum(terms)) / n, 0.0)))
+    del terms
+    at = _values_at(pieces, ranks)
+    out = {"n": n, "mean": mean, "std": std, "median": _percentile(n, 50, at)}
     out.update({f"p{p}": _percentile(n, p, at) for p in PCTS})
     if tail:
         pos = 0.999 * (n - 1)
         lo, hi = _ranks(n, pos)
         out["p99.9"] = at[lo] + (at[hi] - at[lo]) * (pos - lo)
         out["max"] = at[n - 1]
+    return out
+
+
+def _fill(out: np.ndarray, pieces, terms) -> None:
+    start = 0
+    for p in pieces:
+        t = terms(p)
+        out[start:start + len(t)] = t
+        start += len(t)
+
+
+_BINS = 1 << 20  # histogram bins over the range of the pieces' ends (8 MB each for low and high ends)
+
+
+def _order_key(v: np.ndarray) -> np.ndarray:
+    """float64 -> uint64 in the same order (-0.0 taken as +0.0; no NaN here)."""
+    b = (v + 0.0).view(np.int64)
+    return (b ^ ((b >> 63) & 0x7FFF_FFFF_FFFF_FFFF)).view(np.uint64) ^ np.uint64(1 << 63)
+
+
+def _values_at(pieces, ranks) -> dict[int, float]:
+    """{rank: value at that 0-based rank of the multiset}, exactly (``RunLengthSamples.values_at``)
+    over every piece set ``pieces()`` yields, holding at most one set and the pieces that
+    reach into a rank's bracket."""
+    groups: list[list[int]] = []
+    for r in sorted(set(int(r) for r in ranks)):
+        if groups and r - groups[-1][-1] <= 1:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    windows = _brackets(pieces, groups)
+    below = [0] * len(groups)
+    kept: list[list[RunLengthSamples]] = [[] for _ in groups]
+    for p in pieces():
+        p = p if (p.count != 0).all() else p._take(p.count != 0)
+        lo, hi = p._ends()
+        klo, khi, w = _order_key(lo), _order_key(hi), p._weights()
+        for i, (x_lo, x_hi) in enumerate(windows):
+            under = khi < x_lo
+            below[i] += int(w[under].sum())
+            keep = ~under & (klo <= x_hi)
+            if keep.any():
+                kept[i].append(p._take(keep))
+    out: dict[int, float] = {}
+    for g, b, parts in zip(groups, below, kept):
+        sub = RunLengthSamples(*(np.concatenate([getattr(q, f) for q in parts]) for f in RunLengthSamples.__slots__))
+        local = _select(sub, [r - b for r in g], None)
+        out.update({r: local[r - b] for r in g})
+    return out
+
+
+def _brackets(pieces, groups: list[list[int]]) -> list[tuple[np.uint64, np.uint64]]:
+    """Per group of consecutive ranks, (low, high) order keys between which their values lie.
+    A piece's values lie between its ends, so count(<= x) <= the positive weight of pieces
+    whose low end is <= x, and >= the positive weight of those whose high end is <= x less
+    every removal (negative counts: points); read at the edges of histogram bins."""
+    k_min, k_max = None, None
+    for p in pieces():
+        if len(p.first_s):
+            lo, hi = p._ends()
+            a, b = _order_key(lo).min(), _order_key(hi).max()
+            k_min = a if k_min is None else min(k_min, a)
+            k_max = b if k_max is None else max(k_max, b)
+    shift = max(int(k_max - k_min).bit_length() - _BINS.bit_length() + 1, 0)
+    h_lo, h_hi, removed = np.zeros(_BINS), np.zeros(_BINS), 0
+    for p in pieces():
+        lo, hi = p._ends()
+        w = p._weights()
+        pos = np.where(w > 0, w, 0).astype(np.float64)  # exact: integers below 2**53
+        h_lo += np.bincount(((_order_key(lo) - k_min) >> np.uint64(shift)).astype(np.int64), pos, _BINS)
+        h_hi += np.bincount(((_order_key(hi) - k_min) >> np.uint64(shift)).astype(np.int64), pos, _BINS)
+        removed -= int(w[w < 0].sum())
+    c_lo, c_hi = np.cumsum(h_lo), np.cumsum(h_hi)
+    out = []
+    for g in groups:
+        b_lo = int(np.searchsorted(c_lo, g[0] + 1))
+        b_hi = int(np.searchsorted(c_hi, g[-1] + 1 + removed))
+        x_lo = k_min + np.uint64(b_lo << shift)
+        x_hi = k_max if b_hi >= _BINS else min(k_max, k_min + np.uint64(((b_hi + 1) << shift) - 1))
+        out.append((x_lo, x_hi))
     return out
 
 
@@ -227,6 +331,10 @@ def plain_stats(values: np.ndarray) -> dict[str, float]:
     return out
 
 
+# the step-log columns the ITL pieces are read from
+ITL_STEP_COLUMNS = ("num_steps", "decode_tokens", "multi_step", "first_step_duration_s", "last_step_duration_s")
+
+
 def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
                 adjust: list[tuple[float, float]] = ()) -> RunLengthSamples:
     """The pooled inter-token gaps: each decode step's duration once per decode sequence in it.
@@ -236,15 +344,52 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
     spanning a preemption, and those of multi-step blocks (tokens released at a block's end: one
     gap per sequence per block), are added from the schedulers' records.
     """
+    points, old = _point_pieces(resume_gaps_s, adjust)
+    parts = [step_pieces(steps), points]
+    cols = []
+    for f in RunLengthSamples.__slots__:  # one field at a time: the step-row-sized copies do not pile up
+        cols.append(np.concatenate([getattr(part, f) for part in parts]))
+        for part in parts:
+            setattr(part, f, None)
+    out = RunLengthSamples(*cols)
+    if len(old):
+        _check_removals(lambda: iter((out,)), old)
+    return out
+
+
+def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: list[tuple[float, float]] = (),
+               chunk_rows: int = 1 << 20):
+    """``itl_samples`` as piece sets for ``pieces_stats``: a callable yielding the pieces of
+    each ``chunk_rows`` step rows (``read_rows(start, stop)``: {column: array}), then the
+    points; the same pieces in the same order, never all in memory."""
+    points, old = _point_pieces(resume_gaps_s, adjust)
+
+    def pieces():
+        for start in range(0, num_rows, chunk_rows):
+            yield step_pieces(read_rows(start, min(start + chunk_rows, num_rows)))
+        yield points
+    if len(old):
+        _check_removals(pieces, old)
+    return pieces
+
+
+def step_pieces(steps) -> RunLengthSamples:
+    """The ITL pieces of step rows: one per row with decode tokens, outside multi-step blocks
+    (whose gaps are listed per request, ``resume_gaps_s``)."""
     k = steps["num_steps"]
     has = steps["decode_tokens"] > 0
-    if "multi_step" in steps:  # a multi-step block's gaps are listed per request (resume_gaps_s)
+    if "multi_step" in steps:
         has &= steps["multi_step"] == 0
     k, first, last = k[has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
     span = np.where(k > 1, (last - first) / np.maximum(k - 1, 1), 0.0)
-    parts = [(first, span, np.zeros(len(k), np.int64), k, seqs)]
+    return RunLengthSamples(first, span, np.zeros(len(k), np.int64), k, seqs)
+
+
+def _point_pieces(resume_gaps_s, adjust) -> tuple[RunLengthSamples, np.ndarray]:
+    """The gaps listed one by one, and the removed ones (``old``)."""
     points_s, points_n = [np.asarray(resume_gaps_s, np.float64)], [np.ones(len(resume_gaps_s), np.int64)]
+    old = np.zeros(0)
     if len(adjust):
         # A request that joined decoding with its KV computed elsewhere (swap-in, KV transfer)
         # waited before its first decode step: that token's gap is the wait plus the step, so
@@ -257,33 +402,25 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
         points_n += [-np.ones(len(old), np.int64), np.ones(len(new), np.int64)]
     pts_s, pts_n = np.concatenate(points_s), np.concatenate(points_n)
     n0 = len(pts_s)
-    parts.append((pts_s, np.zeros(n0), np.zeros(n0, np.int64), np.ones(n0, np.int64), pts_n))
-    del k, first, last, seqs, span
-    cols = []
-    for i in range(5):  # one field at a time: the step-row-sized copies do not pile up
-        cols.append(np.concatenate([part[i] for part in parts]))
-        parts = [tuple(None if j == i else x for j, x in enumerate(part)) for part in parts]
-    out = RunLengthSamples(*cols)
-    if len(adjust):
-        _check_removals(out, old)
-    return out
+    return RunLengthSamples(pts_s, np.zeros(n0), np.zeros(n0, np.int64), np.ones(n0, np.int64), pts_n), old
 
 
-def _check_removals(samples: RunLengthSamples, old: np.ndarray) -> None:
+def _check_removals(pieces, old: np.ndarray) -> None:
     """Every removed gap must be one the step log holds: the net count of each removed value
     stays >= 0. A piece's first value is its ``first_s``, which covers the usual case (the
     removed gap is the first step of the row the request joined); any other value is counted
     exactly."""
     vals, times = np.unique(old, return_counts=True)
-    pos = (samples.count > 0) & (samples.j0 == 0)
-    f, c = samples.first_s[pos], samples.count[pos]
-    order = np.argsort(f, kind="stable")
-    cum = np.concatenate([[0], np.cumsum(c[order])])
-    fs = f[order]
-    held = cum[np.searchsorted(fs, vals, "right")] - cum[np.searchsorted(fs, vals, "left")]
+    held = np.zeros(len(vals), np.int64)
+    for p in pieces():
+        pos = (p.count > 0) & (p.j0 == 0)
+        f, c = p.first_s[pos], p.count[pos]
+        i = np.minimum(np.searchsorted(vals, f), len(vals) - 1)
+        match = vals[i] == f
+        np.add.at(held, i[match], c[match])
     for v in vals[held < times].tolist():
-        net = samples.count * (_count_le(samples, v) - _count_le(samples, v, strict=True))
-        if int(net.sum()) < 0:
+        net = sum(int((p.count * (_count_le(p, v) - _count_le(p, v, strict=True))).sum()) for p in pieces())
+        if net < 0:
             raise AssertionError("ITL adjustment removed a gap the step log does not hold")
 
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.analysis.metrics import (REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_samples, plain_stats,
-                                  run_length_stats)
+from sim.analysis.metrics import (ITL_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
+                                  pieces_stats, plain_stats)
 from sim.analysis.run_warnings import failure_kinds, run_warnings
 
 
@@ -103,7 +103,10 @@ def summarize(result) -> dict:
     completed = int(ok.sum())
     tin = int(col("input_tokens")[ok].sum())
     tout = int(col("output_tokens")[ok].sum())
-    itl = itl_samples(_Columns(result.step_store.names, result.step_column), result.resume_gaps_s, result.itl_adjust)
+    # the step log read 2^20 rows at a time (sim/analysis/metrics.py pieces_stats)
+    names = [c for c in ITL_STEP_COLUMNS if c in result.step_store.names]
+    itl = itl_pieces(lambda a, b: {c: result.step_column(c, a, b) for c in names}, result.num_step_rows,
+                     result.resume_gaps_s, result.itl_adjust)
     if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     elif s.workload.synthetic is not None:  # a rate that varies over time: its mean
@@ -138,12 +141,12 @@ def summarize(result) -> dict:
     }
     out.update(_ms(plain_stats(col("ttft_s")[ok]), "ttft"))
     out.update(_ms(plain_stats(col("tpot_s")[ok]), "tpot"))
-    itl_stats = run_length_stats(itl, tail=True)
+    itl_stats = pieces_stats(itl, tail=True)
     out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
     # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
     out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = (
         (None, None) if math.isnan(itl_stats["max"]) else (itl_stats["p99.9"] * 1e3, itl_stats["max"] * 1e3))
-    out["simsrv_num_itl_samples"] = itl.num_samples
+    out["simsrv_num_itl_samples"] = itl_stats["n"]
     out.update(_ms(plain_stats(col("e2el_s")[ok]), "e2el"))
     q = plain_stats(col("queue_s")[ok])
     out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
