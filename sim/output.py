@@ -47,14 +47,15 @@ def _request_group(result):
 def row_group_rows(num_rows: int) -> list[int]:
     """The rows of each row group polars' ``write_parquet`` gives a frame of ``num_rows`` rows
     (its defaults: the split depends on the row count alone, not on the columns), read off
-    the file it writes for a column of nulls that long (a few kilobytes; 40 ms at 10M rows)."""
+    the file its Parquet sink (which ``write_parquet`` runs) writes for a column of nulls that
+    long (a few kilobytes; 40 ms at 10M rows)."""
     import io
 
     import polars as pl
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pl.select(pl.repeat(None, num_rows, dtype=pl.Int8).alias("x")).write_parquet(buf, statistics=False)
+    pl.select(pl.repeat(None, num_rows, dtype=pl.Int8).alias("x")).lazy().sink_parquet(buf, statistics=False)
     buf.seek(0)
     meta = pq.ParquetFile(buf).metadata
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -64,18 +65,18 @@ def _write_parquet(path: Path, num_rows: int, rows) -> None:
     """A Parquet file of ``num_rows`` rows, ``rows(start, stop)`` giving a polars frame of rows
     [start, stop), written one row group at a time (memory: one row group, ~130,000 rows).
 
-    The bytes are those of ``rows(0, num_rows).write_parquet(path, statistics=False)``: polars
-    writes a frame through the same streaming Parquet sink, which makes one row group of each
-    morsel it gets (when near its 122,880-row target); fed the row groups that write would
-    have made (``row_group_rows``) as morsels from a Python source, it writes the same file
-    (tests/test_output_stream.py compares the two)."""
-    import polars as pl
+    The bytes are those of ``rows(0, num_rows).write_parquet(path, statistics=False)``, which
+    is what writes a frame of one row group or none (up to ~150,000 rows). A longer one goes
+    a row group at a time: polars writes a frame through its streaming Parquet sink, which
+    makes one row group of each morsel it gets (when near its 122,880-row target); fed the
+    row groups that write would have made (``row_group_rows``) as morsels from a Python
+    source, it writes the same file (tests/test_output_stream.py compares the two)."""
     from polars.io.plugins import register_io_source
 
-    if num_rows == 0:
-        rows(0, 0).write_parquet(path, statistics=False)
-        return
     sizes = row_group_rows(num_rows)
+    if len(sizes) <= 1:
+        rows(0, num_rows).write_parquet(path, statistics=False)
+        return
     first = [rows(0, sizes[0])]
     schema = first[0].schema
 
