@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from sim.workload.build import STREAM_MIN_BYTES  # noqa: E402
 
 
 def scenario(policy: str, n: int, rate: float, out_mean: int, out_max: int, trace: Path | None) -> dict:
@@ -43,9 +45,11 @@ def scenario(policy: str, n: int, rate: float, out_mean: int, out_max: int, trac
             "cluster": {"replicas": 8}, "engine": engine, "workload": workload}
 
 
-def write_trace(path: Path, n: int, rate: float, seed: int = 0, chunk: int = 1_000_000) -> None:
+def write_trace(path: Path, n: int, rate: float, seed: int = 0, chunk: int = 1_000_000, ids: bool = False) -> None:
     """A generic CSV (arrival_s, input_tokens, output_tokens): Poisson arrivals at
-    ``rate``, the lognormal lengths above (numpy's generator, seeded)."""
+    ``rate``, the lognormal lengths above (numpy's generator, seeded). ``ids`` adds a leading
+    request_id column (not read by the replay), as real traces carry: 10^7 rows are then over
+    the 256 MB from which a trace is streamed (202 MB without it)."""
     import math
 
     import numpy as np
@@ -56,14 +60,15 @@ def write_trace(path: Path, n: int, rate: float, seed: int = 0, chunk: int = 1_0
     mu_in, mu_out = math.log(900) - 0.32, math.log(300) - 0.32
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        f.write("arrival_s,input_tokens,output_tokens\n")
+        f.write(("request_id," if ids else "") + "arrival_s,input_tokens,output_tokens\n")
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             times = t_s + np.cumsum(rng.exponential(1.0 / rate, m))
             t_s = float(times[-1])
             inp = np.clip(np.rint(rng.lognormal(mu_in, 0.8, m)), 1, 7000).astype(np.int64)
             out = np.clip(np.rint(rng.lognormal(mu_out, 0.8, m)), 1, 1000).astype(np.int64)
-            f.writelines(f"{t:.6f},{i},{o}\n" for t, i, o in zip(times.tolist(), inp.tolist(), out.tolist()))
+            rows = (f"{t:.6f},{i},{o}\n" for t, i, o in zip(times.tolist(), inp.tolist(), out.tolist()))
+            f.writelines((f"{start + j},{r}" for j, r in enumerate(rows)) if ids else rows)
     tmp.rename(path)
 
 
@@ -101,9 +106,12 @@ def main() -> None:
         n = a.stream_requests if case == "stream" else a.requests
         trace = None
         if case in ("trace", "stream"):
-            trace = a.dir / f"scale_{n}_{a.rate:g}.csv"
+            trace = a.dir / f"scale_{n}_{a.rate:g}{'_ids' if case == 'stream' else ''}.csv"
             if not trace.exists():
-                write_trace(trace, n, a.rate)
+                write_trace(trace, n, a.rate, ids=case == "stream")
+            if case == "stream" and trace.stat().st_size < STREAM_MIN_BYTES:
+                raise SystemExit(f"{trace}: {trace.stat().st_size >> 20} MB would be read whole, not streamed "
+                                 f"(streamed from {STREAM_MIN_BYTES >> 20} MB): pass more --stream-requests")
         for policy in a.policies.split(","):
             long = case == "long"
             sc = scenario(policy, n, a.rate / 10 if long else a.rate, 3000 if long else 300,
