@@ -103,9 +103,7 @@ class RunResult:
         if name in _RAW:
             return read(_RAW[name], start, stop)
         if name in REQUEST_METRICS:
-            def col(f):
-                return read("prompt_tokens" if f == "input_tokens" else f, start, stop)
-            return request_metric(name, col, self.completed(start, stop))
+            return request_metric(name, lambda f: read(f, start, stop), self.completed(start, stop))
         if name == "kv_transfer_s":
             return read("transfer_end_s", start, stop) - read("transfer_start_s", start, stop)
         if name in ("status", "fail_reason", "label"):  # label: the (status, fail_reason) code
