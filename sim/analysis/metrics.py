@@ -358,7 +358,7 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
 
 
 def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: list[tuple[float, float]] = (),
-               chunk_rows: int = 1 << 20):
+               chunk_rows: int = 1 << 18):
     """``itl_samples`` as piece sets for ``pieces_stats``: a callable yielding the pieces of
     each ``chunk_rows`` step rows (``read_rows(start, stop)``: {column: array}), then the
     points; the same pieces in the same order, never all in memory."""

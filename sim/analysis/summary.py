@@ -103,7 +103,7 @@ def summarize(result) -> dict:
     completed = int(ok.sum())
     tin = int(col("input_tokens")[ok].sum())
     tout = int(col("output_tokens")[ok].sum())
-    # the step log read 2^20 rows at a time (sim/analysis/metrics.py pieces_stats)
+    # the step log read 2^18 rows at a time (sim/analysis/metrics.py pieces_stats)
     names = [c for c in ITL_STEP_COLUMNS if c in result.step_store.names]
     itl = itl_pieces(lambda a, b: {c: result.step_column(c, a, b) for c in names}, result.num_step_rows,
                      result.resume_gaps_s, result.itl_adjust)
