@@ -52,13 +52,12 @@ def row_group_rows(num_rows: int) -> list[int]:
     import io
 
     import polars as pl
-    import pyarrow.parquet as pq
+
+    from sim.parquet_rows import row_group_rows as footer_rows
 
     buf = io.BytesIO()
     pl.select(pl.repeat(None, num_rows, dtype=pl.Int8).alias("x")).lazy().sink_parquet(buf, statistics=False)
-    buf.seek(0)
-    meta = pq.ParquetFile(buf).metadata
-    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return footer_rows(buf.getvalue())
 
 
 def _write_parquet(path: Path, num_rows: int, rows) -> None:

@@ -83,3 +83,26 @@ def test_results_out_of_order_are_released_in_order_and_checked():
     gap.sent = 4
     with pytest.raises(AssertionError, match="exactly once"):
         gap.finish()
+
+
+def test_row_groups_read_from_the_footer_as_pyarrow_reads_them(tmp_path):
+    import pyarrow.parquet as pq
+
+    from sim.parquet_rows import row_group_rows as footer_rows
+
+    rng = np.random.default_rng(1)
+    frame = pl.DataFrame({"a": np.arange(1000), "b": rng.random(1000), "s": ["x", None] * 500,
+                          "flag": [True, False] * 500})
+    for sizes in ([1000], [300, 300, 400], [1] * 5):
+        path = tmp_path / f"{len(sizes)}.parquet"
+        frame[:sum(sizes)].write_parquet(path, row_group_size=sizes[0], statistics=True,
+                                         metadata={"k": "v"})
+        meta = pq.ParquetFile(path).metadata
+        assert footer_rows(path.read_bytes()) == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    for n in (0, 5, 300_007, 1_048_576):
+        buf = __import__("io").BytesIO()
+        pl.select(pl.repeat(None, n, dtype=pl.Int8).alias("x")).write_parquet(buf, statistics=False)
+        meta = pq.ParquetFile(buf).metadata
+        assert row_group_rows(n) == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    with pytest.raises(ValueError, match="not a Parquet"):
+        footer_rows(b"abcdefgh")
