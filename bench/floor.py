@@ -2,9 +2,10 @@
 set against what SimPy alone costs for the same events.
 
 Runs the `bench/speed.py` workload (Llama-3-8B, 8 x H100 SXM, 80 req/s, lognormal 900 / 300
-tokens) once per policy, counting the SimPy events it schedules by kind, then replays exactly
-that many timeouts and interruptions through a SimPy skeleton (8 replica processes and an
-arrival process doing nothing else). CPU seconds (``time.process_time``), fastest of REPEAT.
+tokens) once per policy, counting the SimPy events it schedules (every event takes the next
+number of the environment's event counter), then schedules as many timeouts through a SimPy
+skeleton: 8 replica processes and an arrival process doing nothing else, one event each per
+wait (the replica loop and the arrivals run as callbacks of such events, sim/engine/calls.py). CPU seconds (``time.process_time``), fastest of REPEAT.
 The gap between the two is simsrv's own Python per step: scheduling, KV blocks, the cost
 model, the TTFT decomposition and the step log.
 Usage: python bench/floor.py [--requests 20000] [--repeat 3]
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections import Counter
 
 import simpy
 import simpy.core
@@ -37,50 +37,45 @@ def scenario(policy: str, chunk: int, n: int):
     })
 
 
-def simsrv_run(policy: str, chunk: int, n: int, count: bool) -> tuple[float, int, Counter]:
-    """CPU seconds of ``run_scenario``, its step rows, and (with ``count``) its SimPy events."""
+def simsrv_run(policy: str, chunk: int, n: int) -> tuple[float, int, int]:
+    """CPU seconds of ``run_scenario``, its step rows, and the SimPy events it scheduled."""
     from sim.run import run_scenario
 
-    kinds: Counter = Counter()
-    original = simpy.core.Environment.schedule
-    if count:
-        def schedule(self, event, priority=1, delay=0):
-            kinds[type(event).__name__] += 1
-            return original(self, event, priority, delay)
-        simpy.core.Environment.schedule = schedule
+    envs: list[simpy.Environment] = []
+    original = simpy.core.Environment.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        envs.append(self)
+
+    simpy.core.Environment.__init__ = init
     try:
         sc = scenario(policy, chunk, n)
         t0 = time.process_time()
         result = run_scenario(sc)
-        return time.process_time() - t0, result.steps.height, kinds
+        cpu = time.process_time() - t0
     finally:
-        simpy.core.Environment.schedule = original
+        simpy.core.Environment.__init__ = original
+    return cpu, result.steps.height, sum(next(env._eid) for env in envs)
 
 
-def skeleton(timeouts: int, interrupts: int, arrivals: int) -> float:
-    """CPU seconds of SimPy alone: REPLICAS processes yielding ``timeouts - arrivals`` timeouts in
-    all, an arrival process yielding ``arrivals`` and interrupting a busy replica
-    ``interrupts`` times."""
+def skeleton(events: int, arrivals: int) -> float:
+    """CPU seconds of SimPy alone: ``events`` timeouts, ``arrivals`` of them by an arrival
+    process and the rest by REPLICAS replica processes."""
     env = simpy.Environment()
     rng = random.Random(0)
-    per_replica = (timeouts - arrivals) // REPLICAS
+    per_replica = (events - arrivals) // REPLICAS
 
     def replica():
         for _ in range(per_replica):
-            try:
-                yield env.timeout(rng.random() * 0.02)
-            except simpy.Interrupt:
-                pass
+            yield env.timeout(rng.random() * 0.02)
 
-    procs = [env.process(replica()) for _ in range(REPLICAS)]
-    every = max(1, arrivals // max(1, interrupts))
+    for _ in range(REPLICAS):
+        env.process(replica())
 
     def arrive():
-        for i in range(arrivals):
+        for _ in range(arrivals):
             yield env.timeout(rng.random() * 0.05)
-            p = procs[i % REPLICAS]
-            if i % every == 0 and p.is_alive and isinstance(p.target, simpy.Timeout):
-                p.interrupt()
 
     env.process(arrive())
     t0 = time.process_time()
@@ -93,16 +88,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
-    print("| policy | step rows | SimPy events (timeouts / interruptions) | simsrv CPU s | us per row "
+    print("| policy | step rows | SimPy events | simsrv CPU s | us per row "
           "| SimPy skeleton CPU s | us per row | simsrv's own us per row |")
     print("|---|---|---|---|---|---|---|---|")
     for policy, chunk in (("continuous", 8192), ("chunked", 512)):
-        _, rows, kinds = simsrv_run(policy, chunk, a.requests, count=True)
-        cpu = min(simsrv_run(policy, chunk, a.requests, count=False)[0] for _ in range(a.repeat))
-        t, i = kinds["Timeout"], kinds["Interruption"]
-        bare = min(skeleton(t, i, a.requests) for _ in range(a.repeat))
+        runs = [simsrv_run(policy, chunk, a.requests) for _ in range(a.repeat)]
+        cpu, rows, events = min(runs)
+        bare = min(skeleton(events, a.requests) for _ in range(a.repeat))
         name = policy if policy == "continuous" else f"chunked {chunk}"
-        print(f"| {name} | {rows:,} | {t:,} / {i:,} | {cpu:.2f} | {cpu / rows * 1e6:.1f} | {bare:.3f} "
+        print(f"| {name} | {rows:,} | {events:,} | {cpu:.2f} | {cpu / rows * 1e6:.1f} | {bare:.3f} "
               f"| {bare / rows * 1e6:.1f} | {(cpu - bare) / rows * 1e6:.1f} |", flush=True)
 
 
