@@ -9,6 +9,7 @@ import pytest
 
 from sim.core.request import Request
 from sim.engine import columns as column_store
+from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
 from sim.output import _write_parquet, row_group_rows, write_run
 from tests.conftest import small_scenario
@@ -106,3 +107,20 @@ def test_row_groups_read_from_the_footer_as_pyarrow_reads_them(tmp_path):
         assert row_group_rows(n) == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     with pytest.raises(ValueError, match="not a Parquet"):
         footer_rows(b"abcdefgh")
+
+
+class _FullDisk:
+    def tofile(self, f):  # what numpy raises when the disk fills mid-write
+        raise OSError("32768 requested and 5632 written")
+
+
+def test_a_full_spill_disk_is_one_error_naming_the_directory_and_tmpdir(tmp_path):
+    """numpy's tofile on a full disk says only '32768 requested and 5632 written': the error
+    the CLI prints (filename: strerror) must name the spill directory and what to do."""
+    buf = ColumnBuffer(("a",), block_rows=2)
+    buf._dir = tmp_path
+    buf._chunks[0].append(_FullDisk())
+    with pytest.raises(OSError) as err:
+        buf._spill()
+    assert err.value.filename == str(tmp_path)
+    assert "5632 written" in err.value.strerror and "TMPDIR" in err.value.strerror

@@ -72,11 +72,15 @@ class ColumnBuffer:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="simsrv-columns-"))
             weakref.finalize(self, shutil.rmtree, self._dir, True)
-        for name, chunks in zip(self.names, self._chunks):
-            with open(self._dir / name, "ab") as f:
-                for c in chunks:
-                    c.tofile(f)
-            chunks.clear()
+        try:
+            for name, chunks in zip(self.names, self._chunks):
+                with open(self._dir / name, "ab") as f:
+                    for c in chunks:
+                        c.tofile(f)
+                chunks.clear()
+        except OSError as e:  # a full disk: numpy's message names neither the file nor the cause
+            raise OSError(e.errno, f"cannot keep the run's results and step rows here ({e.strerror or e}; "
+                                   f"a full disk? set TMPDIR to a directory with room)", str(self._dir)) from e
         self._spilled = self._packed
 
     def finish(self) -> None:
