@@ -2,6 +2,7 @@
 a time (issue 14: bounded memory): the same bytes as writing the whole frames at once."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -124,3 +125,29 @@ def test_a_full_spill_disk_is_one_error_naming_the_directory_and_tmpdir(tmp_path
         buf._spill()
     assert err.value.filename == str(tmp_path)
     assert "5632 written" in err.value.strerror and "TMPDIR" in err.value.strerror
+
+
+def test_sigterm_removes_the_runs_column_files(tmp_path):
+    """``kill`` (SIGTERM) of a run that keeps its columns on disk exits 143 and leaves nothing
+    under $TMPDIR (the default action skipped Python's exit, leaving the directory)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    env = {**os.environ, "TMPDIR": str(spill)}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", "scenarios/chat.yaml", "--out", str(tmp_path / "run"),
+                             "-q"], env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith("simsrv-columns-") for p in spill.iterdir()):
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert list(spill.iterdir()) == []
+    assert not (tmp_path / "run").exists()

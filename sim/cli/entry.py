@@ -10,6 +10,7 @@ application (``sim.cli.app``).
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 from typing import Any
 
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     from sim.cli.run_argv import parse_run_argv
 
     words = sys.argv[1:] if argv is None else list(argv)
+    if argv is None:  # the process's own entry point (tests calling main() keep their handlers)
+        signal.signal(signal.SIGTERM, _terminated)
     if words == ["--version"]:  # what the Typer application's eager --version does, without typer
         print_version()
         return
@@ -59,6 +62,13 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted()
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM (``kill``, a job scheduler's time limit): exit with status 143 as the default
+    action would, but through Python's exit, so that the run's temporary files (the columns a
+    run keeps under ``$TMPDIR``, sim/engine/columns.py; half-written outputs) are removed."""
+    raise SystemExit(128 + signum)
 
 
 def print_version() -> None:
