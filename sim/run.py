@@ -97,13 +97,17 @@ class RunResult:
         done = [i for i, (status, _) in enumerate(self.results.labels()) if status == "completed"]
         return np.isin(self.results.read("label", start, stop), done)
 
-    def request_column(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows [start, stop) of one requests-frame column (by request id)."""
+    def request_column(self, name: str, start: int = 0, stop: int | None = None,
+                       ok: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) of one requests-frame column (by request id); ``ok``: those rows'
+        ``completed`` if the caller has it (the metrics read it)."""
         read = self.results.read
         if name in _RAW:
             return read(_RAW[name], start, stop)
         if name in REQUEST_METRICS:
-            return request_metric(name, lambda f: read(f, start, stop), self.completed(start, stop))
+            if ok is None:
+                ok = self.completed(start, stop)
+            return request_metric(name, lambda f: read(f, start, stop), ok)
         if name == "kv_transfer_s":
             return read("transfer_end_s", start, stop) - read("transfer_start_s", start, stop)
         if name in ("status", "fail_reason", "label"):  # label: the (status, fail_reason) code
@@ -114,7 +118,8 @@ class RunResult:
                       columns: tuple[str, ...] = REQUEST_FRAME_COLUMNS) -> pl.DataFrame:
         """Rows [start, stop) of the requests frame (every value computed per row, so any split
         into row ranges gives the same values)."""
-        data = {c: self.request_column(c, start, stop) for c in columns}
+        ok = self.completed(start, stop) if any(c in REQUEST_METRICS for c in columns) else None
+        data = {c: self.request_column(c, start, stop, ok) for c in columns}
         for c in ("status", "fail_reason"):
             if c in data:
                 data[c] = data[c].tolist()
