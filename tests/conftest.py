@@ -9,6 +9,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _report_compiled_frames() -> None:
+    """With the compiled core (sim/compiled_core.py) a traceback through it has entries without
+    a line number (mypyc's frames); pytest 8's failure report subtracts 1 from it and stops the
+    whole session (INTERNALERROR). Such entries are reported at line 0 instead."""
+    import sim.compiled_core
+    if sim.compiled_core.pure_reason is not None:
+        return
+    from _pytest._code import code
+
+    def lineno(self) -> int:
+        n = self._rawentry.tb_lineno
+        return -1 if n is None else n - 1
+
+    code.TracebackEntry.lineno = property(lineno)
+
+
+_report_compiled_frames()
+
+
 def small_scenario(**over) -> dict:
     """A small synthetic scenario dict; keyword arguments replace top-level sections."""
     raw = {

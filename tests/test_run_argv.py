@@ -102,4 +102,4 @@ def test_version_without_typer_prints_what_typer_prints(capsys):
     main(["--version"])
     fast = capsys.readouterr()
     assert cli.app(args=["--version"], standalone_mode=False) == 0
-    assert capsys.readouterr() == fast and fast.out.startswith("simsrv ") and fast.out.count("\n") == 1
+    assert capsys.readouterr() == fast and fast.out.startswith("simsrv ") and fast.out.count("\n") == 2

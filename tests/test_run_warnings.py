@@ -2,6 +2,7 @@
 overwrite of a run directory, ``--version``."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,8 +16,9 @@ from sim.analysis.summary import summarize
 from tests.conftest import ROOT, small_scenario
 
 
-def simsrv(*args):
-    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+def simsrv(*args, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def _saturating(rate: float, max_model_len: int = 1200) -> dict:
@@ -72,3 +74,6 @@ def test_run_cli_warns_refuses_overwrite_and_writes_null_times(tmp_path):
 def test_version():
     p = simsrv("--version")
     assert p.returncode == 0 and p.stdout.startswith("simsrv ") and p.stdout.split()[1][0].isdigit()
+    # which simulation core runs (sim/compiled_core.py): here the Python sources, as asked
+    p = simsrv("--version", env={"SIMSRV_PURE_PYTHON": "1"})
+    assert p.stdout.splitlines()[1] == "core: Python (SIMSRV_PURE_PYTHON is set)", p.stdout

@@ -4,7 +4,6 @@ finished request freed and forgotten in one pass leaves the queue it left in two
 chunk's precomputed block delta takes what ``allocate`` would, and a plan's empty lists are
 one shared read-only list."""
 
-import copy
 
 import pytest
 from hypothesis import given, settings
@@ -67,7 +66,7 @@ def test_one_take_equals_take_give_back_take(ops, a, b):
     kv = _messy_kv(ops)
     if max(a, b) > kv.num_free:
         return
-    ref, new = kv, copy.deepcopy(kv)
+    ref, new = kv, _messy_kv(ops)  # the same operations: an equal manager
     ref.allocate_blocks(a)
     ref.release_blocks(a)
     ref.allocate_blocks(b)
@@ -92,7 +91,7 @@ def test_free_and_forget_in_one_pass_equals_two(ops, victim):
         return
     rid = sorted(kv.tables)[victim % len(kv.tables)]
     req = Request(rid, 0.0, 1, 1)
-    ref, new = kv, copy.deepcopy(kv)
+    ref, new = kv, _messy_kv(ops)
     ref.free(req)
     ref.forget(req)
     new.free(req, forget=True)
@@ -108,14 +107,18 @@ def test_free_and_forget_in_one_pass_equals_two(ops, victim):
 def test_grow_takes_what_allocate_takes(ops, computed, n, groups):
     # a running prompt's next chunk (sliding windows: the delta may be negative, blocks that
     # left the window going back first)
-    kv = _messy_kv(ops, groups=groups)
+    def prepared() -> KVBlockManager:
+        kv = _messy_kv(ops, groups=groups)
+        if computed:  # its first chunk
+            kv.allocate(req, computed, computed=0)
+        return kv
+
     req = Request(999, 0.0, computed + n, 8)
-    if computed:  # its first chunk
-        kv.allocate(req, computed, computed=0)
+    kv = prepared()
     new_blocks = kv.chunk_blocks(req, computed + n, computed)
     if new_blocks > kv.num_free:
         return
-    ref, fast = kv, copy.deepcopy(kv)
+    ref, fast = kv, prepared()
     assert ref.allocate(req, computed + n, computed=computed)
     fast.grow(req, new_blocks)
     assert _state(fast) == _state(ref)
@@ -128,8 +131,9 @@ def test_a_plans_empty_lists_are_one_shared_read_only_list():
         plan.preempted.append(None)
     with pytest.raises(TypeError):
         plan.chunks[:0] = [None]
-    plan.add_preempted("r")
-    assert plan.preempted == ["r"] and NONE == []
+    r = Request(7, 0.0, 1, 1)
+    plan.add_preempted(r)
+    assert plan.preempted == [r] and NONE == []
     # a scheduler fills its plans' lists without touching the shared one
     s = ChunkedScheduler(EngineLimits(max_num_batched_tokens=64), KVBlockManager(40, 4))
     for i in range(3):

@@ -72,14 +72,18 @@ def _terminated(signum, frame) -> None:
 
 
 def print_version() -> None:
-    """``simsrv X.Y.Z`` on stdout (``--version``)."""
+    """``simsrv X.Y.Z`` and which simulation core runs (sim/compiled_core.py) on stdout
+    (``--version``)."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from sim import compiled_core
 
     try:
         v = version("simsrv")
     except PackageNotFoundError:  # run from a source tree that was never installed
         v = "unknown (not installed)"
     print(f"simsrv {v}")  # what rich printed for this short plain line, without importing rich
+    print(f"core: {compiled_core.describe()}")
 
 
 def _run_without_typer(kwargs: dict[str, Any]) -> int | None:

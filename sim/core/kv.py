@@ -30,6 +30,7 @@ until its KV has been sent elsewhere, are counted here too. Requests carry no bl
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.core.request import Request
@@ -100,7 +101,7 @@ def prefix_keys(req: Request, block_size: int) -> list:
     Blocks past the described tokens are the request's own (unique content).
     """
     if req.prefix_keys is None:
-        keys: list = []
+        keys: list[tuple[int, int]] = []
         if req.hash_ids is not None and len(req.hash_ids):
             h = req.hash_block_size
             chain, c = [], 0
@@ -358,7 +359,7 @@ class KVBlockManager:
         if not self.prefix_caching:
             return [], 0
         bs = self.block_size
-        keys = req.prefix_keys  # prefix_keys(req, bs) once memoised
+        keys: list[tuple[int, int]] | None = req.prefix_keys  # prefix_keys(req, bs) once memoised
         if keys is None:
             keys = prefix_keys(req, bs)
         if not keys and req.request_id not in self.tables:  # nothing it could hit (the loop below finds none)
@@ -377,7 +378,7 @@ class KVBlockManager:
             own = min(t.freed.count, cap - len(hits))
         return hits, own
 
-    def allocate(self, req: Request, num_tokens: int, hits: list[Block] = (), own_hits: int = 0,
+    def allocate(self, req: Request, num_tokens: int, hits: Sequence[Block] = (), own_hits: int = 0,
                  computed: int | None = None) -> bool:
         """Grow ``req``'s blocks to cover ``num_tokens`` slots, first taking the cache hits
         ``hits`` / ``own_hits`` from ``lookup`` (vLLM ``allocate_slots``); False, with no change,
@@ -451,7 +452,7 @@ class KVBlockManager:
         done = len(t.shared) + t.num_own_cached
         if full <= done:
             return
-        keys = req.prefix_keys  # prefix_keys(req, ...) once memoised
+        keys: list[tuple[int, int]] | None = req.prefix_keys  # prefix_keys(req, ...) once memoised
         if keys is None:
             keys = prefix_keys(req, self.block_size)
         if done < len(keys) and not t.num_own_cached:

@@ -10,6 +10,7 @@ replica's KV manager (sim/core/kv.py), the TTFT clocks' working state to the TTF
 from __future__ import annotations
 
 import math
+from typing import Any
 
 NAN = math.nan
 
@@ -69,9 +70,9 @@ class Request:
         self.decode_rounds_waited = 0  # decode scheduling rounds that could not admit it
         # prefix caching: block-hash ids of the prompt (and, for multi-turn sessions, of the
         # answer), their cache keys (memoised by kv.prefix_keys), the prompt tokens found cached
-        self.hash_ids = None
+        self.hash_ids: Any = None  # a list or an array of ints
         self.hash_block_size = 16
-        self.prefix_keys = None
+        self.prefix_keys: list[tuple[int, int]] | None = None
         self.prefix_hit_tokens = 0
         self.kv_hit_blocks = 0      # prefix-cache blocks its current allocation started with
         # TTFT decomposition (sim/core/ttft.py's TTFTAccounting keeps the working state: wait

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
-from sim.cost.tables import bracket
+from sim.cost.tables import Curve, bracket
 
 
 class CalibratedOps:
@@ -52,7 +52,7 @@ class CalibratedOps:
         # Elementwise ops per layer as (table kind, row width): 2 norms, 2 residual adds, rotary
         # on q and k, the gated activation (widths per GPU); the KV-cache write and the
         # embedding lookup move like a norm (read a row, write a row).
-        self.elem_ops = ()
+        self.elem_ops: tuple[tuple[Curve, float], ...] = ()
         # A GPU without elementwise measurements carries the donor's curves by the bandwidth
         # ratio: a kernel of B bytes here takes what the donor's kernel of B * bw_donor / bw
         # bytes takes (equal roofline bound), so the launch-latency floor stays the measured

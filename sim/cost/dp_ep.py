@@ -34,7 +34,11 @@ import math
 from sim.core.batch import Batch
 from sim.cost.all2all import All2AllLinks, all2all_layer_bytes, all2all_layer_s
 from sim.cost.arch import moe_mlp_s
-from sim.cost.roofline import RooflineCostModel
+from sim.cost.calibration import Calibration
+from sim.cost.engine_profile import EngineProfile
+from sim.cost.roofline import Efficiencies, RooflineCostModel
+from sim.hardware import GPUSpec
+from sim.model_spec import ModelSpec
 from sim.cost.runs import RunCost
 
 _MAX_GROUP_CACHES = 4096  # distinct group token counts whose GEMM costs are kept
@@ -43,8 +47,14 @@ _MAX_GROUP_CACHES = 4096  # distinct group token counts whose GEMM costs are kep
 class DataParallelEPCostModel(RooflineCostModel):
     """One engine core (``tp`` GPUs) of a group of ``dp`` whose routed experts span all of them."""
 
-    def __init__(self, *args, dp: int, links: All2AllLinks, **kwargs):
-        super().__init__(*args, enable_expert_parallel=True, dp=dp, **kwargs)
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
+                 eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
+                 calibration: Calibration | None = None, engine: EngineProfile | None = None,
+                 expert_load_imbalance: float = 1.0, *, dp: int, links: All2AllLinks):
+        # RooflineCostModel's arguments written out (mypyc, sim/compiled_core.py, miscompiles a
+        # super().__init__(*args, ..., **kwargs) forward)
+        super().__init__(model, gpu, tp, kv_dtype_bytes, eff, weight_dtype_bytes, calibration, engine,
+                         enable_expert_parallel=True, expert_load_imbalance=expert_load_imbalance, dp=dp)
         self.dp, self.links = dp, links
         # vLLM dispatches in fp8 when the MoE runs fp8 W8A8 (its DeepEP prepare step quantizes
         # the input, DEEPEP_QUANT_BLOCK_SHAPE); else in the activation dtype

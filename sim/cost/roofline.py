@@ -15,7 +15,7 @@ All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Sho
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -142,26 +142,32 @@ class RooflineCostModel:
         self.mem_bw = gpu.hbm_bw_bytes_per_s * e.memory
         self.heads = m.num_heads / tp
         self.q_dim = m.q_size / tp
-        self.kv_dim = max(1, m.num_kv_heads // tp) * m.head_dim  # KV heads replicate when tp > H_kv
+        self.kv_dim: float = float(max(1, m.num_kv_heads // tp) * m.head_dim)  # KV heads replicate when tp > H_kv
         self.mlp_dim = m.intermediate_size / tp
         # Linear layers as (input width, output width) per GPU.
         h = m.hidden_size
-        self._qkv = (h, self.q_dim + 2 * self.kv_dim)
-        self._o = (self.q_dim, h)
-        self._up = (h, 2 * self.mlp_dim)     # fused gate+up of a gated MLP
+        hf = float(h)
+        self._qkv: tuple[float, float] = (hf, self.q_dim + 2 * self.kv_dim)
+        self._o: tuple[float, float] = (self.q_dim, hf)
+        self._up: tuple[float, float] = (hf, 2 * self.mlp_dim)  # fused gate+up of a gated MLP
+        self._eup: tuple[float, float] = (hf, 2 * self.mlp_dim)
+        self._edown: tuple[float, float] = (self.mlp_dim, hf)
+        self._shared: tuple[tuple[float, float], tuple[float, float]] | None = None
+        self._slide: tuple[float, int] | None = None  # sim/cost/arch.py sets the MLA, MoE and window shapes
         self._down = (self.mlp_dim, h)
         self._lm = (h, m.vocab_size / tp)
         # Attention FLOPs per (query, key) pair per layer per GPU: QK^T over the q/k head width
         # and PV over the v width, 2 FLOPs per multiply-add (Dao 2023); MLA changes the widths
         # and reads decompressed K/V in prefill (sim/cost/arch.py ``mla_attention``).
-        self._prefill_pair_flops = self._decode_pair_flops = 4.0 * self.heads * m.head_dim
+        self._prefill_pair_flops: float = 4.0 * self.heads * m.head_dim
+        self._decode_pair_flops: float = self._prefill_pair_flops
         self._ctx_upproj_flops = 0.0  # MLA: FLOPs per cached context token of a prefill chunk
-        self._prefill_kv_bytes: float | None = None  # set by MLA; else the cache's K and V
+        self._prefill_kv_bytes = 0.0  # set by MLA; else (0 here) the cache's K and V
         arch_shapes(self, m, h, tp)
         # KV bytes per cached token per layer per GPU (PagedAttention: K and V).
         self.kv_layer_bytes = 2 * self.kv_dim * self.kv_dtype_bytes
         # K and V bytes a prefill chunk's attention reads per key token (MLA: decompressed heads)
-        if self._prefill_kv_bytes is None:
+        if not self._prefill_kv_bytes:
             self._prefill_kv_bytes = self.kv_layer_bytes
         # Elementwise bytes per token per layer: 2 RMSNorms (read+write h), 2 residual adds
         # (2 reads + 1 write of h), rotary on q,k (read+write), SiLU*gate (read 2I, write I),
@@ -216,7 +222,7 @@ class RooflineCostModel:
         self._logit_cache: dict[int, tuple[float, float, bool]] = {}
         self._run_fns: dict[tuple[int, int], tuple] = {}
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
-        self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool]] = {}
+        self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
         self._step_cache: dict[tuple[int, int, tuple], _Step] = {}  # run_cost's, per batch shape
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
         self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
@@ -540,7 +546,7 @@ class RooflineCostModel:
             if b.num_tokens else 0.0
         return (*parts, overhead)
 
-    def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool, tuple]:
+    def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool, tuple[float, float]]:
         """The engine profile's terms of a step of ``num_seqs`` scheduled sequences (the one place
         overhead enters a step): (GPU seconds -> overhead seconds, the knee: GPU seconds beyond
         which the host no longer adds to the step, whether the batch lies outside the profile's
@@ -597,11 +603,12 @@ class RooflineCostModel:
             k = batch.num_steps
             ops = {op: k * t for op, t in ops.items()}
             n = batch.num_decode_seqs
-            attn = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
+            attn: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
                        self._pieces(batch, lambda c: self._attn_decode_s(n, c), first[ATTN_DECODE]))
             step_s, kinked = self._run_step_fn(batch, self._fixed(batch))
-            total = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in self._pieces(batch, step_s, sum(first), kinked))
-            ops["overhead"] = total - sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead")) - attn
+            total: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in self._pieces(batch, step_s, sum(first), kinked))
+            others: float = sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead"))
+            ops["overhead"] = total - others - attn
             ops["attn_decode"] = attn
         return StepCost(ops)
 
@@ -739,7 +746,8 @@ class RooflineCostModel:
             self._run_fns[key] = fns
         return fns
 
-    def _pieces(self, b: Batch, f, f0: float, kinked=None):
+    def _pieces(self, b: Batch, f: Callable[[int], float], f0: float,
+                kinked: Callable[[int], bool] | None = None) -> Iterator[tuple[int, float, float, float]]:
         """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run
         (``_piece``), for ``f`` (seconds as a function of the total decode context; ``f0`` at
         the first step)."""

@@ -18,12 +18,13 @@ import gc
 import math
 from heapq import heappop
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import simpy
 from simpy.events import URGENT
 
 from sim.core.batch import Batch
-from sim.cost.runs import run_sum_s
+from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler
 from sim.engine.arrivals import Arrivals
@@ -90,7 +91,7 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
                 return
             last_t, same = t, 0
         env._now = t
-        callbacks, event.callbacks = event.callbacks, None
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]  # SimPy's processed mark
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):
@@ -107,7 +108,8 @@ class _BlockState:
 
     def __init__(self, plan, batch: Batch, start_s: float):
         self.plan, self.batch, self.start_s = plan, batch, start_s
-        self.done, self.first_s, self.last_s, self.rc = 0, 0.0, 0.0, None
+        self.done, self.first_s, self.last_s = 0, 0.0, 0.0
+        self.rc: RunCost | None = None
 
 
 class Replica:
@@ -349,6 +351,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
         if progress is not None and ended[0] // report_every != before // report_every:
             progress(ended[0])
 
+    topo: Any  # Colocated, or what a topology builds (sim/engine/topology.py)
     if topology is None:
         topo = Colocated(env, schedulers, costs, router, rec, on_finish, swap_s_per_block)
     else:

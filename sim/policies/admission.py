@@ -19,11 +19,12 @@ tokens are free KV blocks x block size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from sim.core.request import Request
     from sim.policies.base import Scheduler, StepPlan
+    from sim.policies.decode_set import DecodeSet
 
 # global_config.py (0.3.x): the estimate starts at 0.7 whenever the server idles, falls by 0.001
 # each decode step to base_min_new_token_ratio 0.1 (x schedule_conservativeness, default 1.0)
@@ -39,8 +40,8 @@ CLIP_MAX_NEW_TOKENS = 4096
 class VLLMAdmission:
     """vLLM's: admit on the KV blocks needed now (base.py); nothing to add here."""
 
-    name = "vllm"
-    has_hooks = False  # every hook below does nothing: the scheduler skips calling them
+    name: ClassVar[str] = "vllm"
+    has_hooks: ClassVar[bool] = False  # every hook below does nothing: the scheduler skips calling them
 
     def start_round(self, sched: Scheduler) -> None:
         pass
@@ -94,7 +95,7 @@ class SGLangAdmission(VLLMAdmission):
         self._states: list[tuple[int, int]] | None = None  # (tokens left, tokens held), sorted
         self._new: list[Request] = []  # admitted this round (can_run_list)
         self._running: list[Request] = []
-        self._ds = None
+        self._ds: DecodeSet | None = None
 
     @staticmethod
     def _clip(n: int) -> int:
@@ -112,8 +113,9 @@ class SGLangAdmission(VLLMAdmission):
         self._total_tokens = kv.num_free * kv.block_size
         self._running = list(sched.running.values())
         ratio = self.new_token_ratio
-        self._rem_tokens = self._total_tokens - sum(
-            self._clip(r.output_tokens - self._generated(r)) * ratio for r in self._running)
+        # the sum apart from the subtraction: mypyc (sim/compiled_core.py) miscompiles int - sum(float, ...)
+        reserved: float = sum(self._clip(r.output_tokens - self._generated(r)) * ratio for r in self._running)
+        self._rem_tokens = self._total_tokens - reserved
         self._states = None
         self._new = []
 

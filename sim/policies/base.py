@@ -20,8 +20,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from sim.compiled_core import mypyc_attr
 from sim.core.batch import Batch
 from sim.core.kv import KVBlockManager
+from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
@@ -51,24 +53,7 @@ class EngineLimits:
     admission: str = "vllm"
 
 
-class _NoEntries(list):
-    """The empty list that a ``StepPlan`` list field shares with every other plan until its first
-    entry (most rounds leave most fields empty; eight new lists per round were a measurable
-    share of a step's CPU). Read-only: the scheduler assigns the field a new list before
-    appending. Hashable by identity only so that dataclasses accept it as a default (they
-    take unhashable defaults for mutable ones; this one cannot change)."""
 
-    __slots__ = ()
-    __hash__ = object.__hash__
-
-    def _read_only(self, *args, **kwargs):
-        raise TypeError("a StepPlan field's shared empty list is read-only: assign a new list")
-
-    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
-
-
-NONE = _NoEntries()
 
 
 @dataclass(slots=True)
@@ -152,6 +137,8 @@ def new_plan(now: float) -> StepPlan:
     every field set here in one pass (the dataclass ``__init__`` binds its sixteen arguments
     one by one, a measurable share of a round). A field added to ``StepPlan`` must be set here
     too (tests/test_sched_fast_paths.py compares the two field by field)."""
+    if _COMPILED:
+        return StepPlan(1, 0, 0, 0, planned_s=now)
     plan = _new(StepPlan)
     plan.num_steps = 1
     plan.num_decode_seqs = plan.decode_context_tokens = plan.decode_blocks = plan.swap_blocks = 0
@@ -162,6 +149,12 @@ def new_plan(now: float) -> StepPlan:
     return plan
 
 
+# compiled by mypyc (setup.py) this module's functions are not Python functions, and its native
+# StepPlan is built by its constructor (object.__new__ refuses it), fast there
+_COMPILED = not hasattr(new_plan, "__code__")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled core
 class Scheduler:
     """One replica's scheduler: waiting queue, running requests, KV blocks."""
 
@@ -390,7 +383,7 @@ class Scheduler:
                 return None
             plan.decode_blocks = decode_blocks
             return NONE
-        in_order = None  # whether the prompts are the last admitted: found when first needed
+        in_order: bool | None = None  # whether the prompts are the last admitted: found when first needed
         left = budget - ds.num_seqs
         thr = self._threshold
         chunks = []

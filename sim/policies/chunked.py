@@ -9,10 +9,12 @@ keep a bounded step time: slightly later first tokens, far steadier inter-token 
 
 from __future__ import annotations
 
+from sim.compiled_core import mypyc_attr
 from sim.policies.base import Scheduler, StepPlan
 from sim.policies.registry import PolicySpec, register
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled core
 class ChunkedScheduler(Scheduler):
     name = "chunked"
 

@@ -7,10 +7,12 @@ prompt stalls every decode sharing that step: the interference chunked prefill r
 
 from __future__ import annotations
 
+from sim.compiled_core import mypyc_attr
 from sim.policies.base import Scheduler, StepPlan
 from sim.policies.registry import PolicySpec, register
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled core
 class ContinuousScheduler(Scheduler):
     name = "continuous"
 
