@@ -2,9 +2,9 @@
 mypyc, ~1.5x faster (sim/compiled_core.py lists the modules and says when the Python sources
 run instead; README.md, "Compiled core"). Everything else is in pyproject.toml.
 
-The compiled core is opt-in: it needs mypy (``pip install 'simsrv[compile]'`` or
-``pip install mypy==1.13.0``, then ``pip install --no-build-isolation``) and a C compiler, and
-compiling takes a few minutes. If either is missing or compiling fails, the package installs as
+The compiled core is opt-in: it needs mypy in the installing environment
+(``pip install mypy==1.13.0 setuptools wheel && SIMSRV_COMPILE=1 pip install --no-build-isolation -e .``)
+and a C compiler, and compiling takes a few minutes. If either is missing or compiling fails, the package installs as
 Python alone and behaves the same, slower.
 """
 
@@ -21,7 +21,7 @@ def core_extensions() -> list:
     try:
         from mypyc.build import mypycify
     except ImportError:
-        print("simsrv: SIMSRV_COMPILE=1 but mypy is not installed here (pip install mypy==1.13.0, "
+        print("simsrv: SIMSRV_COMPILE=1 but mypy is not installed here (pip install mypy==1.13.0 setuptools wheel, "
               "then pip install --no-build-isolation); the simulation core stays Python", file=sys.stderr)
         return []
     here = os.path.dirname(os.path.abspath(__file__))
