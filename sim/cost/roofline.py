@@ -607,6 +607,7 @@ class RooflineCostModel:
                        self._pieces(batch, lambda c: self._attn_decode_s(n, c), first[ATTN_DECODE]))
             step_s, kinked = self._run_step_fn(batch, self._fixed(batch))
             total: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in self._pieces(batch, step_s, sum(first), kinked))
+            # the sums apart from the subtraction: mypyc (sim/compiled_core.py) miscompiles x - sum(<floats>)
             others: float = sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead"))
             ops["overhead"] = total - others - attn
             ops["attn_decode"] = attn

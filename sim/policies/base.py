@@ -53,9 +53,6 @@ class EngineLimits:
     admission: str = "vllm"
 
 
-
-
-
 @dataclass(slots=True)
 class StepPlan:
     """What one scheduling round decided (vLLM V1's ``SchedulerOutput``): the step (or
