@@ -2,8 +2,9 @@
 process runs them or their Python sources.
 
 Why: the per-step work (scheduler, KV manager, cost model, replica loop, TTFT accounting,
-results) is many small exact calls; compiled by mypyc (setup.py) the same code runs ~1.5x
-faster (bench/README.md, "compiled core"). The compiled modules are built from, and must
+results) is many small exact calls; compiled by mypyc (setup.py, opt-in with
+``SIMSRV_COMPILE=1`` at install) the same code runs up to 1.5x faster (bench/README.md,
+"Compiled core"). The compiled modules are built from, and must
 behave exactly as, the ``.py`` files beside them; the test suite checks the two byte for byte
 (tests/test_compiled_core.py).
 
@@ -11,9 +12,10 @@ The Python sources run instead, for every module of the core together (compiled 
 each other directly, so the core is never mixed), when:
 
 - ``SIMSRV_PURE_PYTHON`` is set (non-empty);
-- the core was not built (no compiler at install, or ``SIMSRV_PURE_PYTHON`` set then);
-- a source is newer than its compiled module (an edited checkout: ``pip install -e .`` again
-  rebuilds it), so an edit always takes effect;
+- the core was not built (installed without ``SIMSRV_COMPILE=1``, or without mypy or a C
+  compiler);
+- a source is newer than its compiled module (an edited checkout: the compiling install
+  command again rebuilds it), so an edit always takes effect;
 - the compiled modules fail to load.
 
 ``simsrv --version`` says which (``core: compiled`` or ``core: Python (reason)``).
@@ -69,9 +71,9 @@ def why_pure(root: Path = _PACKAGE_ROOT, environ: os._Environ | dict = os.enviro
             continue
         built += 1
         if source.stat().st_mtime > compiled.stat().st_mtime:
-            return f"{rel} changed after the core was compiled (pip install -e . rebuilds it)"
+            return f"{rel} changed after the core was compiled (SIMSRV_COMPILE=1 at install rebuilds it)"
     if built == 0:
-        return "not compiled (no C compiler or mypy at install)"
+        return "not compiled (SIMSRV_COMPILE=1 at install compiles it: README, Compiled core)"
     if built < len(CORE_MODULES):
         return f"only {built} of {len(CORE_MODULES)} modules compiled"
     return None
