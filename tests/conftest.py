@@ -8,6 +8,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# summary (result.json) keys that measure the clock and the machine, not the simulation
+WALL_CLOCK_KEYS = ("date", "simsrv_wall_s", "simsrv_requests_per_wall_s")
+
+
+def without_wall_clock(summary: dict) -> dict:
+    """The summary less ``WALL_CLOCK_KEYS``: what the same scenario and seed must reproduce."""
+    return {k: v for k, v in summary.items() if k not in WALL_CLOCK_KEYS}
+
 
 def _report_compiled_frames() -> None:
     """With the compiled core (sim/compiled_core.py) a traceback through it has entries without

@@ -14,6 +14,7 @@ from sim.policies.base import EngineLimits
 from sim.policies.continuous import ContinuousScheduler
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
+from tests.conftest import without_wall_clock
 
 
 def _sched(blocks: int, prefix_caching: bool, **kw) -> ContinuousScheduler:
@@ -145,24 +146,17 @@ def _run(engine: dict, n=60) -> dict:
     return summarize(run_scenario(scenario_from_dict(raw)))
 
 
-WALL = {"simsrv_wall_s", "simsrv_requests_per_wall_s", "date"}  # wall-clock figures
-
-
-def _strip(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k not in WALL}
-
-
 def test_default_is_vllm_and_unchanged():
     assert EngineLimits().admission == "vllm"
-    assert _strip(_run({})) == _strip(_run({"admission": "vllm"}))
+    assert without_wall_clock(_run({})) == without_wall_clock(_run({"admission": "vllm"}))
 
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_sglang_admission_is_deterministic_and_differs(caching):
     a = _run({"admission": "sglang", "enable_prefix_caching": caching})
     b = _run({"admission": "sglang", "enable_prefix_caching": caching})
-    assert _strip(a) == _strip(b)
-    assert _strip(a) != _strip(_run({"enable_prefix_caching": caching}))
+    assert without_wall_clock(a) == without_wall_clock(b)
+    assert without_wall_clock(a) != without_wall_clock(_run({"enable_prefix_caching": caching}))
 
 
 def test_admission_needs_a_v1_style_policy():

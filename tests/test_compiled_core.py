@@ -16,7 +16,7 @@ import pytest
 
 from sim import compiled_core
 from sim.compiled_core import CORE_MODULES, why_pure
-from tests.conftest import ROOT
+from tests.conftest import ROOT, without_wall_clock
 
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
@@ -101,9 +101,7 @@ def _run(tree: Path, out: Path, args: tuple[str, ...], pure: bool) -> None:
 
 
 def _outputs(out: Path) -> dict[str, object]:
-    result = json.loads((out / "result.json").read_text())
-    for volatile in ("date", "simsrv_wall_s", "simsrv_requests_per_wall_s"):  # the clock and the machine
-        result.pop(volatile, None)
+    result = without_wall_clock(json.loads((out / "result.json").read_text()))
     return {"requests": (out / "requests.parquet").read_bytes(), "steps": (out / "steps.parquet").read_bytes(),
             "result": result}
 

@@ -13,7 +13,7 @@ from sim.engine import columns as column_store
 from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
 from sim.output import _write_parquet, row_group_rows, write_run
-from tests.conftest import small_scenario
+from tests.conftest import WALL_CLOCK_KEYS, small_scenario
 
 
 def test_parquet_written_by_row_groups_is_the_whole_frame_write():
@@ -47,7 +47,7 @@ def _run_dir(tmp_path, name, block_rows, monkeypatch):
     s = scenario_from_dict(small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 256}))
     result = run_scenario(s)
     summary = summarize(result)
-    for k in ("date", "simsrv_wall_s", "simsrv_requests_per_wall_s"):
+    for k in WALL_CLOCK_KEYS:
         summary.pop(k)
     out = write_run(result, summary, tmp_path / name)
     return result, out
