@@ -46,6 +46,8 @@ CORE_MODULES = (
 _NAMES = {p[:-3].replace("/", "."): p for p in CORE_MODULES}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding sim/
 
+NOT_COMPILED = "not compiled (SIMSRV_COMPILE=1 at install compiles it: README, Compiled core)"
+
 # why this process runs the Python sources (None: it runs the compiled core); set by choose()
 pure_reason: str | None = None
 
@@ -73,7 +75,7 @@ def why_pure(root: Path = _PACKAGE_ROOT, environ: os._Environ | dict = os.enviro
         if source.stat().st_mtime > compiled.stat().st_mtime:
             return f"{rel} changed after the core was compiled (SIMSRV_COMPILE=1 at install rebuilds it)"
     if built == 0:
-        return "not compiled (SIMSRV_COMPILE=1 at install compiles it: README, Compiled core)"
+        return NOT_COMPILED
     if built < len(CORE_MODULES):
         return f"only {built} of {len(CORE_MODULES)} modules compiled"
     return None
@@ -100,7 +102,7 @@ def choose() -> None:
         except ImportError as e:
             sys.modules.pop("sim.core.request", None)
             reason = f"the compiled core does not load ({e})"
-    if reason is not None:
+    if reason is not None and reason is not NOT_COMPILED:  # no extension to pass over otherwise
         sys.meta_path.insert(0, _SourceFinder())
     pure_reason = reason
 
