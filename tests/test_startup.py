@@ -30,6 +30,17 @@ def _loaded(body: str, cwd=ROOT, heavy=HEAVY) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _tiny_run(tmp_path, num_requests: int, entry: str) -> str:
+    """Probe body: ``simsrv run`` (through ``entry``, a module with ``main``) of a small scenario
+    of ``num_requests`` into ``tmp_path / "r"``, quiet; it must succeed."""
+    sc = tmp_path / "s.yaml"
+    raw = small_scenario()
+    raw["workload"]["synthetic"]["num_requests"] = num_requests
+    sc.write_text(yaml.safe_dump(raw))
+    return (f"from {entry} import main\ntry:\n    main(['run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code")
+
+
 def test_importing_the_cli_loads_no_heavy_library():
     assert _loaded("import sim.cli") == []
 
@@ -42,13 +53,7 @@ def test_version_loads_no_heavy_library():
 def test_run_loads_only_what_a_run_needs(tmp_path):
     """A synthetic run needs numpy, simpy, pydantic and yaml (scenario), and polars to write
     its Parquet files; never the report stack (altair, vl-convert), scipy or pyarrow."""
-    sc = tmp_path / "s.yaml"
-    raw = small_scenario()
-    raw["workload"]["synthetic"]["num_requests"] = 20
-    sc.write_text(yaml.safe_dump(raw))
-    body = (f"from sim.cli.app import main\ntry:\n    main(['run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q'])\n"
-            "except SystemExit as e:\n    assert not e.code, e.code")
-    loaded = _loaded(body)
+    loaded = _loaded(_tiny_run(tmp_path, 20, "sim.cli.app"))
     assert (tmp_path / "r" / "result.json").is_file()
     assert set(loaded) == {"numpy", "polars", "simpy", "pydantic", "yaml"}, loaded
 
@@ -56,13 +61,7 @@ def test_run_loads_only_what_a_run_needs(tmp_path):
 def test_plain_run_and_version_load_neither_typer_nor_rich(tmp_path):
     """``simsrv run SCENARIO --out DIR -q`` is read without typer (sim/cli/run_argv.py) and prints
     nothing, so rich stays unloaded too; so does ``--version``; the command's help still comes from typer."""
-    sc = tmp_path / "s.yaml"
-    raw = small_scenario()
-    raw["workload"]["synthetic"]["num_requests"] = 5
-    sc.write_text(yaml.safe_dump(raw))
-    run = (f"from sim.cli import main\ntry:\n    main(['run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q'])\n"
-           "except SystemExit as e:\n    assert not e.code, e.code")
-    assert _loaded(run, heavy=("typer", "rich", "click")) == []
+    assert _loaded(_tiny_run(tmp_path, 5, "sim.cli"), heavy=("typer", "rich", "click")) == []
     assert (tmp_path / "r" / "result.json").is_file()
     version = "from sim.cli import main\nmain(['--version'])"
     assert _loaded(version, heavy=("typer", "rich", "click")) == []
