@@ -79,9 +79,11 @@ def main() -> None:
         rows: dict = {c: [] for c in cores}
         for _ in range(a.repeat):
             for core in cores:
-                env = {k: v for k, v in os.environ.items() if k != "SIMSRV_PURE_PYTHON"}
-                if core == "python" or (core is None and os.environ.get("SIMSRV_PURE_PYTHON")):
+                env = dict(os.environ)  # core None: as this process's environment says
+                if core == "python":
                     env["SIMSRV_PURE_PYTHON"] = "1"
+                elif core == "compiled":
+                    env.pop("SIMSRV_PURE_PYTHON", None)
                 rows[core].append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                                             env=env).stdout))
         for runs in rows.values():
