@@ -21,73 +21,78 @@ STEP_COLUMNS = (
 )
 
 
+# rows per Parquet row group, and per slice of the results read to write one (memory: one group)
+ROW_GROUP_ROWS = 1 << 17
+
+
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
     # result.json last: a directory holding it holds the whole run
     with atomic_path(out / "requests.parquet") as tmp:
-        _write_parquet(tmp, result.num_requests, _request_group(result))
+        write_parquet(tmp, result.num_requests, lambda a, b: request_table(result, a, b))
     with atomic_path(out / "steps.parquet") as tmp:
-        _write_parquet(tmp, result.num_step_rows, lambda a, b: result.step_frame(a, b, STEP_COLUMNS))
+        write_parquet(tmp, result.num_step_rows, lambda a, b: _table(
+            {c: result.step_column(c, a, b) for c in STEP_COLUMNS}))
     write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
     write_text(out / "result.json", json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
     return out
 
 
-def _request_group(result):
-    import polars as pl
+def request_table(result, start: int, stop: int):
+    """Rows [start, stop) of requests.parquet as an Arrow table: REQUEST_COLUMNS in order, a time
+    that never happened (NaN: a failed request's first token) as null, ``status`` and
+    ``fail_reason`` as strings."""
+    import numpy as np
 
-    def rows(start: int, stop: int):
-        # a time that never happened (a failed request's first token) is null, not NaN
-        return result.request_frame(start, stop, REQUEST_COLUMNS).with_columns(pl.col(pl.Float64).fill_nan(None))
-    return rows
-
-
-def row_group_rows(num_rows: int) -> list[int]:
-    """The rows of each row group polars' ``write_parquet`` gives a frame of ``num_rows`` rows
-    (its defaults: the split depends on the row count alone, not on the columns), read off
-    the file its Parquet sink (which ``write_parquet`` runs) writes for a column of nulls that
-    long (a few kilobytes; 40 ms at 10M rows)."""
-    import io
-
-    import polars as pl
-
-    from sim.parquet_rows import row_group_rows as footer_rows
-
-    buf = io.BytesIO()
-    pl.select(pl.repeat(None, num_rows, dtype=pl.Int8).alias("x")).lazy().sink_parquet(buf, statistics=False)
-    return footer_rows(buf.getvalue())
+    ok = result.completed(start, stop)
+    code = result.results.read("label", start, stop)
+    labels = result.results.labels()
+    cols = {}
+    for c in REQUEST_COLUMNS:
+        if c in ("status", "fail_reason"):
+            cols[c] = np.array([lab[c == "fail_reason"] for lab in labels], dtype=object)[code]
+        else:
+            cols[c] = result.request_column(c, start, stop, ok)
+    return _table(cols)
 
 
-def _write_parquet(path: Path, num_rows: int, rows) -> None:
-    """A Parquet file of ``num_rows`` rows, ``rows(start, stop)`` giving a polars frame of rows
-    [start, stop), written one row group at a time (memory: one row group, ~130,000 rows).
+def _table(cols: dict):
+    """An Arrow table of numpy columns, in the dict's order: float64 (NaN written as null), int64,
+    or object arrays of str (large_string, as polars writes strings). Numbers are wrapped
+    buffer by buffer: ``pa.array`` of a numpy array imports numpy.ma (~0.01 s of start-up)."""
+    import numpy as np
+    import pyarrow as pa
 
-    The bytes are those of ``rows(0, num_rows).write_parquet(path, statistics=False)``, which
-    is what writes a frame of one row group or none (up to ~150,000 rows). A longer one goes
-    a row group at a time: polars writes a frame through its streaming Parquet sink, which
-    makes one row group of each morsel it gets (when near its 122,880-row target); fed the
-    row groups that write would have made (``row_group_rows``) as morsels from a Python
-    source, it writes the same file (tests/test_output_stream.py compares the two)."""
-    from polars.io.plugins import register_io_source
+    def arrow(v: np.ndarray):
+        if v.dtype == object:
+            return pa.array(v.tolist(), pa.large_string())
+        kind = {np.dtype(np.float64): pa.float64(), np.dtype(np.int64): pa.int64()}[v.dtype]
+        data = pa.py_buffer(np.ascontiguousarray(v))
+        valid = ~np.isnan(v) if v.dtype == np.float64 else None
+        if valid is None or valid.all():
+            return pa.Array.from_buffers(kind, len(v), [None, data], 0)
+        mask = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(kind, len(v), [mask, data], int(len(v) - valid.sum()))
 
-    sizes = row_group_rows(num_rows)
-    if len(sizes) <= 1:
-        rows(0, num_rows).write_parquet(path, statistics=False)
-        return
-    first = [rows(0, sizes[0])]
-    schema = first[0].schema
+    return pa.table({c: arrow(v) for c, v in cols.items()})
 
-    def source(with_columns, predicate, n_rows, batch_size):
-        # a sink reads every column and row: no projection, filter or limit reaches here
-        assert with_columns is None and predicate is None and n_rows is None
-        start = 0
-        for size in sizes:
-            yield first.pop() if start == 0 else rows(start, start + size)
-            start += size
 
-    register_io_source(source, schema=schema).sink_parquet(path, statistics=False)
+def write_parquet(path, num_rows: int, rows) -> None:
+    """A Parquet file of ``num_rows`` rows, ``rows(start, stop)`` giving rows [start, stop) as an
+    Arrow table, written one row group of ``ROW_GROUP_ROWS`` at a time (memory: one group).
+    pyarrow writes it (zstd, no statistics): importing pyarrow.parquet costs a run's start-up
+    ~0.05 s of CPU where polars costs ~0.15 s (bench/startup.py). The bytes depend only on the
+    rows, not on how the caller's store is split (tests/test_output_stream.py)."""
+    import pyarrow.parquet as pq
+
+    first = rows(0, min(num_rows, ROW_GROUP_ROWS))
+    with pq.ParquetWriter(path if not isinstance(path, Path) else str(path), first.schema,
+                          compression="zstd", write_statistics=False) as writer:
+        writer.write_table(first, row_group_size=ROW_GROUP_ROWS)
+        for start in range(ROW_GROUP_ROWS, num_rows, ROW_GROUP_ROWS):
+            writer.write_table(rows(start, min(start + ROW_GROUP_ROWS, num_rows)), row_group_size=ROW_GROUP_ROWS)
 
 
 def _json_safe(v):

@@ -7,7 +7,6 @@ import json
 import math
 from pathlib import Path
 
-import polars as pl
 import pytest
 import yaml
 
@@ -136,16 +135,17 @@ def test_run_without_out_stays_under_reports(tmp_path, monkeypatch):
 
 
 def test_full_disk_leaves_no_truncated_parquet(tmp_path, monkeypatch):
-    real = pl.DataFrame.write_parquet
+    import errno
 
-    def half_then_enospc(self, file, *a, **k):  # what polars raises on a full disk
-        real(self, file, *a, **k)
-        data = Path(file).read_bytes()
-        Path(file).write_bytes(data[: len(data) // 2])
-        raise pl.exceptions.ComputeError("parquet: File out of specification: underlying IO error: No space left "
-                                         "on device (os error 28)")
+    import pyarrow.parquet as pq
 
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", half_then_enospc)
+    real = pq.ParquetWriter.write_table
+
+    def written_then_enospc(self, table, *a, **k):  # a row group written, then the disk is full
+        real(self, table, *a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", written_then_enospc)
     out = tmp_path / "o"
     _one_error(simsrv("run", BATCHING, *SMALL, "-q", "--out", out), "No space left")
     assert not list(out.glob("*.parquet")) and not list(out.glob(".*tmp*")) and not (out / "result.json").exists()

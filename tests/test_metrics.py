@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.analysis.metrics import RunLengthSamples, itl_samples, request_metrics, run_length_stats
+from sim.analysis.metrics import RunLengthSamples, itl_samples, median, plain_stats, request_metrics, run_length_stats
 
 
 @settings(max_examples=200, deadline=None)
@@ -23,6 +23,24 @@ def test_run_length_stats_of_points_equal_numpy_on_expanded_array(pairs):
     assert got["median"] == pytest.approx(np.median(expanded), rel=1e-9, abs=1e-9)
     assert got["mean"] == pytest.approx(expanded.mean(), rel=1e-9, abs=1e-9)
     assert got["std"] == pytest.approx(expanded.std(), rel=1e-6, abs=1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e12, 1e12, allow_nan=False), st.just(float("nan")), st.sampled_from([0.1, 0.3, 2.5])),
+                min_size=0, max_size=60))
+def test_plain_stats_are_numpys_bit_for_bit(values):
+    """TTFT, TPOT and E2E summaries: numpy's median, percentiles (linear), mean and std of the
+    values that are not NaN, exactly (result.json's figures do not move)."""
+    v = np.array(values, dtype=np.float64)
+    got = plain_stats(v)
+    w = v[~np.isnan(v)]
+    if len(w) == 0:
+        assert all(np.isnan(x) for x in got.values()) and np.isnan(median(v))
+        return
+    want = {"mean": float(w.mean()), "median": float(np.median(w)), "std": float(w.std()),
+            **{f"p{p}": float(np.percentile(w, p)) for p in (50, 90, 99)}}
+    assert got == want
+    assert np.isnan(median(v)) if np.isnan(v).any() else median(v) == float(np.median(v))
 
 
 def test_tpot_only_for_multi_token_outputs():

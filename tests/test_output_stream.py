@@ -12,30 +12,40 @@ from sim.core.request import Request
 from sim.engine import columns as column_store
 from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
-from sim.output import _write_parquet, row_group_rows, write_run
+from sim.output import ROW_GROUP_ROWS, _table, write_parquet, write_run
 from tests.conftest import WALL_CLOCK_KEYS, small_scenario
 
 
-def test_parquet_written_by_row_groups_is_the_whole_frame_write():
-    n = 300_007  # polars splits this into 3 row groups
-    rng = np.random.default_rng(0)
-    frame = pl.DataFrame({
-        "id": np.arange(n), "x": rng.random(n), "y": np.where(rng.random(n) < 0.05, np.nan, rng.random(n)),
-        "status": np.array(["completed", "failed"], dtype=object)[(rng.random(n) < 0.02).astype(int)].tolist(),
-    }, nan_to_null=False).with_columns(pl.col(pl.Float64).fill_nan(None))
-    assert len(row_group_rows(n)) == 3 and sum(row_group_rows(n)) == n
+def test_parquet_written_a_row_group_at_a_time_holds_the_rows_and_nulls():
+    """``write_parquet`` asks for one row group's rows at a time, writes each as one row group,
+    and a NaN float is read back as null (strings and integers as given)."""
     import io
 
-    whole, parts = io.BytesIO(), io.BytesIO()
-    frame.write_parquet(whole, statistics=False)
+    import pyarrow.parquet as pq
+
+    n = 2 * ROW_GROUP_ROWS + 7
+    rng = np.random.default_rng(0)
+    cols = {"id": np.arange(n), "x": rng.random(n), "y": np.where(rng.random(n) < 0.05, np.nan, rng.random(n))}
+    status = np.array(["completed", "failed"], dtype=object)[(rng.random(n) < 0.02).astype(int)]
     seen = []
 
     def rows(a, b):
-        seen.append(b - a)
-        return frame[a:b]
-    _write_parquet(parts, n, rows)
-    assert seen == row_group_rows(n)
-    assert parts.getvalue() == whole.getvalue()
+        seen.append((a, b))
+        return _table({**{c: v[a:b] for c, v in cols.items()}, "status": status[a:b]})
+    buf = io.BytesIO()
+    write_parquet(buf, n, rows)
+    assert seen == [(0, ROW_GROUP_ROWS), (ROW_GROUP_ROWS, 2 * ROW_GROUP_ROWS), (2 * ROW_GROUP_ROWS, n)]
+    meta = pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 7]
+    back = pl.read_parquet(io.BytesIO(buf.getvalue()))
+    assert back.columns == ["id", "x", "y", "status"]
+    assert back["id"].to_list() == list(range(n)) and np.array_equal(back["x"].to_numpy(), cols["x"])
+    assert back["y"].null_count() == int(np.isnan(cols["y"]).sum()) > 0
+    assert np.array_equal(back["y"].fill_null(np.nan).to_numpy(), cols["y"], equal_nan=True)
+    assert back["status"].to_list() == status.tolist() and back.schema["status"] == pl.String
+    empty = io.BytesIO()
+    write_parquet(empty, 0, rows)
+    assert pl.read_parquet(io.BytesIO(empty.getvalue())).shape == (0, 4)
 
 
 def _run_dir(tmp_path, name, block_rows, monkeypatch):
@@ -85,29 +95,6 @@ def test_results_out_of_order_are_released_in_order_and_checked():
     gap.sent = 4
     with pytest.raises(AssertionError, match="exactly once"):
         gap.finish()
-
-
-def test_row_groups_read_from_the_footer_as_pyarrow_reads_them(tmp_path):
-    import pyarrow.parquet as pq
-
-    from sim.parquet_rows import row_group_rows as footer_rows
-
-    rng = np.random.default_rng(1)
-    frame = pl.DataFrame({"a": np.arange(1000), "b": rng.random(1000), "s": ["x", None] * 500,
-                          "flag": [True, False] * 500})
-    for sizes in ([1000], [300, 300, 400], [1] * 5):
-        path = tmp_path / f"{len(sizes)}.parquet"
-        frame[:sum(sizes)].write_parquet(path, row_group_size=sizes[0], statistics=True,
-                                         metadata={"k": "v"})
-        meta = pq.ParquetFile(path).metadata
-        assert footer_rows(path.read_bytes()) == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    for n in (0, 5, 300_007, 1_048_576):
-        buf = __import__("io").BytesIO()
-        pl.select(pl.repeat(None, n, dtype=pl.Int8).alias("x")).write_parquet(buf, statistics=False)
-        meta = pq.ParquetFile(buf).metadata
-        assert row_group_rows(n) == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    with pytest.raises(ValueError, match="not a Parquet"):
-        footer_rows(b"abcdefgh")
 
 
 class _FullDisk:

@@ -51,11 +51,28 @@ def test_version_loads_no_heavy_library():
 
 
 def test_run_loads_only_what_a_run_needs(tmp_path):
-    """A synthetic run needs numpy, simpy, pydantic and yaml (scenario), and polars to write
-    its Parquet files; never the report stack (altair, vl-convert), scipy or pyarrow."""
-    loaded = _loaded(_tiny_run(tmp_path, 20, "sim.cli.app"))
+    """A synthetic run needs numpy, simpy, pydantic and yaml (scenario), and pyarrow to write
+    its Parquet files; never polars (trace reading and reports), the report stack (altair,
+    vl-convert) or scipy; nor numpy.ma or pyarrow.compute, which numpy's percentiles and
+    Arrow's ``take`` / ``pa.array`` of numpy arrays would import (~0.04 s together)."""
+    loaded = _loaded(_tiny_run(tmp_path, 20, "sim.cli.app"), heavy=(*HEAVY, "numpy.ma", "pyarrow.compute"))
     assert (tmp_path / "r" / "result.json").is_file()
-    assert set(loaded) == {"numpy", "polars", "simpy", "pydantic", "yaml"}, loaded
+    assert set(loaded) == {"numpy", "pyarrow", "simpy", "pydantic", "yaml"}, loaded
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_the_command_runs_with_one_blas_thread_unless_told(given):
+    """The ``simsrv`` process sets OPENBLAS_NUM_THREADS=1 before numpy loads (OpenBLAS's thread
+    pool costs ~0.1 s of CPU to start, and simsrv does no BLAS work), keeping a user's value."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given:
+        env["OPENBLAS_NUM_THREADS"] = given
+    body = ("import os, sys\nsys.argv = ['simsrv', '--version']\nfrom sim.cli import main\nmain()\n"
+            "print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", body], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == [given or "1", "False"]
 
 
 def test_plain_run_and_version_load_neither_typer_nor_rich(tmp_path):

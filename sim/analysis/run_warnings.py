@@ -13,6 +13,8 @@ from collections import Counter
 
 import numpy as np
 
+from sim.analysis.metrics import median
+
 SATURATION_RATIO = 0.9   # served below 90% of offered ...
 QUEUE_GROWTH = 1.5       # ... and the last arrivals queue 1.5x longer than the middle ones, and longer than service
 FAILED_SHARE = 0.05      # warn when 5% or more of the requests failed
@@ -61,9 +63,9 @@ def run_warnings(summary: dict, arrival_s: np.ndarray, queue_s: np.ndarray, serv
         order = np.argsort(arrival_s, kind="stable")
         q = queue_s[order]
         n = len(q)
-        mid = float(np.median(q[int(0.45 * n):max(int(0.55 * n), int(0.45 * n) + 1)]))
-        last = float(np.median(q[int(0.9 * n):]))
-        if served < SATURATION_RATIO * offered and last > QUEUE_GROWTH * mid and last > float(np.median(service_s)):
+        mid = median(q[int(0.45 * n):max(int(0.55 * n), int(0.45 * n) + 1)])
+        last = median(q[int(0.9 * n):])
+        if served < SATURATION_RATIO * offered and last > QUEUE_GROWTH * mid and last > median(service_s):
             out.append(f"saturated: served {served:.2f} req/s of {offered:.2f} req/s offered "
                        f"({served / offered:.0%}); the queue grew while requests arrived (median queue time "
                        f"{mid:,.2f} s mid-run, {last:,.2f} s for the last 10% of arrivals). Latencies here grow "

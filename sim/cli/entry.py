@@ -10,6 +10,7 @@ application (``sim.cli.app``).
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 from typing import Any
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> None:
     words = sys.argv[1:] if argv is None else list(argv)
     if argv is None:  # the process's own entry point (tests calling main() keep their handlers)
         signal.signal(signal.SIGTERM, _terminated)
+        # One BLAS thread unless the user says otherwise, set before numpy is imported: simsrv's
+        # numpy work is element-wise (no BLAS), sweep workers are parallel processes already, and
+        # OpenBLAS's pool costs each process ~0.07-0.1 s of CPU to start (bench/startup.py).
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if words == ["--version"]:  # what the Typer application's eager --version does, without typer
         print_version()
         return

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from sim.scenario import Scenario
 from sim.workload.arrays import RequestArrays
-from sim.workload.readers import ReadOptions
 from sim.workload.synthetic import synthetic_workload
-from sim.workload.trace import read_trace, stream_trace
 from sim.workload.transform import apply
+
+if TYPE_CHECKING:
+    from sim.workload.readers import ReadOptions
+
+# NOTE: the trace readers (and polars, which they parse with: ~0.13 s to import) are imported
+# where a trace is read, so a synthetic run never loads them (start-up, issue 14).
 
 # NOTE: a trace file larger than this is streamed into the simulation in chunks, unless a
 # window, sample or target rate needs the whole trace first.
@@ -17,6 +22,8 @@ STREAM_MIN_BYTES = 256 << 20
 
 
 def read_options(scenario: Scenario) -> ReadOptions:
+    from sim.workload.readers import ReadOptions
+
     t = scenario.workload.trace
     return ReadOptions(
         format=t.format, hash_block_size=t.hash_block_size, model_filter=t.model_filter, keep_failed=t.keep_failed,
@@ -33,6 +40,8 @@ def _needs_whole(scenario: Scenario) -> bool:
 def build_workload(scenario: Scenario) -> RequestArrays:
     w = scenario.workload
     if w.trace is not None:
+        from sim.workload.trace import read_trace
+
         t = w.trace
         arr = read_trace(scenario.resolve_path(t.path), opts=read_options(scenario))
         return apply(arr, f"workload.trace ({t.path})", t.start_s, t.duration_s, t.sample, scenario.seed,
@@ -54,6 +63,8 @@ def stream_workload(scenario: Scenario, chunk_rows: int = 1_000_000) -> Iterator
     if t is None or _needs_whole(scenario):
         yield build_workload(scenario)
         return
+    from sim.workload.trace import stream_trace
+
     yield from stream_trace(scenario.resolve_path(t.path), read_options(scenario), t.time_scale, chunk_rows)
 
 
