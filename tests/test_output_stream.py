@@ -68,8 +68,8 @@ def test_spilled_run_writes_the_same_files_and_frames(tmp_path, monkeypatch):
     and requests ending out of id order are put back in order."""
     mem, a = _run_dir(tmp_path, "in_memory", 1 << 15, monkeypatch)
     disk, b = _run_dir(tmp_path, "spilled", 64, monkeypatch)
-    assert mem.step_store._dir is None and disk.step_store._dir is not None
-    assert disk.results._buf._dir is not None and disk.num_step_rows > 64
+    assert mem.step_store._files is None and disk.step_store._files is not None
+    assert disk.results._buf._files is not None and disk.num_step_rows > 64
     for f in ("requests.parquet", "steps.parquet", "result.json"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert json.loads((b / "result.json").read_text())["num_prompts"] == 200
@@ -98,25 +98,45 @@ def test_results_out_of_order_are_released_in_order_and_checked():
 
 
 class _FullDisk:
-    def tofile(self, f):  # what numpy raises when the disk fills mid-write
-        raise OSError("32768 requested and 5632 written")
+    def seek(self, *a):
+        return 0
+
+    def write(self, data):  # what a write raises when the disk fills
+        raise OSError(28, "No space left on device")
 
 
-def test_a_full_spill_disk_is_one_error_naming_the_directory_and_tmpdir(tmp_path):
-    """numpy's tofile on a full disk says only '32768 requested and 5632 written': the error
-    the CLI prints (filename: strerror) must name the spill directory and what to do."""
+def test_a_full_spill_disk_is_one_error_naming_the_directory_and_tmpdir(tmp_path, monkeypatch):
+    """The column files have no name: the error the CLI prints (filename: strerror) names the
+    temporary directory they live in and what to do."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     buf = ColumnBuffer(("a",), block_rows=2)
-    buf._dir = tmp_path
-    buf._chunks[0].append(_FullDisk())
+    buf._files = [_FullDisk()]
+    buf._chunks[0].append(np.zeros(4))
     with pytest.raises(OSError) as err:
         buf._spill()
-    assert err.value.filename == str(tmp_path)
-    assert "5632 written" in err.value.strerror and "TMPDIR" in err.value.strerror
+    assert err.value.filename == str(tmp_path) and err.value.errno == 28
+    assert "No space left" in err.value.strerror and "TMPDIR" in err.value.strerror
 
 
-def test_sigterm_removes_the_runs_column_files(tmp_path):
-    """``kill`` (SIGTERM) of a run that keeps its columns on disk exits 143 and leaves nothing
-    under $TMPDIR (the default action skipped Python's exit, leaving the directory)."""
+def test_reads_between_spills_do_not_move_where_rows_are_appended():
+    buf = ColumnBuffer(("a", "b"), int_names={"b"}, block_rows=2)
+    for i in range(5):
+        buf.append((i * 0.5, i))
+    assert buf._files is not None and buf.read("b", 1, 3).tolist() == [1, 2]
+    for i in range(5, 9):
+        buf.append((i * 0.5, i))
+    buf.finish()
+    assert buf.read("b").tolist() == list(range(9)) and buf.read("a").tolist() == [i * 0.5 for i in range(9)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux) to see the run's open files")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_killed_run_leaves_nothing_under_tmpdir(tmp_path, sig):
+    """``kill`` (SIGTERM: exit 143 through Python's exit) or ``kill -9`` (no clean-up runs at
+    all) of a run that keeps its columns on disk leaves nothing under $TMPDIR: the column files
+    are anonymous, so the kernel frees them with the process."""
     import os
     import signal
     import subprocess
@@ -129,12 +149,19 @@ def test_sigterm_removes_the_runs_column_files(tmp_path):
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen([sys.executable, "-m", "sim", "run", "scenarios/chat.yaml", "--out", str(tmp_path / "run"),
                              "-q"], env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def open_under_spill() -> bool:
+        try:
+            return any(os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith(str(spill))
+                       for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+        except OSError:  # an fd closed while listed
+            return False
     deadline = time.monotonic() + 120
-    while not any(p.name.startswith("simsrv-columns-") for p in spill.iterdir()):
+    while not open_under_spill():
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=60) == (143 if sig == "SIGTERM" else -signal.SIGKILL)
     assert list(spill.iterdir()) == []
     assert not (tmp_path / "run").exists()

@@ -8,17 +8,17 @@ per-column chunks.
 
 Memory stays flat in the row count (issue 14: 10M requests with bounded memory): once a
 buffer has packed a block, every packed block is appended to one raw file per column (native
-float64 / int64 bytes) in a temporary directory owned by the buffer, deleted with it. Readers
-take one column at a time (``column``) or a slice of rows (``read``), so nothing needs all
-columns in memory at once. A buffer that never filled a block (a small run) never touches disk.
+float64 / int64 bytes). The files are anonymous temporary files under ``$TMPDIR``
+(``tempfile.TemporaryFile``: on Linux opened with O_TMPFILE, elsewhere on POSIX unlinked as
+soon as created), so they have no name to leave behind: the kernel frees their space when the
+process ends, even when it is killed with SIGKILL or runs out of memory. Readers take one
+column at a time (``column``) or a slice of rows (``read``), so nothing needs all columns in
+memory at once. A buffer that never filled a block (a small run) never touches disk.
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-import weakref
-from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class ColumnBuffer:
         self._chunks: list[list[np.ndarray]] = [[] for _ in names]   # packed, not spilled
         self._packed = 0
         self._spilled = 0                     # rows in the column files
-        self._dir: Path | None = None
+        self._files: list | None = None       # one anonymous file per column, once spilled
 
     def __len__(self) -> int:
         return self._packed + len(self.rows)
@@ -69,24 +69,24 @@ class ColumnBuffer:
 
     def _spill(self) -> None:
         """Append the packed chunks to the column files (created on the first spill)."""
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="simsrv-columns-"))
-            weakref.finalize(self, shutil.rmtree, self._dir, True)
         try:
-            for name, chunks in zip(self.names, self._chunks):
-                with open(self._dir / name, "ab") as f:
-                    for c in chunks:
-                        c.tofile(f)
+            if self._files is None:
+                self._files = [tempfile.TemporaryFile(prefix="simsrv-columns-") for _ in self.names]
+            for f, chunks in zip(self._files, self._chunks):
+                f.seek(0, 2)  # appended at the end (a read may have moved the position)
+                for c in chunks:
+                    f.write(c.data)
+                f.flush()
                 chunks.clear()
-        except OSError as e:  # a full disk: numpy's message names neither the file nor the cause
+        except OSError as e:  # a full disk: the file has no name, and the message may not say why
             raise OSError(e.errno, f"cannot keep the run's results and step rows here ({e.strerror or e}; "
-                                   f"a full disk? set TMPDIR to a directory with room)", str(self._dir)) from e
+                                   f"a full disk? set TMPDIR to a directory with room)", tempfile.gettempdir()) from e
         self._spilled = self._packed
 
     def finish(self) -> None:
         """Pack what is left; on disk if anything is (every row then in the files)."""
         self.pack()
-        if self._dir is not None and self._packed > self._spilled:
+        if self._files is not None and self._packed > self._spilled:
             self._spill()
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -95,8 +95,13 @@ class ColumnBuffer:
         dtype = self.dtype(name)
         if stop <= start:
             return np.zeros(0, dtype)
-        if self._dir is not None:
-            return np.fromfile(self._dir / name, dtype, count=stop - start, offset=start * 8)
+        if self._files is not None:
+            out = np.empty(stop - start, dtype)
+            f = self._files[self.names.index(name)]
+            f.seek(start * 8)
+            if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+                raise OSError(f"simsrv's column file for {name} is shorter than the {stop} rows written")
+            return out
         chunks = self._chunks[self.names.index(name)]
         if len(chunks) != 1:  # join once; later reads slice the one array
             chunks[:] = [np.concatenate(chunks)]
