@@ -68,7 +68,9 @@ def _table(cols: dict):
     def arrow(v: np.ndarray):
         if v.dtype == object:
             return pa.array(v.tolist(), pa.large_string())
-        kind = {np.dtype(np.float64): pa.float64(), np.dtype(np.int64): pa.int64()}[v.dtype]
+        kind = {np.dtype(np.float64): pa.float64(), np.dtype(np.int64): pa.int64()}.get(v.dtype)
+        if kind is None:  # no column has another type today; pyarrow converts any other
+            return pa.array(v, from_pandas=v.dtype.kind == "f")
         data = pa.py_buffer(np.ascontiguousarray(v))
         valid = ~np.isnan(v) if v.dtype == np.float64 else None
         if valid is None or valid.all():

@@ -48,6 +48,20 @@ def test_parquet_written_a_row_group_at_a_time_holds_the_rows_and_nulls():
     assert pl.read_parquet(io.BytesIO(empty.getvalue())).shape == (0, 4)
 
 
+def test_arrow_columns_of_other_types_keep_their_type_and_nulls():
+    """Every column of today's run files is int64, float64 or text; any other numpy type is
+    still written as itself (NaN as null for floats)."""
+    import io
+
+    t = _table({"i32": np.array([1, 2], dtype=np.int32), "flag": np.array([True, False]),
+                "f32": np.array([1.5, np.nan], dtype=np.float32), "f64": np.array([np.nan, 2.0])})
+    buf = io.BytesIO()
+    write_parquet(buf, 2, lambda a, b: t.slice(a, b - a))
+    back = pl.read_parquet(io.BytesIO(buf.getvalue()))
+    assert back.schema == {"i32": pl.Int32, "flag": pl.Boolean, "f32": pl.Float32, "f64": pl.Float64}
+    assert back.rows() == [(1, True, 1.5, None), (2, False, None, 2.0)]
+
+
 def _run_dir(tmp_path, name, block_rows, monkeypatch):
     from sim.analysis.summary import summarize
     from sim.run import run_scenario
