@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from sim.atomic import atomic_path, write_text
@@ -30,14 +31,24 @@ def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
     # result.json last: a directory holding it holds the whole run
-    with atomic_path(out / "requests.parquet") as tmp:
-        write_parquet(tmp, result.num_requests, lambda a, b: request_table(result, a, b))
-    with atomic_path(out / "steps.parquet") as tmp:
-        write_parquet(tmp, result.num_step_rows, lambda a, b: _table(
-            {c: result.step_column(c, a, b) for c in STEP_COLUMNS}))
+    _write_file(out / "requests.parquet", result.num_requests, lambda a, b: request_table(result, a, b))
+    _write_file(out / "steps.parquet", result.num_step_rows,
+                lambda a, b: _table({c: result.step_column(c, a, b) for c in STEP_COLUMNS}))
     write_text(out / "scenario.resolved.yaml", result.scenario.to_yaml())
     write_text(out / "result.json", json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n")
     return out
+
+
+def _write_file(path: Path, num_rows: int, rows) -> None:
+    """``write_parquet`` to ``path``, whole or absent; an error names ``path`` (Arrow's own
+    name no file: "Error writing bytes to file. Detail: [errno 28] ...")."""
+    with atomic_path(path) as tmp:
+        try:
+            write_parquet(tmp, num_rows, rows)
+        except OSError as e:
+            if e.filename:
+                raise
+            raise OSError(e.errno, os.strerror(e.errno) if e.errno else str(e), str(path)) from e
 
 
 def request_table(result, start: int, stop: int):

@@ -142,12 +142,12 @@ def test_full_disk_leaves_no_truncated_parquet(tmp_path, monkeypatch):
     real = pq.ParquetWriter.write_table
 
     def written_then_enospc(self, table, *a, **k):  # a row group written, then the disk is full
-        real(self, table, *a, **k)
-        raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, table, *a, **k)  # (what Arrow raises then: no file name)
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", written_then_enospc)
     out = tmp_path / "o"
-    _one_error(simsrv("run", BATCHING, *SMALL, "-q", "--out", out), "No space left")
+    _one_error(simsrv("run", BATCHING, *SMALL, "-q", "--out", out), f"{out / 'requests.parquet'}: No space left on device")
     assert not list(out.glob("*.parquet")) and not list(out.glob(".*tmp*")) and not (out / "result.json").exists()
 
 
