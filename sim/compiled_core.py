@@ -42,6 +42,9 @@ CORE_MODULES = (
     "sim/policies/chunked.py", "sim/policies/continuous.py",
     "sim/cost/runs.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
     "sim/engine/results.py", "sim/engine/cluster.py",
+    "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
+    "sim/engine/arrivals.py", "sim/cost/tables.py", "sim/cost/arch.py", "sim/cost/calibrated.py",
+    "sim/cost/shapes.py",
 )
 _NAMES = {p[:-3].replace("/", "."): p for p in CORE_MODULES}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding sim/

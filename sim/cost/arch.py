@@ -114,10 +114,11 @@ def moe_mlp_s(cm, tokens: int, routed_tokens: int | None = None) -> tuple[float,
     k, E = m.num_experts_per_tok, m.num_experts
     rt = tokens if routed_tokens is None else routed_tokens
     touched = E * (1.0 - (1.0 - k / E) ** rt)
+    flop_mult = float(k)  # (a float of its own: k is an int; mypyc)
     if cm.ep > 1:
-        touched, k = touched / cm.ep, k * cm.expert_load_imbalance / cm.ep
-    up = cm._linear_s(rt, cm._eup, touched, k, name="up")
-    down = cm._linear_s(rt, cm._edown, touched, k, name="down")
+        touched, flop_mult = touched / cm.ep, k * cm.expert_load_imbalance / cm.ep
+    up = cm._linear_s(rt, cm._eup, touched, flop_mult, name="up")
+    down = cm._linear_s(rt, cm._edown, touched, flop_mult, name="down")
     if cm._shared is not None:
         up += cm._linear_s(tokens, cm._shared[0], name="up")
         down += cm._linear_s(tokens, cm._shared[1], name="down")

@@ -71,7 +71,7 @@ class CalibratedOps:
             self.embed = (kinds["norm"], ELEM_BYTES_PER_WIDTH["norm"] * hidden) if "norm" in kinds else None
 
     # -- per token count (the caller caches these) ----------------------------------------------
-    def linear_s(self, name: str, tokens: int, flops: float, bytes_: float) -> tuple[float, bool]:
+    def linear_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
         """Raw bound over the measured efficiency; with the wave term the FLOPs are those of the
         padded waves of output tiles (``sim.cost.fit.wave_factor``), as in the fit."""
         curve, out, n = self.gemm_curves[name]
@@ -85,7 +85,7 @@ class CalibratedOps:
         m = bytes_ / self.bw
         return (b if b > m else m) / e, out or out_m
 
-    def linear_fp8_s(self, name: str, tokens: int, flops: float, bytes_: float) -> tuple[float, bool]:
+    def linear_fp8_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
         """An fp8 W8A8 GEMM: its own raw bound (FP8 peak, 1-byte inputs) over the efficiency
         measured for fp8 GEMMs at this weight shape and token count."""
         curve, out, _ = self.fp8_curves[name]
@@ -103,9 +103,9 @@ class CalibratedOps:
             flag |= out
         total *= self.L
         if self.embed is not None:
-            nb = self.embed[1] * tokens
-            e, out = self.embed[0].eff(nb * sc)
-            total += nb / self.bw / e
+            eb = self.embed[1] * tokens  # (a name of its own: an int, where nb above is a float; mypyc)
+            e, out = self.embed[0].eff(eb * sc)
+            total += eb / self.bw / e
             flag |= out
         return total, flag
 
@@ -124,7 +124,7 @@ class CalibratedOps:
         """At the table's batch of equal work (``HeadTables.pick``: batch x KV heads tiles)."""
         return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
 
-    def _decode_cell(self, num_seqs: int, k: int):
+    def _decode_cell(self, num_seqs: float, k: int):
         """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
         (k = -1 below its first context, len - 1 at or beyond its last: clamped, b = 0)."""
         grid = self.decode_grid[0]
@@ -223,7 +223,7 @@ class CalibratedOps:
                 q = (ctx if ctx > 1.0 else 1.0) / block
                 if not qlo < q <= qhi:
                     nb = ceil(q)
-                    qlo, qhi = nb - 1, nb
+                    qlo, qhi = float(nb - 1), float(nb)  # floats, as declared (the same comparisons; mypyc)
                     comb = combine_s if self._splits(n, nb) else 0.0
             fb, mb = flops / peak, bytes_ / bw
             return L * ((mb if mb > fb else fb) / e + comb), out
