@@ -152,6 +152,23 @@ def test_prefill_alone_is_its_operators_whatever_was_costed_before(over):
         assert cold == warm == ref
 
 
+@pytest.mark.parametrize("over", COST_MODELS.values(), ids=COST_MODELS.keys())
+def test_a_chunk_of_no_tokens_alone_costs_its_gemm_kernels_only(over):
+    """prefill_alone_s of 0 tokens (no queries: no attention; calibrated: no elementwise bytes,
+    nothing to all-reduce) is the kernels of its operators and, completing, the LM head: finite,
+    and below a 1-token chunk's. The calibrated elementwise table raised a math domain error at
+    0 bytes, and the attention table gave a 0-token chunk 12x a 1-token chunk's attention time."""
+    cost = _cost(**over)
+    for cm in getattr(cost, "stages", [cost]):
+        for ctx in (0, 100, 5000):
+            for done in (False, True):
+                zero = cm.prefill_alone_s(0, ctx, done)
+                tail = cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw if done else 0.0
+                elem, ar, _ = cm._per_tokens(0)  # calibrated: 0; the plain roofline: its kernel floors
+                assert zero == pytest.approx(sum(cm._gemms(0)) + elem + ar + tail, rel=1e-12)
+                assert 0 < zero <= cm.prefill_alone_s(1, ctx, done)
+
+
 @pytest.mark.parametrize("over", [COST_MODELS["calibrated"], COST_MODELS["sliding window"]],
                          ids=["calibrated", "sliding window"])
 def test_prefill_chunk_memo_starts_over_when_full_with_the_same_seconds(over):

@@ -93,7 +93,10 @@ class CalibratedOps:
         return max(flops / self.fp8_peak, bytes_ / self.bw) / e, out or out_m
 
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:
-        """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes)."""
+        """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes). No
+        tokens move no bytes: 0 s (the limit of bytes / bw / eff, eff clamped below the table)."""
+        if tokens <= 0:
+            return 0.0, False
         total, flag = 0.0, False
         sc = self.elem_scale
         for curve, per_token_bytes in self.elem_ops:
@@ -111,7 +114,10 @@ class CalibratedOps:
 
     def allreduce_s(self, tokens: int, custom: bool = False) -> tuple[float, bool]:
         """Two all-reduces of T x hidden per layer, measured eff: NCCL's ring (Patarasuk & Yuan
-        2009), or with ``custom`` vLLM's one-/two-shot custom kernel (``custom_allreduce_link_bytes``)."""
+        2009), or with ``custom`` vLLM's one-/two-shot custom kernel (``custom_allreduce_link_bytes``).
+        No tokens: nothing to reduce, 0 s."""
+        if tokens <= 0:
+            return 0.0, False
         size = tokens * self.hidden * self.dtype_bytes
         if custom:
             e, out = self.custom_curve.eff(size)

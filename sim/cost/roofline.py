@@ -578,6 +578,8 @@ class RooflineCostModel:
         hit = self._chunk_cache.get((1, tokens, context_tokens)) if self._prefill_cal else None
         if hit is not None:  # _prefill_attn of the one chunk: L * (0.0 + its memoised seconds), as here
             attn = self.model.num_layers * hit[0]
+        elif not tokens:  # no queries attend: no attention work (the tables have no row for 0 tokens)
+            attn = 0.0
         else:
             attn = self._prefill_attn(((tokens, context_tokens),))[0]
         t = qkv + o + up + down + elem + ar + attn
