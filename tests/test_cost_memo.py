@@ -180,3 +180,35 @@ def test_prefill_chunk_memo_starts_over_when_full_with_the_same_seconds(over):
         small._step_cache.clear()
         assert [small.run_cost(b) for b in batches] == [big.run_cost(b) for b in batches]
         assert 0 < len(small._chunk_cache) <= 5 < len(big._chunk_cache)
+
+
+def test_shared_cost_models_are_reused_only_inside_the_block_and_change_no_output():
+    """Within ``shared_cost_models`` deployments of the same cost inputs share one cost model
+    (a sweep's seeds, a comparison's policies); another model, GPU or TP gets its own; outside
+    the block every deployment is fresh. A run on a cost model warmed by other runs (another
+    policy, another seed) writes the same bytes as a run on a fresh one."""
+    import io
+
+    from sim.engine.deployment import shared_cost_models
+    from sim.output import request_table, write_parquet
+    from sim.run import run_scenario
+
+    def run_bytes(raw) -> bytes:
+        r = run_scenario(scenario_from_dict(raw))
+        buf = io.BytesIO()
+        write_parquet(buf, r.num_requests, lambda a, b: request_table(r, a, b))
+        return buf.getvalue() + r.step_frame().write_ipc(None).getvalue()
+
+    base = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 256})
+    fresh = run_bytes(base)
+    assert _cost() is not _cost()
+    with shared_cost_models():
+        a, b = _cost(), _cost(engine={"policy": "continuous"})
+        assert a is b
+        assert _cost(model="llama-3-70b", cluster={"tensor_parallel_size": 4}) is not a
+        assert _cost(hardware={"gpu": "a100-80g"}) is not a
+        run_bytes(small_scenario(engine={"policy": "continuous"}))   # warms the shared memos
+        run_bytes({**small_scenario(), "seed": 7})
+        warm = run_bytes(base)
+    assert _cost() is not a
+    assert warm == fresh

@@ -83,19 +83,22 @@ def check_deployment(s) -> None:
 def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str], out_dir: Path,
                 on_run: Callable[[str, dict], None] | None = None, force: bool = False) -> Path:
     """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``."""
+    from sim.engine.deployment import shared_cost_models
+
     scenarios = policy_scenarios(scenario_path, policies, chunk, sets)
     for policy in policies:
         check_new_run_dir(out_dir / policy, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = []
-    for policy, s in zip(policies, scenarios):
-        result = run_scenario(s)
-        summary = summarize(result)
-        label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")
-        write_run(result, summary, out_dir / policy)
-        labels.append(label)
-        if on_run is not None:
-            on_run(label, summary)
+    with shared_cost_models():  # the policies run on the same cost model
+        for policy, s in zip(policies, scenarios):
+            result = run_scenario(s)
+            summary = summarize(result)
+            label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")
+            write_run(result, summary, out_dir / policy)
+            labels.append(label)
+            if on_run is not None:
+                on_run(label, summary)
     runs = [load_run(out_dir / p, label) for p, label in zip(policies, labels)]
     name = runs[0].scenario.get("name", scenario_path.stem)
     page = build_compare_page(runs, f"simsrv compare: {name}")

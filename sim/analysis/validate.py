@@ -234,19 +234,22 @@ def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") 
 
 def run_validation(case: str | None = None, directory: Path | None = None, progress=None) -> list[Row]:
     """Simulate the selected rows (and the rows their orderings name); return the selection."""
+    from sim.engine.deployment import shared_cost_models
+
     rows = load_rows(directory)
     by_id = {r.id: r for r in rows}
     chosen = select(rows, case)
     needed = {r.id for r in chosen} | {o for r in chosen for o in r.order + r.ratio}
     runner = Runner(directory)
     todo = [r for r in rows if r.id in needed and r.level != "ordering" and not r.ratio and r.status == "ok"]
-    for i, r in enumerate(todo):
-        try:
-            r.simulated = runner.simulate(r)
-        except MetricMissing as e:  # e.g. every request failed: listed with the reason, not counted
-            r.status, r.reason = "not-reproducible", str(e)
-        if progress is not None:
-            progress(i + 1, len(todo), r.id)
+    with shared_cost_models():  # many cases of few configurations
+        for i, r in enumerate(todo):
+            try:
+                r.simulated = runner.simulate(r)
+            except MetricMissing as e:  # e.g. every request failed: listed with the reason, not counted
+                r.status, r.reason = "not-reproducible", str(e)
+            if progress is not None:
+                progress(i + 1, len(todo), r.id)
     for r in rows:
         if r.ratio and r.id in needed and r.status == "ok":
             a, b = (by_id[x].simulated for x in r.ratio)

@@ -5,6 +5,8 @@ Why: ``run``, ``explain`` and tests build a deployment the same way, in one plac
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,6 +50,40 @@ class Deployment:
         """Seconds to move one KV block between GPU and host: each GPU of the tensor-parallel
         group copies its shard over its own PCIe link (bytes / PCIe bandwidth)."""
         return self.memory.kv_block_bytes_per_gpu / self.gpu.pcie_bw_bytes_per_s
+
+
+# Cost models shared by the deployments built while ``shared_cost_models`` is on (None: off),
+# by their inputs; at most MAX_SHARED_COST_MODELS, the oldest dropped first.
+_shared: dict[str, object] | None = None
+MAX_SHARED_COST_MODELS = 8
+
+
+@contextmanager
+def shared_cost_models() -> Iterator[None]:
+    """Within the block, deployments built with the same cost inputs (model, GPU, TP, KV dtype,
+    calibration, engine profile, parallelism) share one cost model, with its memos.
+
+    Why: a sweep, a comparison or a capacity search runs many simulations of one configuration
+    in a process. Each new cost model fills its memos again (step costs by shape, solo prefill
+    times), and for a 500-request run that is ~25% of its CPU. The memos hold pure functions of
+    those inputs: a warm memo returns the same floats as a cold one
+    (tests/test_cost_memo.py), so outputs are unchanged. Outside the block every deployment
+    gets a fresh cost model (callers that change one, as tests do, are not affected)."""
+    global _shared
+    outer = _shared
+    if outer is None:
+        _shared = {}
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def share_cost_models_in_this_process() -> None:
+    """``shared_cost_models`` for the rest of this process (a sweep's worker process)."""
+    global _shared
+    if _shared is None:
+        _shared = {}
 
 
 def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = None,
@@ -97,6 +133,13 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         admission=e.admission,
     )
     c = s.cluster
+    key = None
+    if _shared is not None:  # every input of the cost model below (frozen dataclasses: their reprs)
+        key = repr((model, gpu, tp, kv_bytes, id(cal), engine, c.enable_expert_parallel, c.expert_load_imbalance, dp,
+                    pp, pipeline_link_bytes_per_s(s, gpu, tp) if pp > 1 else None))
+        hit = _shared.get(key)
+        if hit is not None:
+            return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp)
 
     def make_cost(m: ModelSpec) -> RooflineCostModel:
         if dp > 1:
@@ -108,6 +151,10 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                                  expert_load_imbalance=c.expert_load_imbalance)
 
     cost = make_cost(model) if pp == 1 else PipelineCostModel(model, pp, make_cost, pipeline_link_bytes_per_s(s, gpu, tp))
+    if _shared is not None:
+        if len(_shared) >= MAX_SHARED_COST_MODELS:
+            _shared.pop(next(iter(_shared)))  # the oldest
+        _shared[key] = cost
     return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp)
 
 

@@ -27,8 +27,11 @@ class SerialExecutor:
             load_calibration(gpu)
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
-        for t in tasks:
-            yield t, run_task(t)
+        from sim.engine.deployment import shared_cost_models
+
+        with shared_cost_models():
+            for t in tasks:
+                yield t, run_task(t)
 
     def close(self) -> None:
         pass

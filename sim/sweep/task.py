@@ -92,7 +92,10 @@ def warm_worker(gpus: tuple[str, ...]) -> None:
     rows are already on disk), and each GPU's calibration is loaded once, here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from sim.cost.calibration import load_calibration
+    from sim.engine.deployment import share_cost_models_in_this_process
     import sim.run  # noqa: F401  (the simulator's imports, once per worker)
+
+    share_cost_models_in_this_process()  # the worker's tasks reuse cost models and their memos
 
     for gpu in gpus:
         load_calibration(gpu)
