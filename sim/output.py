@@ -55,18 +55,8 @@ def request_table(result, start: int, stop: int):
     """Rows [start, stop) of requests.parquet as an Arrow table: REQUEST_COLUMNS in order, a time
     that never happened (NaN: a failed request's first token) as null, ``status`` and
     ``fail_reason`` as strings."""
-    import numpy as np
-
     ok = result.completed(start, stop)
-    code = result.results.read("label", start, stop)
-    labels = result.results.labels()
-    cols = {}
-    for c in REQUEST_COLUMNS:
-        if c in ("status", "fail_reason"):
-            cols[c] = np.array([lab[c == "fail_reason"] for lab in labels], dtype=object)[code]
-        else:
-            cols[c] = result.request_column(c, start, stop, ok)
-    return _table(cols)
+    return _table({c: result.request_column(c, start, stop, ok) for c in REQUEST_COLUMNS})
 
 
 def _table(cols: dict):
