@@ -337,8 +337,9 @@ def plain_stats(values: np.ndarray) -> dict[str, float]:
     if n == 0:
         return {k: float("nan") for k in ("mean", "median", "std", "p50", "p90", "p99")}
     pos = {p: (n - 1) * (p / 100) for p in PCTS}   # numpy's linear virtual index (n - 1) q
-    part = np.partition(values, sorted({r for x in pos.values() for r in _np_neighbours(n, x)}))
-    out = {"mean": float(values.mean()), "median": median(values), "std": float(values.std())}
+    ranks = {(n - 1) // 2, n // 2} | {r for x in pos.values() for r in _np_neighbours(n, x)}
+    part = np.partition(values, sorted(ranks))
+    out = {"mean": float(values.mean()), "median": _middle(part), "std": float(values.std())}
     out.update({f"p{p}": _np_lerp(n, x, part) for p, x in pos.items()})
     return out
 
@@ -351,8 +352,13 @@ def median(values: np.ndarray) -> float:
     n = len(values)
     if n == 0 or np.isnan(values).any():
         return float("nan")
-    lo, hi = (n - 1) // 2, n // 2
-    part = np.partition(values, [lo, hi])
+    return _middle(np.partition(values, [(n - 1) // 2, n // 2]))
+
+
+def _middle(part: np.ndarray) -> float:
+    """``np.median`` of values partitioned at their middle rank(s) (n - 1) // 2 and n // 2: the
+    middle value, or the middle two's sum halved."""
+    lo, hi = (len(part) - 1) // 2, len(part) // 2
     return float(part[hi]) if lo == hi else float((part[lo] + part[hi]) / 2)
 
 
