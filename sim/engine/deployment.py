@@ -133,10 +133,11 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         admission=e.admission,
     )
     c = s.cluster
+    link = pipeline_link_bytes_per_s(s, gpu, tp) if pp > 1 else None
     key = None
     if _shared is not None:  # every input of the cost model below (frozen dataclasses: their reprs)
         key = repr((model, gpu, tp, kv_bytes, id(cal), engine, c.enable_expert_parallel, c.expert_load_imbalance, dp,
-                    pp, pipeline_link_bytes_per_s(s, gpu, tp) if pp > 1 else None))
+                    pp, link))
         hit = _shared.get(key)
         if hit is not None:
             return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp)
@@ -150,7 +151,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                                  enable_expert_parallel=c.enable_expert_parallel,
                                  expert_load_imbalance=c.expert_load_imbalance)
 
-    cost = make_cost(model) if pp == 1 else PipelineCostModel(model, pp, make_cost, pipeline_link_bytes_per_s(s, gpu, tp))
+    cost = make_cost(model) if link is None else PipelineCostModel(model, pp, make_cost, link)
     if _shared is not None:
         if len(_shared) >= MAX_SHARED_COST_MODELS:
             _shared.pop(next(iter(_shared)))  # the oldest
