@@ -153,7 +153,7 @@ def test_prefill_alone_is_its_operators_whatever_was_costed_before(over):
 
 
 @pytest.mark.parametrize("over", COST_MODELS.values(), ids=COST_MODELS.keys())
-def test_a_chunk_of_no_tokens_alone_costs_its_gemm_kernels_only(over):
+def test_a_chunk_of_no_tokens_alone_costs_its_operators_kernels_only(over):
     """prefill_alone_s of 0 tokens (no queries: no attention; calibrated: no elementwise bytes,
     nothing to all-reduce) is the kernels of its operators and, completing, the LM head: finite,
     and below a 1-token chunk's. The calibrated elementwise table raised a math domain error at
