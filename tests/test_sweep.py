@@ -240,6 +240,27 @@ def test_ray_executor_runs_a_sweep(tmp_path):
     assert res.rows.select(cols).equals(local.rows.select(cols))
 
 
+def test_ray_task_keeps_its_cost_models_for_the_next_task(monkeypatch):
+    """A Ray worker runs ``run_task_sharing``: its second task of the same cost inputs reuses
+    the first's cost model, and both rows equal ``run_task``'s on fresh cost models."""
+    import sim.engine.deployment as deployment
+    from sim.sweep.task import Task, run_task, run_task_sharing
+
+    monkeypatch.setattr(deployment, "_shared", None)  # this test's process: sharing off again afterwards
+    tasks = [Task("p", 0, seed, {**tiny(num_requests=40), "seed": seed}, str(ROOT)) for seed in (0, 1)]
+    fresh = [run_task(t) for t in tasks]
+    assert deployment._shared is None
+    built = []
+    real_cost_model = deployment.RooflineCostModel
+    monkeypatch.setattr(deployment, "RooflineCostModel", lambda *a, **k: built.append(1) or real_cost_model(*a, **k))
+    shared = [run_task_sharing(t) for t in tasks]
+    assert len(built) == 1 and len(deployment._shared) == 1
+    wall = ("simsrv_wall_s", "simsrv_requests_per_wall_s")  # the host's clock
+    assert [{k: v for k, v in r.items() if k not in wall} for r in shared] == \
+        [{k: v for k, v in r.items() if k not in wall} for r in fresh]
+    assert fresh[0]["p99_ttft_ms"] != fresh[1]["p99_ttft_ms"]
+
+
 def test_intervals_stay_within_what_a_run_can_give():
     """Two seeds far apart give a t interval wider than the mean: it is cut at 0 (and at 1 for
     utilisation and KV use), never a negative throughput."""

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 from sim.errors import UserError
-from sim.sweep.task import Task, run_task, warm_worker
+from sim.sweep.task import Task, run_task, run_task_sharing, warm_worker
 
 
 class SerialExecutor:
@@ -70,7 +70,8 @@ class RayExecutor:
 
     NOTE: workers need simsrv's dependencies installed; this simsrv's code is shipped to them
     (Ray ``py_modules``), and a trace file must be readable at the same absolute path on every
-    node (a shared filesystem).
+    node (a shared filesystem). A worker keeps the cost models it built for its next tasks
+    (``run_task_sharing``), as a local pool's workers do.
     """
 
     def __init__(self, address: str | None, gpus: tuple[str, ...] = ()):
@@ -87,7 +88,7 @@ class RayExecutor:
                          log_to_driver=False)
             except ConnectionError as e:
                 raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None
-        self.remote = ray.remote(max_retries=2)(run_task)
+        self.remote = ray.remote(max_retries=2)(run_task_sharing)
         self.workers = int(ray.cluster_resources().get("CPU", 1))
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:

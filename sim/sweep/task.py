@@ -87,6 +87,17 @@ def run_task(task: Task) -> dict[str, Any]:
     return row
 
 
+def run_task_sharing(task: Task) -> dict[str, Any]:
+    """``run_task`` in a worker process that keeps its cost models (and their memos) for the
+    next tasks it is given: a Ray worker, reused across tasks but started by Ray, not by
+    ``warm_worker``. The rows are the same as ``run_task``'s (the memos are pure:
+    ``shared_cost_models``)."""
+    from sim.engine.deployment import share_cost_models_in_this_process
+
+    share_cost_models_in_this_process()
+    return run_task(task)
+
+
 def warm_worker(gpus: tuple[str, ...]) -> None:
     """Process-pool initializer: Ctrl-C is the parent's to handle (it stops the pool; finished
     rows are already on disk), and each GPU's calibration is loaded once, here."""
