@@ -58,6 +58,9 @@ class SoloPrefill:
     def __init__(self, cost):
         self.cost = cost
         self._cache: dict[tuple[int, int, bool], float] = {}
+        # the memoised seconds of a (n, ctx, completing) key, or None: read first on the hot
+        # path (TTFTAccounting.on_step), which calls this object only on a miss
+        self.lookup = self._cache.get
 
     def __call__(self, n: int, ctx: int, completing: bool) -> float:
         key = (n, ctx, completing)
@@ -129,7 +132,7 @@ class TTFTAccounting:
                 overhead = self._overhead_s[seqs] = self.cost.overhead_s(seqs)
             compute = elapsed_s - overhead
             solo = self.solo
-            solo_hit = solo._cache.get  # SoloPrefill.__call__'s memo, read here first (once per chunk)
+            solo_hit = solo.lookup  # SoloPrefill.__call__'s memo, read here first (once per chunk)
             for (req, n), ctx in zip(chunks, plan.chunk_contexts):
                 if req.num_generated:
                     continue  # not before a first token

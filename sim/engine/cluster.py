@@ -235,12 +235,8 @@ class Replica:
         n = batch.num_decode_seqs
         rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch.prefill_tokens, n * done,
                   kv_used, len(sched.waiting), first, last, 0))
-        if plan.ready_gaps_s:
-            for gap in plan.ready_gaps_s:  # the joiner's first decode gap spans its wait
-                rec.itl_adjust.append((first, first + gap))
-        if plan.pause_extras:
-            for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
-                rec.itl_adjust.extend([(first, first + extra)] * count)
+        if plan.ready_gaps_s or plan.pause_extras:
+            rec.lengthen_gaps(first, plan.ready_gaps_s, plan.pause_extras)
         if finished:
             self.on_finish(finished)
         self.last_step_s = now - start

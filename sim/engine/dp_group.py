@@ -105,10 +105,7 @@ class DataParallelGroup:
                 finished = sched.on_step_done(plan, env.now, 1)
                 rec.step((index, start, dur, 1, plan.num_decode_seqs + len(plan.chunks), plan.prefill_tokens,
                           plan.num_decode_seqs, kv_used, len(sched.waiting), dur, dur, 0))
-                for gap in plan.ready_gaps_s:  # as sim/engine/cluster.py
-                    rec.itl_adjust.append((dur, dur + gap))
-                for extra, count in plan.pause_extras:  # decodes paused by prompt steps of their own
-                    rec.itl_adjust.extend([(dur, dur + extra)] * count)
+                rec.lengthen_gaps(dur, plan.ready_gaps_s, plan.pause_extras)
                 if finished:
                     self.on_finish(finished)
 

@@ -57,6 +57,17 @@ class Recorder:
         if outside is not None:
             self.count_overhead_outside(replica, outside)
 
+    def lengthen_gaps(self, step_s: float, ready_gaps_s, pause_extras) -> None:
+        """A step of ``step_s`` seconds that the step log counts once per decode is a longer gap
+        for some of them: a request joining decoding after waiting with its KV elsewhere (its
+        first decode gap spans the wait: ``ready_gaps_s``), and decodes paused by prompt steps
+        of their own (``pause_extras``: (extra seconds, how many decodes))."""
+        adjust = self.itl_adjust
+        for gap in ready_gaps_s:
+            adjust.append((step_s, step_s + gap))
+        for extra, count in pause_extras:
+            adjust.extend([(step_s, step_s + extra)] * count)
+
     def step_columns(self) -> dict[str, np.ndarray]:
         """Every step column whole in memory (tests, small runs)."""
         return self._steps.columns()
