@@ -208,7 +208,7 @@ def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str,
     return pieces_stats(lambda: iter((samples,)), tail)
 
 
-def pieces_stats(pieces, tail: bool = False) -> dict[str, float]:
+def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[str, float]:
     """``run_length_stats`` of the union of the piece sets that ``pieces()`` yields (a fresh
     iterator each call: they are read several times, one set in memory at a time, so a run's
     step log is summarised from disk in bounded memory). Also gives ``n``, the sample count.
@@ -216,7 +216,8 @@ def pieces_stats(pieces, tail: bool = False) -> dict[str, float]:
     Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
     a histogram of the pieces' ends brackets each rank's value (``_brackets``), then only the
-    pieces that reach into the bracket are kept and searched (``_select``)."""
+    pieces that reach into the bracket are kept and searched (``_select``). ``extra_sum_s``
+    is added to the values' sum before the mean is taken (the ITL's ``itl_bend_s``)."""
     sizes, n = [], 0
     for p in pieces():
         sizes.append(len(p.first_s))
@@ -229,7 +230,7 @@ def pieces_stats(pieces, tail: bool = False) -> dict[str, float]:
         ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
     terms = np.empty(sum(sizes))
     _fill(terms, pieces(), lambda p: p._sum_terms())
-    mean = float(np.sum(terms)) / n
+    mean = (float(np.sum(terms)) + extra_sum_s) / n
     _fill(terms, pieces(), lambda p: p._sq_dev_terms(mean))
     std = float(np.sqrt(max(float(np.sum(terms)) / n, 0.0)))
     del terms
@@ -381,7 +382,8 @@ def _np_lerp(n: int, x: float, part: np.ndarray) -> float:
 
 
 # the step-log columns the ITL pieces are read from
-ITL_STEP_COLUMNS = ("num_steps", "decode_tokens", "multi_step", "first_step_duration_s", "last_step_duration_s")
+ITL_STEP_COLUMNS = ("num_steps", "decode_tokens", "multi_step", "first_step_duration_s", "last_step_duration_s",
+                    "duration_s")
 
 
 def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
@@ -422,17 +424,47 @@ def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: lis
     return pieces
 
 
-def step_pieces(steps) -> RunLengthSamples:
-    """The ITL pieces of step rows: one per row with decode tokens, outside multi-step blocks
+def _with_decodes(steps) -> np.ndarray:
+    """The step rows that hold ITL pieces: rows with decode tokens, outside multi-step blocks
     (whose gaps are listed per request, ``resume_gaps_s``)."""
-    k = steps["num_steps"]
     has = steps["decode_tokens"] > 0
     if "multi_step" in steps:
         has &= steps["multi_step"] == 0
-    k, first, last = k[has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
+    return has
+
+
+def step_pieces(steps) -> RunLengthSamples:
+    """The ITL pieces of step rows: one per row with decode tokens, outside multi-step blocks."""
+    has = _with_decodes(steps)
+    k, first, last = steps["num_steps"][has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
     span = np.where(k > 1, (last - first) / np.maximum(k - 1, 1), 0.0)
     return RunLengthSamples(first, span, np.zeros(len(k), np.int64), k, seqs)
+
+
+def step_bend_s(steps) -> float:
+    """The seconds that the straight pieces of fast-forwarded rows leave out of their steps.
+
+    A run's steps follow the cost model's curve (``RunCost.curve_s``, within ``RUN_REL_TOL``
+    of a step: sim/cost/runs.py), and the replica's clock follows their exact sum; the step
+    log keeps the first and last step only, so a row's piece is the straight line between
+    them. Its ``duration_s`` is the exact sum. Per row of k > 1 steps: decode sequences x
+    (duration_s - the piece's sum, as ``RunLengthSamples._sum_terms`` computes it). Added to
+    the pooled sum, it makes the mean ITL the mean of the gaps the requests saw (their last
+    token - first token, summed, over their gaps); the order statistics stay the pieces'."""
+    has = _with_decodes(steps) & (steps["num_steps"] > 1)
+    k = steps["num_steps"][has]
+    first, last = steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
+    seqs = steps["decode_tokens"][has] // k
+    length = k.astype(np.float64)
+    line_s = length * first + (last - first) / (length - 1.0) * ((k - 1) * length / 2.0)
+    return float(np.sum(seqs * (steps["duration_s"][has] - line_s)))
+
+
+def itl_bend_s(read_rows, num_rows: int, chunk_rows: int = 1 << 18) -> float:
+    """``step_bend_s`` of the whole step log, read ``chunk_rows`` rows at a time (as ``itl_pieces``)."""
+    return sum(step_bend_s(read_rows(start, min(start + chunk_rows, num_rows)))
+               for start in range(0, num_rows, chunk_rows))
 
 
 def _point_pieces(resume_gaps_s, adjust) -> tuple[RunLengthSamples, np.ndarray]:
