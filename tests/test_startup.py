@@ -78,8 +78,9 @@ def test_the_command_runs_with_one_blas_thread_unless_told(given):
 @pytest.mark.parametrize("own_process", [True, False])
 def test_a_run_process_turns_the_cyclic_collector_off(tmp_path, own_process):
     """``simsrv run`` as its own process runs without cyclic garbage collection (a one-shot
-    process: the collector would only traverse what the run keeps); a caller of ``main(argv)``
-    (tests, an embedding program) keeps its collector on."""
+    process: the collector would only traverse what the run keeps), and ends with every object
+    frozen (the interpreter's collection at exit skips them); a caller of ``main(argv)`` (tests,
+    an embedding program) keeps its collector on and nothing frozen."""
     sc = tmp_path / "s.yaml"
     raw = small_scenario()
     raw["workload"]["synthetic"]["num_requests"] = 20
@@ -87,12 +88,12 @@ def test_a_run_process_turns_the_cyclic_collector_off(tmp_path, own_process):
     args = ["run", str(sc), "--out", str(tmp_path / "r"), "-q"]
     call = "main()" if own_process else f"main({args!r})"
     body = (f"import gc, sys\nsys.argv = ['simsrv', *{args!r}]\nfrom sim.cli import main\n{call}\n"
-            "print(gc.isenabled())")
+            "print(gc.isenabled(), gc.get_freeze_count() > 0)")
     out = subprocess.run([sys.executable, "-c", body], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "r" / "result.json").is_file()
-    assert out.stdout.split()[-1] == str(not own_process)
+    assert out.stdout.split()[-2:] == [str(not own_process), str(own_process)]
 
 
 def test_plain_run_and_version_load_neither_typer_nor_rich(tmp_path):
