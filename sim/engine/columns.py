@@ -19,6 +19,7 @@ memory at once. A buffer that never filled a block (a small run) never touches d
 from __future__ import annotations
 
 import tempfile
+from itertools import chain
 
 import numpy as np
 
@@ -26,6 +27,20 @@ import numpy as np
 # Rows packed (and spilled) at a time, unless a buffer is given its own: ~350 bytes a row
 # meanwhile as tuples (11 MB), 8 bytes a field once packed.
 BLOCK_ROWS = 1 << 15
+
+
+def rows_block(rows: list[tuple], width: int) -> np.ndarray:
+    """``np.array(rows, dtype=np.float64)`` of tuples of ``width`` numbers each: the same values
+    (rows x width), read in one flat pass (``np.fromiter`` over the chained fields: a third
+    less time than numpy's nested-sequence conversion, which was ~5% of a run's CPU). Rows
+    holding something ``fromiter`` refuses (None), or not all of ``width`` fields, go through
+    numpy's conversion, which gives NaN for None and refuses ragged rows."""
+    if set(map(len, rows)) == {width}:
+        try:
+            return np.fromiter(chain.from_iterable(rows), np.float64, len(rows) * width).reshape(-1, width)
+        except (TypeError, ValueError):
+            pass
+    return np.array(rows, dtype=np.float64).reshape(-1, width)
 
 
 class ColumnBuffer:
@@ -54,7 +69,7 @@ class ColumnBuffer:
     def pack(self) -> None:
         if not self.rows:
             return
-        block = np.array(self.rows, dtype=np.float64).reshape(-1, len(self.names))
+        block = rows_block(self.rows, len(self.names))
         self.rows = []
         self.add_block(block)
 

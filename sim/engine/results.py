@@ -66,7 +66,7 @@ class RequestResults:
         """Merge the new rows with those waiting; pass on the consecutive ids from the next due."""
         if not self._rows:
             return
-        block = np.array(self._rows, dtype=np.float64).reshape(-1, len(self._names))
+        block = column_store.rows_block(self._rows, len(self._names))
         self._rows = []
         rows = np.concatenate([self._waiting, block]) if len(self._waiting) else block
         ids = rows[:, 0]
