@@ -209,7 +209,7 @@ def test_mean_itl_is_the_mean_of_the_gaps_the_requests_saw(policy):
     assert m.sum() == len(out[out > 1])  # every request with gaps completed
     pooled = float((c["finish_s"].to_numpy()[m] - c["first_token_s"].to_numpy()[m]).sum() / (out[m] - 1).sum())
     steps = r.steps
-    cols = {k: steps[k].to_numpy() for k in metrics.ITL_STEP_COLUMNS}
+    cols = {k: steps[k].to_numpy() for k in metrics.BEND_STEP_COLUMNS}
     assert metrics.step_bend_s(cols) != 0.0  # the runs do bend
     s = summarize(r)
     assert s["mean_itl_ms"] / 1e3 == pytest.approx(pooled, rel=1e-12, abs=0)

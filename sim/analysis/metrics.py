@@ -382,8 +382,9 @@ def _np_lerp(n: int, x: float, part: np.ndarray) -> float:
 
 
 # the step-log columns the ITL pieces are read from
-ITL_STEP_COLUMNS = ("num_steps", "decode_tokens", "multi_step", "first_step_duration_s", "last_step_duration_s",
-                    "duration_s")
+ITL_STEP_COLUMNS = ("num_steps", "decode_tokens", "multi_step", "first_step_duration_s", "last_step_duration_s")
+# ... and those ``step_bend_s`` reads
+BEND_STEP_COLUMNS = (*ITL_STEP_COLUMNS, "duration_s")
 
 
 def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
