@@ -66,10 +66,14 @@ class RunLengthSamples:
         return float(np.sum(self._sum_terms()))
 
     def _sum_terms(self) -> np.ndarray:
-        """Per piece, the sum of its values (closed form: L first + span (j0 + ... + j1 - 1))."""
+        """Per piece, the sum of its values, ``count`` times."""
+        return self.count * self._line_sums()
+
+    def _line_sums(self) -> np.ndarray:
+        """Per piece, the sum of its values once (closed form: L first + span (j0 + ... + j1 - 1))."""
         length = (self.j1 - self.j0).astype(np.float64)
         s1 = (self.j0 + self.j1 - 1) * length / 2.0
-        return self.count * (length * self.first_s + self.span_s * s1)
+        return length * self.first_s + self.span_s * s1
 
     def _sq_dev_terms(self, mean: float) -> np.ndarray:
         """Per piece, the sum of (value - mean)^2: L d^2 + 2 d span S1 + span^2 S2 (d = first -
@@ -435,7 +439,7 @@ def _with_decodes(steps) -> np.ndarray:
 
 
 def step_pieces(steps) -> RunLengthSamples:
-    """The ITL pieces of step rows: one per row with decode tokens, outside multi-step blocks."""
+    """The ITL pieces of step rows: one per row of ``_with_decodes``, in row order."""
     has = _with_decodes(steps)
     k, first, last = steps["num_steps"][has], steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     seqs = steps["decode_tokens"][has] // np.maximum(k, 1)
@@ -450,16 +454,13 @@ def step_bend_s(steps) -> float:
     of a step: sim/cost/runs.py), and the replica's clock follows their exact sum; the step
     log keeps the first and last step only, so a row's piece is the straight line between
     them. Its ``duration_s`` is the exact sum. Per row of k > 1 steps: decode sequences x
-    (duration_s - the piece's sum, as ``RunLengthSamples._sum_terms`` computes it). Added to
-    the pooled sum, it makes the mean ITL the mean of the gaps the requests saw (their last
-    token - first token, summed, over their gaps); the order statistics stay the pieces'."""
-    has = _with_decodes(steps) & (steps["num_steps"] > 1)
-    k = steps["num_steps"][has]
-    first, last = steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
-    seqs = steps["decode_tokens"][has] // k
-    length = k.astype(np.float64)
-    line_s = length * first + (last - first) / (length - 1.0) * ((k - 1) * length / 2.0)
-    return float(np.sum(seqs * (steps["duration_s"][has] - line_s)))
+    (duration_s - the sum of its ``step_pieces`` piece). Added to the pooled sum, it makes the
+    mean ITL the mean of the gaps the requests saw (their last token - first token, summed,
+    over their gaps); the order statistics stay the pieces'."""
+    p = step_pieces(steps)
+    run = p.j1 > 1
+    duration = steps["duration_s"][_with_decodes(steps)]
+    return float(np.sum((p.count * (duration - p._line_sums()))[run]))
 
 
 def itl_bend_s(read_rows, num_rows: int, chunk_rows: int = 1 << 18) -> float:
