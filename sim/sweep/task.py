@@ -80,8 +80,8 @@ def run_task(task: Task) -> dict[str, Any]:
         row["error"] = str(e)
         return row
     row.update(_flat(summary))
-    steps = result.steps
-    row["simsrv_utilization"] = utilization(steps["duration_s"].to_numpy(), steps["start_s"].to_numpy(),
+    # two columns of the step log, read as arrays (not the whole steps frame)
+    row["simsrv_utilization"] = utilization(result.step_column("duration_s"), result.step_column("start_s"),
                                             num_replicas(s))
     row["error"] = None
     return row

@@ -10,16 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import polars as pl
 
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
-from sim.workload.sources import Batch
+from sim.workload.sources import Batch, NumericColumns
 from sim.workload.validate import datetimes_s, present, seconds, tokens
 
-F, S, IDS = pl.Float64, pl.String, pl.List(pl.Int64)
+if TYPE_CHECKING:
+    import polars as pl
+
+# JSON Lines field types (sources.jsonl_batches): float, text, list of integers
+F, S, IDS = "f64", "str", "ids"
 
 
 @dataclass
@@ -95,6 +100,8 @@ def vidur(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
 
 
 def burstgpt(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    import polars as pl
+
     if o.model_filter is not None:
         keep = (b.frame["Model"].str.strip_chars() == o.model_filter).to_numpy()
         st.note(f"rows of a Model other than {o.model_filter!r}: left out (model_filter)", int((~keep).sum()))
@@ -108,6 +115,12 @@ def burstgpt(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArra
 
 
 def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    """A numeric batch (``sources.numeric_batches``) has the three columns only."""
+    if isinstance(b.frame, NumericColumns):
+        return RequestArrays(seconds(b, "arrival_s", path), tokens(b, "input_tokens", path),
+                             tokens(b, "output_tokens", path), hash_block_size=o.hash_block_size or 16)
+    import polars as pl
+
     cols = b.frame.columns
     inp = tokens(b, "input_tokens", path)
     block = o.hash_block_size or 16
@@ -123,6 +136,8 @@ def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestAr
 
 
 def _measured(s: pl.Series):
+    import polars as pl
+
     if isinstance(s.dtype, pl.List):
         return [np.asarray(x if x is not None else [], dtype=np.float64) for x in s.to_list()]
     return s.cast(pl.Float64, strict=False).to_numpy()
@@ -151,6 +166,8 @@ def mooncake(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArra
             st.last_arrival[s] = ti
     has_ids = f["hash_ids"].null_count() < f.height
     prio = f["priority"]
+    import polars as pl
+
     return RequestArrays(
         t, inp, out, hash_ids=hash_lists(b, "hash_ids", path, inp, block) if has_ids else None,
         hash_block_size=block, session_id=sess,
@@ -244,7 +261,7 @@ FORMATS = {
     "burstgpt": ("table", ["Timestamp", "Model", "Request tokens", "Response tokens"], None, burstgpt),
     "vidur": ("table", ["arrived_at", "num_prefill_tokens", "num_decode_tokens"], None, vidur),
     "bailian": ("jsonl", ["timestamp", "chat_id", "parent_chat_id", "input_length", "output_length", "hash_ids"],
-                {"timestamp": F, "chat_id": pl.Int64, "parent_chat_id": pl.Int64, "turn": pl.Int64,
+                {"timestamp": F, "chat_id": "i64", "parent_chat_id": "i64", "turn": "i64",
                  "input_length": F, "output_length": F, "hash_ids": IDS}, bailian),
     "mooncake": ("jsonl", ["timestamp", "input_length", "output_length"],
                  {"timestamp": F, "input_length": F, "output_length": F, "hash_ids": IDS, "session_id": S,

@@ -20,10 +20,14 @@ from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
-from sim.workload.sources import (CHUNK_ROWS, check_exists, csv_batches, csv_header, first_line, jsonl_batches,
-                                  looks_binary, parquet_batches, parquet_columns, shown_columns)
+from sim.workload.sources import (CHUNK_ROWS, NotNumeric, check_exists, csv_batches, csv_header, first_line,
+                                  jsonl_batches, looks_binary, numeric_batches, parquet_batches, parquet_columns,
+                                  shown_columns)
 
 FORMAT_NAMES = [f for f in FORMATS]
+# formats whose three columns are numbers (a time and two token counts; generic unless its time
+# unit is datetime): read by the numeric reader when the file has no other column to read
+NUMERIC_FORMATS = ("generic", "vidur", "normalized")
 
 
 class TraceWarning(UserWarning):
@@ -70,27 +74,43 @@ def detect_format(path: str | Path) -> str:
                     "format generic with the column names and time unit")
 
 
-def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
-    kind, need, schema, _fn = FORMATS[fmt]
+def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
+    """The columns to read from a CSV or Parquet trace of a table format (errors if it is not one)."""
+    need = FORMATS[fmt][1]
     if fmt == "generic":
         need = [opts.arrival_column, opts.input_column, opts.output_column]
-        if path.suffix in (".jsonl", ".ndjson"):
-            import polars as pl
-            t = pl.String if opts.time_unit == "datetime" else pl.Float64
-            return jsonl_batches(path, {need[0]: t, need[1]: pl.Float64, need[2]: pl.Float64}, chunk_rows)
+    if path.suffix == ".parquet":
+        names = parquet_columns(path) if fmt == "normalized" else []
+        return need + [c for c in names if c in OPTIONAL_NORMALIZED or c.startswith("measured_")]
+    if first_line(path).startswith("{"):
+        raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
+    header = csv_header(path) if fmt == "normalized" else []
+    return need + [c for c in header if c in ("session_id", "priority") or c.startswith("measured_")]
+
+
+def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str] | None:
+    """The columns a CSV or Parquet trace is read from, when they are all numbers to its format
+    (times in a time unit, token counts): the numeric reader may read it. None otherwise."""
+    if fmt not in NUMERIC_FORMATS or (fmt == "generic" and (opts.time_unit == "datetime"
+                                                           or path.suffix in (".jsonl", ".ndjson"))):
+        return None
+    cols = _table_columns(path, fmt, opts)
+    return cols if len(cols) == 3 else None
+
+
+def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
+    kind, _need, schema, _fn = FORMATS[fmt]
+    if fmt == "generic" and path.suffix in (".jsonl", ".ndjson"):
+        t = "str" if opts.time_unit == "datetime" else "f64"
+        return jsonl_batches(path, {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"},
+                             chunk_rows)
     if kind in ("jsonl",):
         if path.suffix == ".parquet" or not first_line(path).startswith("{"):
             raise UserError(f"{path}: line 1: format {fmt} expects JSON Lines (one JSON object per line)")
         return jsonl_batches(path, schema, chunk_rows, aiperf_flatten if fmt == "aiperf" else None)
-    if path.suffix == ".parquet":
-        extra = [c for c in OPTIONAL_NORMALIZED if fmt == "normalized" and c in parquet_columns(path)]
-        extra += [c for c in parquet_columns(path) if fmt == "normalized" and c.startswith("measured_")]
-        return parquet_batches(path, need + extra, chunk_rows)
-    if first_line(path).startswith("{"):
-        raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
-    header = csv_header(path)
-    extra = [c for c in header if fmt == "normalized" and (c in ("session_id", "priority") or c.startswith("measured_"))]
-    return csv_batches(path, need + extra, chunk_rows)
+    columns = _table_columns(path, fmt, opts)
+    return parquet_batches(path, columns, chunk_rows) if path.suffix == ".parquet" else csv_batches(path, columns,
+                                                                                                     chunk_rows)
 
 
 def _parquet_block_size(path: Path) -> int | None:
@@ -125,7 +145,27 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
         opts = ReadOptions(**{**opts.__dict__, "hash_block_size": _parquet_block_size(path)})
     convert = FORMATS[fmt][3]
     any_rows = False
+    done_rows = 0  # rows converted by the numeric reader before it gave up
+    numeric = _numeric_columns(path, fmt, opts)
+    if numeric is not None:
+        try:
+            for batch in numeric_batches(path, numeric, chunk_rows):
+                if batch.frame.height == 0:
+                    continue
+                chunk = convert(batch, path, opts, state)  # (these formats' converters keep no state)
+                any_rows = True
+                done_rows += batch.frame.height
+                if len(chunk):
+                    yield chunk
+            if not any_rows:
+                raise UserError(f"{path}: the trace has no rows")
+            return
+        except NotNumeric:
+            pass  # the general reader goes on from the first row not converted, and names a bad line
     for batch in _batches(path, fmt, opts, chunk_rows):
+        if done_rows:
+            skip = min(done_rows, batch.frame.height)
+            batch, done_rows = batch.without_first(skip), done_rows - skip
         if batch.frame.height == 0:
             continue
         any_rows = True
@@ -246,12 +286,13 @@ def read_column(path: Path, column: str, where: str) -> np.ndarray:
 
     path = Path(path)
     check_exists(path)
-    batches = parquet_batches(path, [column]) if path.suffix == ".parquet" else None
-    if batches is None:
-        if column not in csv_header(path):
-            raise UserError(f"{where}: {path} has no column {column!r}; columns: {shown_columns(csv_header(path))}")
-        batches = csv_batches(path, [column])
-    parts = [tokens(b, column, path) for b in batches]
+    if path.suffix != ".parquet" and column not in csv_header(path):
+        raise UserError(f"{where}: {path} has no column {column!r}; columns: {shown_columns(csv_header(path))}")
+    try:
+        parts = [tokens(b, column, path) for b in numeric_batches(path, [column])]
+    except NotNumeric:  # the general reader names the line of a bad value
+        batches = parquet_batches(path, [column]) if path.suffix == ".parquet" else csv_batches(path, [column])
+        parts = [tokens(b, column, path) for b in batches]
     if not parts or sum(len(p) for p in parts) == 0:
         raise UserError(f"{where}: {path} has no rows")
     return np.concatenate(parts)

@@ -2,18 +2,23 @@
 
 Why: users bring traces from many tools; a wrong value must stop the run with one line that
 says where it is and what was expected, never a traceback and never a silent drop.
+A numeric batch (``sources.numeric_batches``) is checked with numpy; a value that fails a check
+there raises ``NotNumeric``, and the general reader reads the batch again to name the line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S, MAX_TOKENS
-from sim.workload.sources import Batch, shown
+from sim.workload.sources import Batch, NotNumeric, NumericColumns, shown
+
+if TYPE_CHECKING:
+    import polars as pl
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -31,6 +36,8 @@ def _num(v: float):
 
 def _raw(batch: Batch, col: str) -> pl.Series:
     """The column; text values without surrounding spaces (``4808, 10`` after a comma and space)."""
+    import polars as pl
+
     s = batch.frame[col]
     return s.str.strip_chars() if s.dtype == pl.String else s
 
@@ -40,6 +47,13 @@ def tokens(batch: Batch, col: str, path: Path, minimum: int = 1) -> np.ndarray:
 
     The upper bound keeps a corrupted count (2^63 and above wraps to a negative int64) from
     becoming a request that silently fails."""
+    if isinstance(batch.frame, NumericColumns):
+        x = batch.frame[col]
+        if not ((x >= minimum) & (x <= MAX_TOKENS) & (x == np.floor(x))).all():  # NaN fails each
+            raise NotNumeric(col)
+        return x.astype(np.int64)
+    import polars as pl
+
     raw = _raw(batch, col)
     x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
     bad = (x.is_null() | ~x.is_finite().fill_null(False) | (x < minimum).fill_null(True)
@@ -51,9 +65,16 @@ def tokens(batch: Batch, col: str, path: Path, minimum: int = 1) -> np.ndarray:
 
 def seconds(batch: Batch, col: str, path: Path, unit: str = "s") -> np.ndarray:
     """A numeric time column (finite, 0 to ``MAX_TIME_S`` once in seconds) converted to seconds."""
+    limit = MAX_TIME_S / TIME_UNITS_S[unit]
+    if isinstance(batch.frame, NumericColumns):
+        x = batch.frame[col]
+        if not ((x >= 0) & (x <= limit)).all():  # NaN fails both
+            raise NotNumeric(col)
+        return x * TIME_UNITS_S[unit]
+    import polars as pl
+
     raw = _raw(batch, col)
     x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
-    limit = MAX_TIME_S / TIME_UNITS_S[unit]
     bad = x.is_null() | ~x.is_finite().fill_null(False) | (x < 0).fill_null(True) | (x > limit).fill_null(True)
     if bad.any():
         _fail(batch, path, bad, col, raw, f"a time from 0 to {limit:.3g} {unit} (is the time unit right?)")
@@ -65,6 +86,8 @@ def datetimes_s(batch: Batch, col: str, path: Path) -> np.ndarray:
 
     NOTE: text without a time zone is taken as UTC; only differences between rows matter.
     """
+    import polars as pl
+
     raw = _raw(batch, col)
     s = raw.cast(pl.String).str.strip_chars().str.replace("T", " ", literal=True)
     naive = s.str.strptime(pl.Datetime("us"), "%Y-%m-%d %H:%M:%S%.f", strict=False).dt.epoch("us")

@@ -1,0 +1,146 @@
+"""The numeric reader (pyarrow, no polars) against the general reader (polars) on the same files.
+
+A CSV or Parquet trace whose three columns are numbers is read by ``sources.numeric_batches``;
+anything else in a batch hands it to the general reader, which names the bad line. Both must
+give the same arrays on every file the numeric reader accepts, and the same errors otherwise.
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.workload.trace as trace
+from sim.errors import UserError
+from sim.workload.readers import ReadOptions
+from sim.workload.trace import raw_chunks, read_column, read_trace
+
+GENERIC = ReadOptions(format="generic", time_unit="ms")
+
+
+def _read(path, opts, numeric: bool, monkeypatch, chunk_rows=1_000_000):
+    with monkeypatch.context() as m:
+        if not numeric:
+            m.setattr(trace, "_numeric_columns", lambda *a: None)
+        return list(raw_chunks(path, opts, chunk_rows=chunk_rows))
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for f in ("arrival_s", "input_tokens", "output_tokens"):
+            assert getattr(x, f).dtype == getattr(y, f).dtype
+            assert getattr(x, f).tobytes() == getattr(y, f).tobytes()
+        assert (x.hash_block_size, x.session_id, x.priority, x.measured, x.hash_ids) == \
+               (y.hash_block_size, y.session_id, y.priority, y.measured, y.hash_ids)
+
+
+# how a number may be written in a CSV that both readers accept
+_TEXT = st.sampled_from(["{}", " {}", "{} ", "+{}", "{}.0", "{}e0", "{}E+0", "00{}", '"{}"'])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.floats(0, 1e9, allow_nan=False), st.integers(1, 10**6), st.integers(1, 10**6),
+                               _TEXT, _TEXT), min_size=1, max_size=30),
+       chunk_rows=st.integers(1, 8))
+def test_csv_numeric_reader_equals_general_reader(tmp_path_factory, monkeypatch, rows, chunk_rows):
+    path = tmp_path_factory.mktemp("t") / "t.csv"
+    with path.open("w") as f:
+        f.write("t,i,o,other\n")
+        for t, i, o, ti, to in rows:
+            f.write(f"{t!r},{ti.format(i)},{to.format(o)},x\n")
+    opts = ReadOptions(format="generic", time_unit="ms", arrival_column="t", input_column="i", output_column="o")
+    assert trace._numeric_columns(path, "generic", opts) == ["t", "i", "o"]
+    _same(_read(path, opts, True, monkeypatch, chunk_rows), _read(path, opts, False, monkeypatch, chunk_rows))
+
+
+@pytest.mark.parametrize("types", [(pa.float64(), pa.int64(), pa.int32()), (pa.int64(), pa.float32(), pa.uint16())])
+def test_parquet_numeric_reader_equals_general_reader(tmp_path, monkeypatch, types):
+    rng = np.random.default_rng(1)
+    n = 1000
+    cols = [rng.uniform(0, 1e6, n).round(0 if pa.types.is_integer(types[0]) else 3), rng.integers(1, 5000, n),
+            rng.integers(1, 900, n)]
+    table = pa.table({name: pa.array(c).cast(t) for name, c, t in zip(("arrival_s", "input_tokens", "output_tokens"),
+                                                                     cols, types)})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    opts = ReadOptions(format="normalized")
+    assert trace._numeric_columns(path, "normalized", opts) is not None
+    _same(_read(path, opts, True, monkeypatch, 300), _read(path, opts, False, monkeypatch, 300))
+
+
+def test_other_columns_or_formats_take_the_general_reader(tmp_path, root):
+    samples = root / "traces" / "samples"
+    assert trace._numeric_columns(samples / "azure_code_2023_first500.csv", "azure", ReadOptions()) is None
+    assert trace._numeric_columns(samples / "vidur_splitwise_conv_first500.csv", "vidur", ReadOptions()) is not None
+    p = tmp_path / "n.csv"
+    p.write_text("arrival_s,input_tokens,output_tokens,session_id\n0,5,5,1\n")
+    assert trace._numeric_columns(p, "normalized", ReadOptions()) is None  # a fourth column to read
+    assert trace._numeric_columns(p, "generic", ReadOptions(time_unit="datetime")) is None
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("0", "line 7: column i is '0', expected a whole number from 1"),
+    ("", "line 7: column i is '', expected a whole number"),
+    ("NaN", "line 7: column i is 'NaN', expected a whole number"),
+    ("2.5", "line 7: column i is '2.5', expected a whole number"),
+    ("ten", "line 7: column i is 'ten', expected a whole number"),
+    ("1,2", "line 7: 4 fields, the header has 3"),
+])
+def test_a_bad_csv_value_is_named_as_the_general_reader_names_it(tmp_path, monkeypatch, bad, message):
+    p = tmp_path / "t.csv"
+    rows = ["1,10,3"] * 5 + [f"2,{bad},3", "3,4,4"]
+    p.write_text("t,i,o\n" + "\n".join(rows) + "\n")
+    opts = ReadOptions(format="generic", arrival_column="t", input_column="i", output_column="o")
+    errors = []
+    for numeric in (True, False):
+        with monkeypatch.context() as m:
+            if not numeric:
+                m.setattr(trace, "_numeric_columns", lambda *a: None)
+            with pytest.raises(UserError, match=message) as e:
+                list(raw_chunks(p, opts))
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("bad, message", [(0.0, "row 7: column input_tokens is 0, expected a whole number"),
+                                          (None, "row 7: column input_tokens is missing")])
+def test_the_general_reader_goes_on_where_the_numeric_reader_gave_up(tmp_path, monkeypatch, bad, message):
+    """Batches of 2 rows: the numeric reader delivers rows 1-4 and gives up on the batch of row
+    7; the general reader goes on from row 5 and names row 7, as it does reading alone."""
+    p = tmp_path / "t.parquet"
+    inp = [10.0] * 6 + [bad] + [4.0]
+    pq.write_table(pa.table({"arrival_s": [float(i) for i in range(8)], "input_tokens": pa.array(inp, pa.float64()),
+                             "output_tokens": [3.0] * 8}), p)
+    opts = ReadOptions(format="normalized")
+    seen = []
+    for numeric in (True, False):
+        with monkeypatch.context() as m:
+            if not numeric:
+                m.setattr(trace, "_numeric_columns", lambda *a: None)
+            chunks = raw_chunks(p, opts, chunk_rows=2)
+            got = [next(chunks), next(chunks), next(chunks)]  # rows 1-6
+            with pytest.raises(UserError, match=message):
+                next(chunks)
+        seen.append(got)
+    _same(*seen)
+
+
+def test_read_column_numeric_and_errors(tmp_path):
+    p = tmp_path / "c.csv"
+    p.write_text("n,x\n5,a\n7,b\n")
+    assert read_column(p, "n", "w").tolist() == [5, 7]
+    p.write_text("n,x\n5,a\n7.5,b\n")
+    with pytest.raises(UserError, match="line 3: column n is '7.5'"):
+        read_column(p, "n", "w")
+
+
+def test_same_trace_same_arrays_in_run(tmp_path, monkeypatch):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,input_tokens,output_tokens\n3,5,6\n1,7,8\n2,9,1\n")
+    a = read_trace(p, "generic")
+    monkeypatch.setattr(trace, "_numeric_columns", lambda *a: None)
+    b = read_trace(p, "generic")
+    _same([a], [b])
