@@ -1,8 +1,10 @@
 """Start-up: CPU time of fresh processes that do (almost) nothing but start (issue 14).
 
 Rows: a bare interpreter (`python -c pass`: the floor this machine's site-packages set),
-`simsrv --version`, and `simsrv run` on a 10-request synthetic scenario (start-up, a few
-steps, writing the run directory). CPU is user + system time of the child (``os.wait4``); the
+`simsrv --version`, `simsrv run` on a 10-request synthetic scenario (start-up, a few
+steps, writing the run directory), and the same run's start-up alone: the process's CPU time
+when the simulation starts (``time.process_time()`` at the call of
+``sim.engine.cluster.simulate``: imports, the scenario, the workload and the cost model built). CPU is user + system time of the child (``os.wait4``); the
 fastest of REPEAT runs is kept (CPU time is less disturbed than wall time on a shared machine,
 but not immune). ``--against DIR`` measures another checkout too, alternating runs, for A/B.
 Bytecode caching is on, as an installed package has it (``PYTHONDONTWRITEBYTECODE`` is
@@ -46,6 +48,34 @@ def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# ``python -m sim`` with the CPU time printed (stderr's first line) at the simulation's start;
+# the two settings that ``sim.cli.entry.main`` makes before a run's imports are made first
+UNTIL_SIMULATION = """
+import gc, os, sys, time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+gc.disable()
+import sim.engine.cluster as cluster
+simulate = cluster.simulate
+def timed(*args, **kwargs):
+    print(time.process_time(), file=sys.stderr)
+    return simulate(*args, **kwargs)
+cluster.simulate = timed
+from sim.cli.entry import main
+sys.argv = ["simsrv", *sys.argv[1:]]
+main()
+"""
+
+
+def until_simulation_s(args: list[str], checkout: Path, pycache: Path) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=str(checkout), PYTHONPYCACHEPREFIX=str(pycache / checkout.name))
+    out = subprocess.run([sys.executable, "-c", UNTIL_SIMULATION, *args], cwd=checkout, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{args}: {out.stderr}")
+    return float(out.stderr.strip().splitlines()[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -60,12 +90,14 @@ def main() -> None:
                  ("simsrv run (10 requests)", ["-m", "sim", "run", str(sc), "--out", str(Path(d) / "run"), "--force", "-q"]))
         print("| process | " + " | ".join(f"CPU s ({c.name})" for c in checkouts) + " |")
         print("|---|" + "---|" * len(checkouts))
-        for name, args in cases:
+        run = cases[-1][1][2:]
+        for name, args, measure in ((*cases[0], cpu_s), (*cases[1], cpu_s), (*cases[2], cpu_s),
+                                    ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s)):
             for c in checkouts:  # warm-up: bytecode written
-                cpu_s(args, c, Path(d))
-            best = [cpu_s(args, c, Path(d)) for c in checkouts]
+                measure(args, c, Path(d))
+            best = [measure(args, c, Path(d)) for c in checkouts]
             for _ in range(a.repeat - 1):
-                best = [min(b, cpu_s(args, c, Path(d))) for b, c in zip(best, checkouts)]
+                best = [min(b, measure(args, c, Path(d))) for b, c in zip(best, checkouts)]
             print(f"| `{name}` | " + " | ".join(f"{b:.3f}" for b in best) + " |", flush=True)
 
 

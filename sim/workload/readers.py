@@ -152,6 +152,8 @@ def generic(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArray
 # ---- JSON Lines formats -----------------------------------------------------------------
 
 def mooncake(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
+    import polars as pl
+
     f = b.frame
     inp = tokens(b, "input_length", path)
     out = tokens(b, "output_length", path)
@@ -166,8 +168,6 @@ def mooncake(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArra
             st.last_arrival[s] = ti
     has_ids = f["hash_ids"].null_count() < f.height
     prio = f["priority"]
-    import polars as pl
-
     return RequestArrays(
         t, inp, out, hash_ids=hash_lists(b, "hash_ids", path, inp, block) if has_ids else None,
         hash_block_size=block, session_id=sess,
