@@ -37,11 +37,16 @@ workload:
 """
 
 
-def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
+def child_env(checkout: Path, pycache: Path) -> dict[str, str]:
+    """The environment of a measured process: ``checkout``'s code, bytecode cached under ``pycache``."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=str(checkout), PYTHONPYCACHEPREFIX=str(pycache / checkout.name))
-    proc = subprocess.Popen([sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    return env
+
+
+def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
+    proc = subprocess.Popen([sys.executable, *args], cwd=checkout, env=child_env(checkout, pycache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{args}: {proc.stderr.read().decode()}")
@@ -67,9 +72,9 @@ main()
 
 
 def until_simulation_s(args: list[str], checkout: Path, pycache: Path) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPATH=str(checkout), PYTHONPYCACHEPREFIX=str(pycache / checkout.name))
-    out = subprocess.run([sys.executable, "-c", UNTIL_SIMULATION, *args], cwd=checkout, env=env,
+    """CPU seconds of ``python -m sim ARGS`` when the simulation starts (``UNTIL_SIMULATION``)."""
+    out = subprocess.run([sys.executable, "-c", UNTIL_SIMULATION, *args], cwd=checkout,
+                         env=child_env(checkout, pycache),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{args}: {out.stderr}")
@@ -85,14 +90,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         sc = Path(d) / "tiny.yaml"
         sc.write_text(TINY)
-        cases = (("python -c pass", ["-c", "pass"]),
-                 ("simsrv --version", ["-m", "sim", "--version"]),
-                 ("simsrv run (10 requests)", ["-m", "sim", "run", str(sc), "--out", str(Path(d) / "run"), "--force", "-q"]))
+        run = ["run", str(sc), "--out", str(Path(d) / "run"), "--force", "-q"]
+        cases = (("python -c pass", ["-c", "pass"], cpu_s),
+                 ("simsrv --version", ["-m", "sim", "--version"], cpu_s),
+                 ("simsrv run (10 requests)", ["-m", "sim", *run], cpu_s),
+                 ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s))
         print("| process | " + " | ".join(f"CPU s ({c.name})" for c in checkouts) + " |")
         print("|---|" + "---|" * len(checkouts))
-        run = cases[-1][1][2:]
-        for name, args, measure in ((*cases[0], cpu_s), (*cases[1], cpu_s), (*cases[2], cpu_s),
-                                    ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s)):
+        for name, args, measure in cases:
             for c in checkouts:  # warm-up: bytecode written
                 measure(args, c, Path(d))
             best = [measure(args, c, Path(d)) for c in checkouts]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
-from sim.workload.sources import Batch, NumericColumns
+from sim.workload.sources import Batch
 from sim.workload.validate import datetimes_s, present, seconds, tokens
 
 if TYPE_CHECKING:
@@ -115,12 +114,6 @@ def burstgpt(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArra
 
 
 def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
-    """A numeric batch (``sources.numeric_batches``) has the three columns only."""
-    if isinstance(b.frame, NumericColumns):
-        return RequestArrays(seconds(b, "arrival_s", path), tokens(b, "input_tokens", path),
-                             tokens(b, "output_tokens", path), hash_block_size=o.hash_block_size or 16)
-    import polars as pl
-
     cols = b.frame.columns
     inp = tokens(b, "input_tokens", path)
     block = o.hash_block_size or 16
@@ -129,10 +122,17 @@ def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestAr
         seconds(b, "arrival_s", path), inp, tokens(b, "output_tokens", path),
         hash_ids=hash_lists(b, "hash_ids", path, inp, block) if "hash_ids" in cols else None,
         hash_block_size=block,
-        session_id=b.frame["session_id"].cast(pl.Int64, strict=False).fill_null(-1).to_numpy() if "session_id" in cols else None,
-        priority=b.frame["priority"].cast(pl.Int64, strict=False).fill_null(0).to_numpy() if "priority" in cols else None,
+        session_id=_ints(b.frame["session_id"], -1) if "session_id" in cols else None,
+        priority=_ints(b.frame["priority"], 0) if "priority" in cols else None,
         measured=measured or None,
     )
+
+
+def _ints(s: pl.Series, missing: int) -> np.ndarray:
+    """An optional integer column as int64; a value that is missing or not an integer: ``missing``."""
+    import polars as pl
+
+    return s.cast(pl.Int64, strict=False).fill_null(missing).to_numpy()
 
 
 def _measured(s: pl.Series):

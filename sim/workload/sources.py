@@ -63,7 +63,8 @@ class NotNumeric(Exception):
 
 
 class NumericColumns:
-    """Float64 columns of consecutive rows (the numeric reader's frame): ``cols[name]``, ``height``."""
+    """Float64 columns of consecutive rows (the numeric reader's frame): ``frame[name]``,
+    ``columns`` and ``height``, as the general reader's polars frames have them."""
 
     __slots__ = ("cols", "height")
 
@@ -72,6 +73,10 @@ class NumericColumns:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.cols[name]
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.cols)
 
 
 @dataclass
@@ -228,13 +233,14 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        names = parquet_columns(path)
-        schema = pq.ParquetFile(path).schema_arrow
+        names = parquet_columns(path)  # (a file Parquet cannot read is one error line)
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
         if any(c not in names or not (pa.types.is_integer(schema.field(c).type)
                                       or pa.types.is_floating(schema.field(c).type)) for c in columns):
             raise NotNumeric(path)
         start = 1
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns):
+        for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
             frame = _numeric(columns, [rb.column(c) for c in columns])
             yield Batch(frame, np.arange(start, start + frame.height), "row")
             start += frame.height
@@ -244,10 +250,7 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
         raise NotNumeric(path) from e
 
-    def give_up(e: Exception) -> NotNumeric:
-        return NotNumeric(path)
-
-    for group in _grouped(reader, chunk_rows, give_up):
+    for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
         frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns])
         yield Batch(frame, np.arange(start, start + frame.height), "line")
         start += frame.height

@@ -23,8 +23,26 @@ if TYPE_CHECKING:
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
-def _fail(batch: Batch, path: Path, bad: pl.Series, col: str, raw: pl.Series, expected: str):
-    i = int(bad.arg_max())
+def _floats(batch: Batch, col: str) -> tuple[np.ndarray, pl.Series | None]:
+    """The column as float64 (NaN where a value is missing or not a number) and, from the
+    general reader, its raw values for an error message (None from the numeric reader)."""
+    if isinstance(batch.frame, NumericColumns):
+        return batch.frame[col], None
+    import polars as pl
+
+    raw = _raw(batch, col)
+    x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
+    return x.to_numpy(), raw
+
+
+def _check(batch: Batch, path: Path, col: str, ok: np.ndarray, raw: pl.Series | None, expected: str) -> None:
+    """Every value passed (``ok``); else the numeric reader gives up (``NotNumeric``: the general
+    reader reads the batch again) and the general reader names the first bad value's line."""
+    if ok.all():
+        return
+    if raw is None:
+        raise NotNumeric(col)
+    i = int(np.argmin(ok))
     value = raw[i]
     text = "missing" if value is None else shown(value if not isinstance(value, float) else _num(value))
     raise UserError(f"{batch.where(path, i)}: column {col} is {text}, expected {expected}")
@@ -47,38 +65,19 @@ def tokens(batch: Batch, col: str, path: Path, minimum: int = 1) -> np.ndarray:
 
     The upper bound keeps a corrupted count (2^63 and above wraps to a negative int64) from
     becoming a request that silently fails."""
-    if isinstance(batch.frame, NumericColumns):
-        x = batch.frame[col]
-        if not ((x >= minimum) & (x <= MAX_TOKENS) & (x == np.floor(x))).all():  # NaN fails each
-            raise NotNumeric(col)
-        return x.astype(np.int64)
-    import polars as pl
-
-    raw = _raw(batch, col)
-    x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
-    bad = (x.is_null() | ~x.is_finite().fill_null(False) | (x < minimum).fill_null(True)
-           | (x > MAX_TOKENS).fill_null(True) | (x != x.floor()).fill_null(True))
-    if bad.any():
-        _fail(batch, path, bad, col, raw, f"a whole number from {minimum} to {MAX_TOKENS:,}")
-    return x.to_numpy().astype(np.int64)
+    x, raw = _floats(batch, col)
+    ok = (x >= minimum) & (x <= MAX_TOKENS) & (x == np.floor(x))  # NaN and infinities fail
+    _check(batch, path, col, ok, raw, f"a whole number from {minimum} to {MAX_TOKENS:,}")
+    return x.astype(np.int64)
 
 
 def seconds(batch: Batch, col: str, path: Path, unit: str = "s") -> np.ndarray:
     """A numeric time column (finite, 0 to ``MAX_TIME_S`` once in seconds) converted to seconds."""
     limit = MAX_TIME_S / TIME_UNITS_S[unit]
-    if isinstance(batch.frame, NumericColumns):
-        x = batch.frame[col]
-        if not ((x >= 0) & (x <= limit)).all():  # NaN fails both
-            raise NotNumeric(col)
-        return x * TIME_UNITS_S[unit]
-    import polars as pl
-
-    raw = _raw(batch, col)
-    x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
-    bad = x.is_null() | ~x.is_finite().fill_null(False) | (x < 0).fill_null(True) | (x > limit).fill_null(True)
-    if bad.any():
-        _fail(batch, path, bad, col, raw, f"a time from 0 to {limit:.3g} {unit} (is the time unit right?)")
-    return x.to_numpy() * TIME_UNITS_S[unit]
+    x, raw = _floats(batch, col)
+    ok = (x >= 0) & (x <= limit)  # NaN and infinities fail
+    _check(batch, path, col, ok, raw, f"a time from 0 to {limit:.3g} {unit} (is the time unit right?)")
+    return x * TIME_UNITS_S[unit]
 
 
 def datetimes_s(batch: Batch, col: str, path: Path) -> np.ndarray:
