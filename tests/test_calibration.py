@@ -174,3 +174,74 @@ def test_cli_calibrate_gpu_without_rows_exits_2(tmp_path):
     p = simsrv("calibrate", "--gpu", "mi300x", "--out", tmp_path / "x.json")
     assert p.returncode == 2
     assert "no measured rows" in p.stderr and "Traceback" not in p.stderr
+
+
+def _unpacked(d):
+    """The calibration ``d`` with every packed ``log_eff`` table as nested lists, None where
+    unmeasured: the form of a file written before packing."""
+    from sim.cost.calibration import log_eff_array
+
+    def nones(v):
+        return [nones(x) for x in v] if isinstance(v, list) else (None if v != v else v)
+
+    if isinstance(d, dict):
+        return {k: nones(log_eff_array(v).tolist()) if k == "log_eff" else _unpacked(v) for k, v in d.items()}
+    return [_unpacked(v) for v in d] if isinstance(d, list) else d
+
+
+def test_packed_log_eff_round_trips_exactly():
+    """Packing keeps every value bit for bit (5-decimal values, None where unmeasured); a small
+    table, or one whose values are not k / 10^5, stays a list."""
+    import numpy as np
+
+    from sim.cost.calibration import PACK_MIN_VALUES, log_eff_array, pack_log_eff
+
+    rng = np.random.default_rng(3)
+    vals = np.round(rng.uniform(-12.0, 0.5, size=(3, 5, 9)), 5).tolist()
+    vals[1][2][4] = None
+    vals[2][0] = [None] * 9
+    packed = pack_log_eff(vals)
+    assert isinstance(packed, dict) and packed["shape"] == [3, 5, 9]
+    back = log_eff_array(packed)
+    want = np.array(vals, dtype=np.float64)
+    assert np.array_equal(back, want, equal_nan=True)
+    assert all(float(a) == b for a, b in zip(back.ravel()[~np.isnan(want.ravel())], want.ravel()[~np.isnan(want.ravel())]))
+    small = vals[0][:1]
+    assert len(small[0]) < PACK_MIN_VALUES and pack_log_eff(small) is small
+    inexact = (np.array(vals[0] * 20, dtype=float) + 1e-7).tolist()
+    assert pack_log_eff(inexact) is inexact
+
+
+def test_shipped_calibrations_are_packed_and_cost_as_the_lists_do():
+    """The shipped files hold their large tables packed (start-up: bench/README.md, "Calibration
+    tables packed"), and a calibration read from nested lists (a file of an older simsrv)
+    costs every operator exactly as the packed one does."""
+    import numpy as np
+
+    from sim.cost.calibration import PACK_MIN_VALUES, Calibration
+
+    def lists(d):
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if k == "log_eff" and isinstance(v, list):
+                    yield np.array(v, dtype=np.float64).size
+                else:
+                    yield from lists(v)
+        elif isinstance(d, list):
+            for v in d:
+                yield from lists(v)
+
+    for path in sorted((ROOT / "sim/catalog/calibration").glob("*.json")):
+        d = json.loads(path.read_text())
+        assert max(lists(d), default=0) < PACK_MIN_VALUES, path.name
+    d = json.loads((ROOT / "sim/catalog/calibration/h100-sxm.json").read_text())
+    packed, listed = Calibration(d), Calibration(_unpacked(d))
+    for m, n, k in ((1, 4096, 4096), (37, 6144, 4096), (900, 28672, 4096), (5000, 4096, 14336)):
+        assert packed.gemm.eff(m, n, k) == listed.gemm.eff(m, n, k)
+        assert packed.gemm_fp8.eff(m, n, k) == listed.gemm_fp8.eff(m, n, k)
+    for op in ("attn_prefill", "attn_decode"):
+        a, b = getattr(packed, op).pick(32, 8), getattr(listed, op).pick(32, 8)
+        assert a[1:] == b[1:]
+        for batch, tokens in ((1, 100), (7, 3000), (64, 900), (300, 40000)):
+            assert a[0].eff(batch, tokens) == b[0].eff(batch, tokens)
+    assert packed.elementwise.keys() == listed.elementwise.keys()

@@ -27,7 +27,7 @@ def calibrate(
     """Fit per-operator efficiencies from measured kernels; print held-out and cross-source errors."""
     import polars as pl
 
-    from sim.cost.calibration import calibration_dir
+    from sim.cost.calibration import calibration_dir, pack_tables
     from sim.cost.fit import fit
     from sim.cost.validate import cross_source_attention, cross_source_gemm, heldout_table
     from sim.hardware import get_gpu
@@ -50,7 +50,7 @@ def calibrate(
     path.parent.mkdir(parents=True, exist_ok=True)
     from sim.atomic import write_text
 
-    write_text(path, json.dumps(table, separators=(",", ":")) + "\n")
+    write_text(path, json.dumps(pack_tables(table), separators=(",", ":")) + "\n")
     if as_json:
         print(json.dumps({"heldout": held, "cross_source_gemm": cross, "cross_source_attention": attn}, indent=2))
         return

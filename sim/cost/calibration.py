@@ -9,15 +9,73 @@ bound by the efficiency at the step's shape: ``time = bound / efficiency(shape)`
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from sim.cost.tables import Axis, Curve, Grid2, bracket
 
 CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+
+# A table of PACK_MIN_VALUES or more efficiencies (the GEMM grids: 22 x 22 x 74 values; the
+# attention grids: ~12 x 17 per head configuration) is stored packed: {"format": PACKED_FORMAT, "shape", "scale", "data"}, the
+# values times ``scale`` as little-endian int32 in base64, _MISSING for an unmeasured shape.
+# Why: start-up. Parsing the H100 file's 84k decimals took 22-24 ms of CPU, for a run that
+# reads ~2k of them (bench/README.md, "Calibration tables packed"); decoding takes ~1 ms.
+# Exact: ``fit._r`` rounds every log(eff) to 5 decimals, so the value is k / 10^5 for an
+# integer k, and IEEE division of two exact integers is correctly rounded, which is the
+# double that parsing the decimal gives. A table that is not exact so stays a list.
+PACKED_FORMAT = "int32-le-base64"
+PACK_MIN_VALUES = 64
+_SCALE = 100_000
+_MISSING = -(2**31)
+
+
+def pack_log_eff(values: list) -> list | dict:
+    """``values`` (nested lists, None where unmeasured) in the file's packed form, or unchanged
+    when small or not exactly k / _SCALE."""
+    arr = np.array(values, dtype=np.float64)  # None -> nan
+    if arr.size < PACK_MIN_VALUES:
+        return values
+    known = ~np.isnan(arr)
+    scaled = np.round(arr[known] * _SCALE)
+    if not (np.all(np.abs(scaled) < 2**31 - 1) and np.array_equal(scaled / _SCALE, arr[known])):
+        return values
+    ints = np.full(arr.shape, _MISSING, dtype="<i4")
+    ints[known] = scaled
+    return {"format": PACKED_FORMAT, "shape": list(arr.shape), "scale": _SCALE,
+            "data": base64.b64encode(ints.tobytes()).decode("ascii")}
+
+
+def pack_tables(d):
+    """A copy of the calibration ``d`` (``sim.cost.fit.fit``) with every ``log_eff`` table packed
+    where ``pack_log_eff`` packs it: what ``simsrv calibrate`` writes."""
+    if isinstance(d, dict):
+        return {k: pack_log_eff(v) if k == "log_eff" else pack_tables(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [pack_tables(v) for v in d]
+    return d
+
+
+def log_eff_array(v: list | dict) -> np.ndarray:
+    """A ``log_eff`` table of the file, packed or nested lists, as float64 (nan: unmeasured)."""
+    if isinstance(v, dict):
+        if v.get("format") != PACKED_FORMAT:
+            raise ValueError(f"log_eff table in an unknown format {v.get('format')!r}")
+        ints = np.frombuffer(base64.b64decode(v["data"]), dtype="<i4").reshape(v["shape"])
+        return np.where(ints == _MISSING, np.nan, ints / v["scale"])
+    return np.array(v, dtype=np.float64)
+
+
+def log_eff_values(v: list | dict) -> list:
+    """A ``log_eff`` table as nested lists of floats, for ``Curve`` and ``Grid2``, which skip
+    unmeasured values (None in a list, nan once unpacked)."""
+    return v if isinstance(v, list) else log_eff_array(v).tolist()
 
 
 def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False) -> Axis:
@@ -44,13 +102,13 @@ class GemmTable:
         self.lk = [math.log(x) for x in self.k]
         # (n, k) weight shape -> its curve along m, built when first used (start-up: a model
         # reads the 4 corners around each of its few weight shapes, out of ~500 measured)
-        self._log_eff = d["log_eff"]
+        self._log_eff = log_eff_array(d["log_eff"])
         self._curves: dict[tuple[int, int], Curve] = {}
 
     def _at(self, i: int, j: int) -> Curve:
         c = self._curves.get((i, j))
         if c is None:
-            c = self._curves[i, j] = Curve(self.m, self._log_eff[i][j],
+            c = self._curves[i, j] = Curve(self.m, self._log_eff[i, j].tolist(),
                                            gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8))
         return c
 
@@ -106,7 +164,7 @@ class HeadTables:
         if g is None:
             t, op = self.tables[key], self.op
             axes = ("batch", "seq_tokens") if op == "attn_prefill" else ("batch", "context_tokens")
-            g = self._grids[key] = Grid2(t[axes[0]], t[axes[1]], t["log_eff"],
+            g = self._grids[key] = Grid2(t[axes[0]], t[axes[1]], log_eff_values(t["log_eff"]),
                                          attention_axis(op, t["num_heads"], t["num_kv_heads"], self.peaks),
                                          op == "attn_prefill")
         return g
@@ -140,11 +198,11 @@ class Calibration:
         self.gemm_fp8 = GemmTable(d["gemm_fp8"], peaks, fp8=True) if "gemm_fp8" in d else None
         self.attn_prefill = HeadTables(d["attn_prefill"], "attn_prefill", peaks) if "attn_prefill" in d else None
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
-        self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"]) for t in d["allreduce"]["tables"]}
+        self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], log_eff_values(t["log_eff"])) for t in d["allreduce"]["tables"]}
                           if "allreduce" in d else None)
-        self.custom_allreduce = ({int(t["tp"]): Curve(t["size_bytes"], t["log_eff"])
+        self.custom_allreduce = ({int(t["tp"]): Curve(t["size_bytes"], log_eff_values(t["log_eff"]))
                                   for t in d["custom_allreduce"]["tables"]} if "custom_allreduce" in d else None)
-        self.elementwise = ({kind: Curve(t["bytes"], t["log_eff"]) for kind, t in d["elementwise"]["tables"].items()}
+        self.elementwise = ({kind: Curve(t["bytes"], log_eff_values(t["log_eff"])) for kind, t in d["elementwise"]["tables"].items()}
                             if "elementwise" in d else None)
         self.overhead = d.get("overhead")
         # FA2 split-KV combine kernel of decode attention (sim/cost/fit.py ``fa2_split_kv``).
