@@ -20,7 +20,8 @@ from sim.cost.tables import Curve, bracket
 
 
 class CalibratedOps:
-    def __init__(self, cal: Calibration, *, linear_shapes: dict, elem_donor: Calibration | None = None, heads: float, kv_heads: float, head_dim: int,
+    def __init__(self, cal: Calibration, *, linear_shapes: dict, elem_donor: Calibration | None = None, fp8: bool = False,
+                 heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float):
         self.cal = cal
@@ -35,7 +36,7 @@ class CalibratedOps:
             if w:
                 self.wave = (w["sms"], w["tile"][0], w["tile"][1])
         self.fp8_curves = None
-        if cal.gemm_fp8 is not None:
+        if fp8 and cal.gemm_fp8 is not None:  # the model's GEMMs run in fp8 (curves: start-up)
             self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
             self.fp8_curves = {name: (*cal.gemm_fp8.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads

@@ -185,8 +185,9 @@ class RooflineCostModel:
         # ({operator: donor GPU}; ``simsrv_calibration_carried_from`` in result.json).
         self.carried_from = carried_from(calibration)
         donor = load_calibration(self.carried_from["elementwise"]) if "elementwise" in self.carried_from else None
+        fp8 = q is not None and q.compute == "fp8" and bool(gpu.fp8_flops_per_s)  # fp8 W8A8 GEMMs
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, elem_donor=donor, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, fp8=fp8, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
@@ -195,8 +196,7 @@ class RooflineCostModel:
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
-        self._fp8_cal = (self.cops is not None and self.cops.fp8_curves is not None and q is not None
-                         and q.compute == "fp8" and bool(gpu.fp8_flops_per_s))
+        self._fp8_cal = self.cops is not None and self.cops.fp8_curves is not None
         # NOTE: the model is pure: a public call returns its flags with its durations. These two
         # are scratch registers of one synchronous call (reset on entry, never read afterwards):
         # an operator outside the measured range of its table sets them.
