@@ -37,6 +37,20 @@ def _same(a, b):
                (y.hash_block_size, y.session_id, y.priority, y.measured, y.hash_ids)
 
 
+def _alike(path, opts, monkeypatch, chunk_rows):
+    """Both readers give the same arrays, or the same error line."""
+    outcomes = []
+    for numeric in (True, False):
+        try:
+            outcomes.append(_read(path, opts, numeric, monkeypatch, chunk_rows))
+        except UserError as e:
+            outcomes.append(str(e))
+    if isinstance(outcomes[0], str) or isinstance(outcomes[1], str):
+        assert outcomes[0] == outcomes[1]
+    else:
+        _same(*outcomes)
+
+
 # how a number may be written in a CSV that both readers accept
 _TEXT = st.sampled_from(["{}", " {}", "{} ", "+{}", "{}.0", "{}e0", "{}E+0", "00{}", '"{}"'])
 
@@ -52,7 +66,7 @@ def test_csv_numeric_reader_equals_general_reader(tmp_path_factory, monkeypatch,
         for t, i, o, ti, to in rows:
             f.write(f"{t!r},{ti.format(i)},{to.format(o)},x\n")
     opts = ReadOptions(format="generic", time_unit="ms", arrival_column="t", input_column="i", output_column="o")
-    assert trace._numeric_columns(path, "generic", opts) == ["t", "i", "o"]
+    assert trace._numeric_columns(path, "generic", opts) == (["t", "i", "o"], ())
     _same(_read(path, opts, True, monkeypatch, chunk_rows), _read(path, opts, False, monkeypatch, chunk_rows))
 
 
@@ -71,14 +85,20 @@ def test_parquet_numeric_reader_equals_general_reader(tmp_path, monkeypatch, typ
     _same(_read(path, opts, True, monkeypatch, 300), _read(path, opts, False, monkeypatch, 300))
 
 
-def test_other_columns_or_formats_take_the_general_reader(tmp_path, root):
+def test_which_traces_the_numeric_reader_may_read(tmp_path, root):
     samples = root / "traces" / "samples"
-    assert trace._numeric_columns(samples / "azure_code_2023_first500.csv", "azure", ReadOptions()) is None
+    assert trace._numeric_columns(samples / "azure_code_2023_first500.csv", "azure", ReadOptions()) == \
+        (["TIMESTAMP", "ContextTokens", "GeneratedTokens"], ("TIMESTAMP",))
     assert trace._numeric_columns(samples / "vidur_splitwise_conv_first500.csv", "vidur", ReadOptions()) is not None
+    assert trace._numeric_columns(samples / "burstgpt_schema_example.csv", "burstgpt", ReadOptions()) is None
     p = tmp_path / "n.csv"
     p.write_text("arrival_s,input_tokens,output_tokens,session_id\n0,5,5,1\n")
     assert trace._numeric_columns(p, "normalized", ReadOptions()) is None  # a fourth column to read
-    assert trace._numeric_columns(p, "generic", ReadOptions(time_unit="datetime")) is None
+    assert trace._numeric_columns(p, "generic", ReadOptions(time_unit="datetime")) == \
+        (["arrival_s", "input_tokens", "output_tokens"], ("arrival_s",))
+    j = tmp_path / "g.jsonl"
+    j.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 5}\n')
+    assert trace._numeric_columns(j, "generic", ReadOptions()) is None
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -144,3 +164,85 @@ def test_same_trace_same_arrays_in_run(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "_numeric_columns", lambda *a: None)
     b = read_trace(p, "generic")
     _same([a], [b])
+
+
+def _date_time(y, mo, d, h, mi, s, frac, sep, pad, odd, zone):
+    hour = f"{h}" if odd == "one-digit hour" else f"{h:02d}"
+    second = 60 if odd == "leap second" else s
+    return f"{pad}{y}-{mo:02d}-{d:02d}{sep}{hour}:{mi:02d}:{second:02d}{frac}{zone}{pad}"
+
+
+# a file's date-times: one zone for all (or a mix), now and then a form polars alone reads
+_ZONES = st.sampled_from([("",), ("+00:00",), ("-07:30",), ("", "+01:30")])
+_ROW = st.tuples(st.integers(1900, 2200), st.integers(1, 12), st.integers(1, 28), st.integers(0, 23),
+                 st.integers(0, 59), st.integers(0, 59),
+                 st.sampled_from(["", ".5", ".68", ".680590", ".6805909", ".123456789", ".1234567891"]),
+                 st.sampled_from([" ", "T"]), st.sampled_from(["", "", " "]),
+                 st.sampled_from([""] * 8 + ["one-digit hour", "leap second"]), st.integers(0, 1))
+# text that is not a date-time to either reader (or a day that does not exist)
+_BAD_TIME = st.sampled_from(["2023-02-29 10:00:00", "2023-04-31 00:00:00", "2023-11-16 24:00:00", "2023-11-16",
+                             "2023-11-16 18:15", "2023-11-16 18:15:46.", "yesterday", "", "2023-11-16 18:15:46+0130"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_ROW, min_size=1, max_size=20), zones=_ZONES, bad=st.one_of(st.none(), _BAD_TIME),
+       where=st.integers(0, 19), chunk_rows=st.integers(1, 8))
+def test_azure_date_times_read_alike_by_both_readers(tmp_path_factory, monkeypatch, rows, zones, bad, where,
+                                                     chunk_rows):
+    """Azure traces' date-times: pyarrow converts the canonical text, the general reader
+    (polars) the rest; the same seconds to the bit, or the same error line."""
+    times = [_date_time(*r[:-1], zones[r[-1] % len(zones)]) for r in rows]
+    if bad is not None:
+        times = [*times[:where], bad, *times[where:]]
+    path = tmp_path_factory.mktemp("a") / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f'"{t}",{i + 5},{i + 1}\n'
+                                                                          for i, t in enumerate(times)))
+    _alike(path, ReadOptions(format="azure"), monkeypatch, chunk_rows)
+
+
+@pytest.mark.parametrize("text", ["2023-02-29 10:00:00", "2023-04-31 00:00:00", "2023-11-16 24:00:00", "2023-11-16",
+                                  "2023-11-16 18:15", "2023-11-16 18:15:46.", "2023-11-16 18:15:46+0130",
+                                  "2023-11-16 18:15:46Z", "2023-11-16 8:15:46", "2023-11-16 23:59:60.5",
+                                  "2023-11-16 18:15:46 +01:30", "0999-11-16 18:15:46"])
+def test_date_times_outside_the_canonical_form_are_the_general_readers(tmp_path, monkeypatch, text):
+    """Each form pyarrow must not convert, alone in its batch between canonical rows: the same
+    seconds or the same error line from both readers."""
+    path = tmp_path / "azure.csv"
+    times = ["2023-11-16 18:15:46.1", text, "2023-11-16 18:15:48"]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{t},5,1\n" for t in times))
+    _alike(path, ReadOptions(format="azure"), monkeypatch, 1)
+
+
+def test_the_azure_sample_is_read_by_pyarrow_alone_to_the_same_seconds(root, monkeypatch):
+    """The shipped Azure sample (7-digit fractions, truncated to microseconds as polars does) is
+    converted by pyarrow in every batch, to the same seconds as the general reader (polars)."""
+    from sim.workload import validate
+
+    path = root / "traces" / "samples" / "azure_code_2023_first500.csv"
+    outcomes = []
+    real = validate._arrow_datetimes_us
+
+    def counting(text):
+        try:
+            us = real(text)
+        except Exception as e:
+            outcomes.append(type(e).__name__)
+            raise
+        outcomes.append("converted")
+        return us
+
+    monkeypatch.setattr(validate, "_arrow_datetimes_us", counting)
+    opts = ReadOptions(format="azure")
+    _same(_read(path, opts, True, monkeypatch, 100), _read(path, opts, False, monkeypatch, 100))
+    assert outcomes and set(outcomes) == {"converted"}
+
+
+def test_generic_date_time_arrivals_read_alike(tmp_path, monkeypatch):
+    """``format: generic`` with ``time_unit: datetime`` takes the same date-time conversion."""
+    path = tmp_path / "g.csv"
+    path.write_text("when,in,out\n2024-05-10 00:00:00.009930+00:00,5,1\n2024-05-10 00:00:01.5+00:00,7,2\n")
+    opts = ReadOptions(format="generic", time_unit="datetime", arrival_column="when", input_column="in",
+                       output_column="out")
+    assert trace._numeric_columns(path, "generic", opts) == (["when", "in", "out"], ("when",))
+    _alike(path, opts, monkeypatch, 1)
+    assert read_trace(path, opts=opts).arrival_s.tolist() == pytest.approx([0.0, 1.49007])

@@ -6,10 +6,12 @@ number of each of its rows.
 
 Two readers: the general one gives polars frames of the raw values (text for CSV), which the
 checks in ``validate.py`` convert and which name the first bad value's line. The numeric one
-(``numeric_batches``) is the fast path for a table whose needed columns are all numbers: pyarrow
-parses them as float64 and no polars is loaded (its import is ~0.15 s of a run). It gives up
-(``NotNumeric``) at the first batch with anything else (text, an empty or missing value, a value
-out of range): the general reader then takes that batch and names the line.
+(``numeric_batches``) is the fast path for a table whose needed columns are all numbers, or
+date-times in the canonical form: pyarrow parses the numbers as float64 and hands over the
+date-time text, which ``validate.datetimes_s`` converts with pyarrow; no polars is loaded (its
+import is ~0.15 s of a run). It gives up (``NotNumeric``) at the first batch with anything else
+(other text, an empty or missing value, a value out of range): the general reader then takes
+that batch and names the line.
 """
 
 from __future__ import annotations
@@ -63,15 +65,16 @@ class NotNumeric(Exception):
 
 
 class NumericColumns:
-    """Float64 columns of consecutive rows (the numeric reader's frame): ``frame[name]``,
-    ``columns`` and ``height``, as the general reader's polars frames have them."""
+    """Float64 columns of consecutive rows (the numeric reader's frame; a date-time column is
+    pyarrow text): ``frame[name]``, ``columns`` and ``height``, as the general reader's polars
+    frames have them."""
 
     __slots__ = ("cols", "height")
 
-    def __init__(self, cols: dict[str, np.ndarray], height: int):
+    def __init__(self, cols: dict, height: int):
         self.cols, self.height = cols, height
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str):
         return self.cols[name]
 
     @property
@@ -147,9 +150,10 @@ def _csv_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path}: cannot read as CSV ({detail})")
 
 
-def _open_csv(path: Path, columns: list[str], column_type):
-    """(pyarrow's streaming reader of the named columns as ``column_type``, line of the first
-    data row); the header is checked first: missing or repeated names are one error line."""
+def _open_csv(path: Path, columns: list[str], column_types: dict):
+    """(pyarrow's streaming reader of the named columns, each as its ``column_types`` type, line
+    of the first data row); the header is checked first: missing or repeated names are one
+    error line."""
     import pyarrow.csv as pacsv
 
     skipped, _line = _first_line_at(path)
@@ -169,7 +173,7 @@ def _open_csv(path: Path, columns: list[str], column_type):
                                        skip_rows=skipped + 1),
         parse_options=pacsv.ParseOptions(ignore_empty_lines=False, newlines_in_values=False),
         convert_options=pacsv.ConvertOptions(
-            include_columns=columns, column_types={c: column_type for c in columns},
+            include_columns=columns, column_types=column_types,
             strings_can_be_null=False, quoted_strings_can_be_null=False),
     )
     return reader, skipped + 2
@@ -205,7 +209,7 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
 
     # NOTE: every column is read as text and converted by us, so a bad value is reported with its line
     try:
-        reader, start = _open_csv(path, columns, pa.string())
+        reader, start = _open_csv(path, columns, {c: pa.string() for c in columns})
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
         raise _csv_error(path, e) from None
     for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
@@ -214,20 +218,23 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
         start += frame.height
 
 
-def _numeric(columns: list[str], arrays: list) -> NumericColumns:
-    """pyarrow arrays (one per column) as float64 numpy columns; a null gives up."""
+def _numeric(columns: list[str], arrays: list, text: tuple[str, ...]) -> NumericColumns:
+    """pyarrow arrays (one per column) as float64 numpy columns, those named in ``text`` as
+    pyarrow text; a null gives up."""
     cols = {}
     for c, a in zip(columns, arrays):
         if a.null_count:
             raise NotNumeric(c)
-        cols[c] = np.asarray(a.to_numpy(), dtype=np.float64)
+        cols[c] = a if c in text else np.asarray(a.to_numpy(), dtype=np.float64)
     return NumericColumns(cols, len(arrays[0]))
 
 
-def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) -> Iterator[Batch]:
-    """The named columns of a CSV or Parquet file as float64, ``chunk_rows`` rows at a time;
-    ``NotNumeric`` at the first batch that is not all numbers (text, empty, a Parquet column of
-    another type), and before any batch if the file cannot be read this way."""
+def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS,
+                    text: tuple[str, ...] = ()) -> Iterator[Batch]:
+    """The named columns of a CSV or Parquet file as float64 (those in ``text``: pyarrow text),
+    ``chunk_rows`` rows at a time; ``NotNumeric`` at the first batch that is not all numbers
+    (text, empty, a Parquet column of another type), and before any batch if the file cannot be
+    read this way."""
     import pyarrow as pa
 
     if path.suffix == ".parquet":
@@ -236,22 +243,28 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
         names = parquet_columns(path)  # (a file Parquet cannot read is one error line)
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
-        if any(c not in names or not (pa.types.is_integer(schema.field(c).type)
-                                      or pa.types.is_floating(schema.field(c).type)) for c in columns):
+
+        def fits(c: str) -> bool:  # a number, or text for a date-time column
+            t = schema.field(c).type
+            if c in text:
+                return pa.types.is_string(t) or pa.types.is_large_string(t)
+            return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+        if any(c not in names or not fits(c) for c in columns):
             raise NotNumeric(path)
         start = 1
         for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
-            frame = _numeric(columns, [rb.column(c) for c in columns])
+            frame = _numeric(columns, [rb.column(c) for c in columns], text)
             yield Batch(frame, np.arange(start, start + frame.height), "row")
             start += frame.height
         return
     try:
-        reader, start = _open_csv(path, columns, pa.float64())
+        reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns})
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
         raise NotNumeric(path) from e
 
     for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
-        frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns])
+        frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
         yield Batch(frame, np.arange(start, start + frame.height), "line")
         start += frame.height
 

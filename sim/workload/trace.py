@@ -27,7 +27,7 @@ from sim.workload.sources import (CHUNK_ROWS, NotNumeric, check_exists, csv_batc
 FORMAT_NAMES = [f for f in FORMATS]
 # formats whose three columns are numbers (a time and two token counts; generic unless its time
 # unit is datetime): read by the numeric reader when the file has no other column to read
-NUMERIC_FORMATS = ("generic", "vidur", "normalized")
+NUMERIC_FORMATS = ("generic", "vidur", "normalized", "azure")
 
 
 class TraceWarning(UserWarning):
@@ -88,14 +88,18 @@ def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
     return need + [c for c in header if c in ("session_id", "priority") or c.startswith("measured_")]
 
 
-def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str] | None:
-    """The columns a CSV or Parquet trace is read from, when they are all numbers to its format
-    (times in a time unit, token counts): the numeric reader may read it. None otherwise."""
-    if fmt not in NUMERIC_FORMATS or (fmt == "generic" and (opts.time_unit == "datetime"
-                                                           or path.suffix in (".jsonl", ".ndjson"))):
+def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str], tuple[str, ...]] | None:
+    """(the columns a CSV or Parquet trace is read from, its date-time columns) when they are
+    numbers or date-times to its format (times in a time unit or wall-clock, token counts): the
+    numeric reader may read it. None otherwise."""
+    if fmt not in NUMERIC_FORMATS or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
         return None
     cols = _table_columns(path, fmt, opts)
-    return cols if len(cols) == 3 else None
+    if len(cols) != 3:
+        return None
+    if fmt == "azure":
+        return cols, ("TIMESTAMP",)
+    return cols, (opts.arrival_column,) if fmt == "generic" and opts.time_unit == "datetime" else ()
 
 
 def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
@@ -149,7 +153,7 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
     numeric = _numeric_columns(path, fmt, opts)
     if numeric is not None:
         try:
-            for batch in numeric_batches(path, numeric, chunk_rows):
+            for batch in numeric_batches(path, numeric[0], chunk_rows, text=numeric[1]):
                 if batch.frame.height == 0:
                     continue
                 chunk = convert(batch, path, opts, state)  # (these formats' converters keep no state)
