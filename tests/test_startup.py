@@ -63,8 +63,8 @@ def test_run_loads_only_what_a_run_needs(tmp_path):
 def test_the_main_scenarios_trace_run_loads_no_more_than_a_synthetic_run(tmp_path):
     """scenarios/chat.yaml replays a Parquet trace of numbers (arrival, input and output
     tokens): the numeric reader (pyarrow) reads it, and polars (~0.15 s to import) stays
-    unloaded; so does an Azure trace (canonical date-times, converted by pyarrow); a trace
-    with other text (BurstGPT's model names) or JSON Lines still loads it."""
+    unloaded; so does an Azure trace (canonical date-times, converted by pyarrow) or a BurstGPT
+    one (its model names compared by pyarrow); JSON Lines still loads it."""
     args = [str(ROOT / "scenarios" / "chat.yaml"), "--set", "workload.trace.sample=200", "--out",
             str(tmp_path / "r"), "-q"]
     body = f"from sim.cli.app import main\ntry:\n    main(['run', *{args!r}])\nexcept SystemExit as e:\n    assert not e.code"
@@ -75,6 +75,11 @@ def test_the_main_scenarios_trace_run_loads_no_more_than_a_synthetic_run(tmp_pat
     read = "from sim.workload.trace import read_trace\nread_trace({!r})"
     azure = _loaded(read.format(str(samples / "azure_code_2023_first500.csv")), heavy=(*HEAVY, "pyarrow.compute"))
     assert "polars" not in azure and "pyarrow.compute" not in azure, azure
+    burst = ("from sim.workload.trace import read_trace\nfrom sim.workload.readers import ReadOptions\n"
+             f"read_trace({str(samples / 'burstgpt_schema_example.csv')!r}, "
+             "opts=ReadOptions(format='burstgpt', model_filter='ChatGPT'))")
+    burst = _loaded(burst, heavy=(*HEAVY, "pyarrow.compute"))
+    assert "polars" not in burst and "pyarrow.compute" not in burst, burst
     assert "polars" in _loaded(read.format(str(samples / "mooncake_synthetic_first500.jsonl")))
 
 

@@ -14,17 +14,17 @@ from hypothesis import strategies as st
 
 import sim.workload.trace as trace
 from sim.errors import UserError
-from sim.workload.readers import ReadOptions
+from sim.workload.readers import ReadOptions, ReadState
 from sim.workload.trace import raw_chunks, read_column, read_trace
 
 GENERIC = ReadOptions(format="generic", time_unit="ms")
 
 
-def _read(path, opts, numeric: bool, monkeypatch, chunk_rows=1_000_000):
+def _read(path, opts, numeric: bool, monkeypatch, chunk_rows=1_000_000, state=None):
     with monkeypatch.context() as m:
         if not numeric:
             m.setattr(trace, "_numeric_columns", lambda *a: None)
-        return list(raw_chunks(path, opts, chunk_rows=chunk_rows))
+        return list(raw_chunks(path, opts, state, chunk_rows=chunk_rows))
 
 
 def _same(a, b):
@@ -38,17 +38,21 @@ def _same(a, b):
 
 
 def _alike(path, opts, monkeypatch, chunk_rows):
-    """Both readers give the same arrays, or the same error line."""
-    outcomes = []
+    """Both readers give the same arrays and the same notes (rows left out ...), or the same
+    error line."""
+    outcomes, notes = [], []
     for numeric in (True, False):
+        state = ReadState()
         try:
-            outcomes.append(_read(path, opts, numeric, monkeypatch, chunk_rows))
+            outcomes.append(_read(path, opts, numeric, monkeypatch, chunk_rows, state))
         except UserError as e:
             outcomes.append(str(e))
+        notes.append(list(state.notes.items()))
     if isinstance(outcomes[0], str) or isinstance(outcomes[1], str):
         assert outcomes[0] == outcomes[1]
     else:
         _same(*outcomes)
+        assert notes[0] == notes[1]
 
 
 # how a number may be written in a CSV that both readers accept
@@ -90,7 +94,8 @@ def test_which_traces_the_numeric_reader_may_read(tmp_path, root):
     assert trace._numeric_columns(samples / "azure_code_2023_first500.csv", "azure", ReadOptions()) == \
         (["TIMESTAMP", "ContextTokens", "GeneratedTokens"], ("TIMESTAMP",))
     assert trace._numeric_columns(samples / "vidur_splitwise_conv_first500.csv", "vidur", ReadOptions()) is not None
-    assert trace._numeric_columns(samples / "burstgpt_schema_example.csv", "burstgpt", ReadOptions()) is None
+    assert trace._numeric_columns(samples / "burstgpt_schema_example.csv", "burstgpt", ReadOptions()) == \
+        (["Timestamp", "Model", "Request tokens", "Response tokens"], ("Model",))
     p = tmp_path / "n.csv"
     p.write_text("arrival_s,input_tokens,output_tokens,session_id\n0,5,5,1\n")
     assert trace._numeric_columns(p, "normalized", ReadOptions()) is None  # a fourth column to read
@@ -246,3 +251,45 @@ def test_generic_date_time_arrivals_read_alike(tmp_path, monkeypatch):
     assert trace._numeric_columns(path, "generic", opts) == (["when", "in", "out"], ("when",))
     _alike(path, opts, monkeypatch, 1)
     assert read_trace(path, opts=opts).arrival_s.tolist() == pytest.approx([0.0, 1.49007])
+
+
+_MODEL = st.sampled_from(["ChatGPT", "GPT-4", " ChatGPT ", "\tGPT-4", "", "ChatGPT\u00a0", "Modèle", "chatgpt"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.integers(0, 10**6), _MODEL, st.integers(1, 5000), st.integers(0, 3)),
+                     min_size=1, max_size=20),
+       model_filter=st.sampled_from([None, "ChatGPT", "GPT-4"]), keep_failed=st.booleans(),
+       bad=st.sampled_from([None, "x", "-1", "2.5", ""]), where=st.integers(0, 19), chunk_rows=st.integers(1, 8))
+def test_burstgpt_read_alike_by_both_readers(tmp_path_factory, monkeypatch, rows, model_filter, keep_failed, bad,
+                                             where, chunk_rows):
+    """BurstGPT: its Model column handed over as text (trimmed and compared by pyarrow when
+    ASCII), failed rows (0 response tokens), a bad value: the same arrays, the same notes of rows
+    left out, or the same error line."""
+    path = tmp_path_factory.mktemp("b") / "burst.csv"
+    lines = [f'{t},"{m}",{i},{o},{i + o},Conversation log' for t, m, i, o in rows]
+    if bad is not None:
+        lines.insert(where, f"5,ChatGPT,{bad},3,3,Conversation log")
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "\n".join(lines) + "\n")
+    _alike(path, ReadOptions(format="burstgpt", model_filter=model_filter, keep_failed=keep_failed), monkeypatch,
+           chunk_rows)
+
+
+def test_burstgpt_sample_is_read_by_pyarrow_to_the_same_requests(root, monkeypatch):
+    """The shipped BurstGPT sample, with and without a model filter: the numeric reader compares
+    its Model text, and both readers give the same requests and notes."""
+    import sim.workload.readers as readers
+    from sim.workload.sources import NumericColumns
+
+    path = root / "traces" / "samples" / "burstgpt_schema_example.csv"
+    frames = []
+    real = readers.text_equals
+
+    def recording(batch, col, value):
+        frames.append(type(batch.frame))
+        return real(batch, col, value)
+
+    monkeypatch.setattr(readers, "text_equals", recording)
+    for f in (None, "ChatGPT"):
+        _alike(path, ReadOptions(format="burstgpt", model_filter=f), monkeypatch, 4)
+    assert NumericColumns in frames

@@ -17,7 +17,7 @@ from sim.errors import UserError
 from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
 from sim.workload.sources import Batch
-from sim.workload.validate import datetimes_s, present, seconds, tokens
+from sim.workload.validate import datetimes_s, present, seconds, text_equals, tokens
 
 if TYPE_CHECKING:
     import polars as pl
@@ -99,15 +99,16 @@ def vidur(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
 
 
 def burstgpt(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
-    import polars as pl
-
+    keep = None
     if o.model_filter is not None:
-        keep = (b.frame["Model"].str.strip_chars() == o.model_filter).to_numpy()
-        st.note(f"rows of a Model other than {o.model_filter!r}: left out (model_filter)", int((~keep).sum()))
-        b = Batch(b.frame.filter(pl.Series(keep)), b.lines[keep], b.label)
+        keep = text_equals(b, "Model", o.model_filter)
+        b = b.filter(keep)
     t = seconds(b, "Timestamp", path)
     inp = tokens(b, "Request tokens", path)
     out = tokens(b, "Response tokens", path, minimum=0)
+    # (noted once every check passed: the general reader converts again a batch the numeric one gave up)
+    if keep is not None:
+        st.note(f"rows of a Model other than {o.model_filter!r}: left out (model_filter)", int((~keep).sum()))
     arr = RequestArrays(t, inp, out)
     # NOTE: BurstGPT logs failed requests with 0 response tokens (HPMLL/BurstGPT README).
     return _drop_failed(arr, out, o, st, "failed requests (0 response tokens)")

@@ -25,9 +25,11 @@ from sim.workload.sources import (CHUNK_ROWS, NotNumeric, check_exists, csv_batc
                                   shown_columns)
 
 FORMAT_NAMES = [f for f in FORMATS]
-# formats whose three columns are numbers (a time and two token counts; generic unless its time
-# unit is datetime): read by the numeric reader when the file has no other column to read
-NUMERIC_FORMATS = ("generic", "vidur", "normalized", "azure")
+# formats whose needed columns are numbers (times, token counts) or text the numeric reader hands
+# over as pyarrow text (NUMERIC_TEXT: date-times, BurstGPT's model; generic's arrival with time
+# unit datetime): read by the numeric reader when the file has no other column to read
+NUMERIC_FORMATS = ("generic", "vidur", "normalized", "azure", "burstgpt")
+NUMERIC_TEXT = {"azure": ("TIMESTAMP",), "burstgpt": ("Model",)}
 
 
 class TraceWarning(UserWarning):
@@ -95,11 +97,11 @@ def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str]
     if fmt not in NUMERIC_FORMATS or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
         return None
     cols = _table_columns(path, fmt, opts)
-    if len(cols) != 3:
+    if len(cols) != (3 if fmt == "generic" else len(FORMATS[fmt][1])):  # an optional column to read
         return None
-    if fmt == "azure":
-        return cols, ("TIMESTAMP",)
-    return cols, (opts.arrival_column,) if fmt == "generic" and opts.time_unit == "datetime" else ()
+    if fmt == "generic" and opts.time_unit == "datetime":
+        return cols, (opts.arrival_column,)
+    return cols, NUMERIC_TEXT.get(fmt, ())
 
 
 def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
@@ -156,7 +158,9 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
             for batch in numeric_batches(path, numeric[0], chunk_rows, text=numeric[1]):
                 if batch.frame.height == 0:
                     continue
-                chunk = convert(batch, path, opts, state)  # (these formats' converters keep no state)
+                # (these formats' converters note counts in ``state`` only once every check passed:
+                # a batch the numeric reader gives up is converted again by the general one)
+                chunk = convert(batch, path, opts, state)
                 any_rows = True
                 done_rows += batch.frame.height
                 if len(chunk):

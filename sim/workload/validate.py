@@ -16,7 +16,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S, MAX_TOKENS
-from sim.workload.sources import Batch, NotNumeric, NumericColumns, shown
+from sim.workload.sources import Batch, NotNumeric, NumericColumns, arrow_compute, shown
 
 if TYPE_CHECKING:
     import polars as pl
@@ -90,22 +90,11 @@ _DATE_TIME = (r"[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[ T]([01][
 _OFFSET = r"[+-]([01][0-9]|2[0-3]):[0-5][0-9]"
 
 
-def _arrow_compute():
-    """pyarrow's compute functions (``call_function`` and the option classes) without
-    importing ``pyarrow.compute``, which wraps all ~290 functions in Python at import (~0.04 s
-    of CPU); from it if a pyarrow release moves them."""
-    try:
-        import pyarrow._compute as pc
-    except ImportError:  # pragma: no cover
-        import pyarrow.compute as pc
-    return pc
-
-
 def _arrow_datetimes_us(text) -> np.ndarray:
     """pyarrow text of the canonical form to epoch microseconds (int64), or ``NotNumeric``."""
     import pyarrow as pa
 
-    pc = _arrow_compute()
+    pc = arrow_compute()
     s = pc.call_function("ascii_trim_whitespace", [text])
 
     def all_match(pattern: str) -> bool:
@@ -147,6 +136,20 @@ def datetimes_s(batch: Batch, col: str, path: Path) -> np.ndarray:
         raise UserError(f"{batch.where(path, i)}: column {col} is {shown(raw[i])}, expected a date-time like "
                         "2023-11-16 18:15:46.68 or 2024-05-10 00:00:00.009930+00:00")
     return us.to_numpy().astype(np.float64) / 1e6
+
+
+def text_equals(batch: Batch, col: str, value: str) -> np.ndarray:
+    """Rows whose text in ``col``, without surrounding spaces, is ``value`` (a numpy bool
+    mask). The numeric reader's ASCII text is trimmed of ASCII spaces, which for ASCII text
+    are all the spaces polars trims; other text goes to the general reader (``NotNumeric``)."""
+    if isinstance(batch.frame, NumericColumns):
+        pc = arrow_compute()
+        text = batch.frame[col]
+        if not pc.call_function("all", [pc.call_function("string_is_ascii", [text])]).as_py():
+            raise NotNumeric(col)
+        trimmed = pc.call_function("ascii_trim_whitespace", [text])
+        return np.asarray(pc.call_function("equal", [trimmed, value]).to_numpy(), dtype=bool)
+    return (_raw(batch, col) == value).fill_null(False).to_numpy()
 
 
 def present(batch: Batch, col: str, path: Path) -> None:
