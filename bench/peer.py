@@ -8,7 +8,11 @@ in 4,096 tokens (Vidur's default ``max_tokens``). The trace is written once as a
 each policy (continuous, chunked 512) then runs in REPEAT fresh `python -m sim run` processes:
 CPU is the child's user + system time (``os.wait4``), wall its elapsed time; the fastest of
 REPEAT is kept. Bytecode caching is on, as in an installed package.
-Usage: python bench/peer.py [--requests 10000] [--rate 2.0] [--repeat 3]
+``--trace-format azure|burstgpt`` writes the same requests in that format (Azure's date-times,
+BurstGPT's columns); ``--write-only DIR`` leaves the trace and its scenario in DIR and measures
+nothing (``bench/startup.py --scenario DIR/peer.yaml`` measures its start-up).
+Usage: python bench/peer.py [--requests 10000] [--rate 2.0] [--repeat 3] [--trace-format generic]
+                            [--write-only DIR]
 """
 
 from __future__ import annotations
@@ -34,21 +38,37 @@ engine: {{max_num_seqs: 128}}
 workload:
   trace:
     path: {trace}
-    format: generic
-    time_unit: s
-    columns: {{arrival: arrival_s, input: input_tokens, output: output_tokens}}
+{format}
 """
+# how each trace format is named in the scenario
+FORMAT_KEYS = {
+    "generic": "    format: generic\n    time_unit: s\n"
+               "    columns: {arrival: arrival_s, input: input_tokens, output: output_tokens}",
+    "azure": "    format: azure",
+    "burstgpt": "    format: burstgpt\n    model_filter: ChatGPT",
+}
 
 
-def write_trace(path: Path, n: int, rate: float, seed: int = 0) -> None:
+def write_trace(path: Path, n: int, rate: float, seed: int = 0, fmt: str = "generic") -> None:
+    """The 10k trace in ``fmt``: generic (seconds), azure (date-times from 2023-11-16 18:15:00,
+    as Azure's 2023 files write them) or burstgpt (seconds; every row's Model is ChatGPT)."""
     t = pq.read_table(ROOT / "traces" / "azure_conv.parquet", columns=["input_tokens", "output_tokens"])
     inp, out = t.column("input_tokens").to_numpy(), t.column("output_tokens").to_numpy()
     keep = (inp + out) <= 4096
     inp, out = inp[keep][:n], out[keep][:n]
     arrival_s = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, len(inp)))
     with path.open("w") as f:
-        f.write("arrival_s,input_tokens,output_tokens\n")
-        f.writelines(f"{a!r},{i},{o}\n" for a, i, o in zip(arrival_s.tolist(), inp.tolist(), out.tolist()))
+        if fmt == "azure":
+            stamps = np.datetime64("2023-11-16T18:15:00", "us") + (arrival_s * 1e6).astype("timedelta64[us]")
+            f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+            f.writelines(f"{str(s).replace('T', ' ')}0,{i},{o}\n" for s, i, o in zip(stamps, inp.tolist(), out.tolist()))
+        elif fmt == "burstgpt":
+            f.write("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n")
+            f.writelines(f"{a!r},ChatGPT,{i},{o},{i + o},Conversation log\n"
+                         for a, i, o in zip(arrival_s.tolist(), inp.tolist(), out.tolist()))
+        else:
+            f.write("arrival_s,input_tokens,output_tokens\n")
+            f.writelines(f"{a!r},{i},{o}\n" for a, i, o in zip(arrival_s.tolist(), inp.tolist(), out.tolist()))
 
 
 def one(args: list[str], pycache: Path) -> tuple[float, float]:
@@ -69,12 +89,21 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--trace-format", choices=sorted(FORMAT_KEYS), default="generic")
+    ap.add_argument("--write-only", type=Path, metavar="DIR",
+                    help="write the trace and its scenario (peer.yaml) into DIR and stop (for bench/startup.py --scenario)")
     a = ap.parse_args()
+    if a.write_only:
+        a.write_only.mkdir(parents=True, exist_ok=True)
+        write_trace(a.write_only / "trace.csv", a.requests, a.rate, fmt=a.trace_format)
+        (a.write_only / "peer.yaml").write_text(SCENARIO.format(trace=(a.write_only / "trace.csv").resolve(),
+                                                                format=FORMAT_KEYS[a.trace_format]))
+        return
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        write_trace(d / "trace.csv", a.requests, a.rate)
+        write_trace(d / "trace.csv", a.requests, a.rate, fmt=a.trace_format)
         sc = d / "peer.yaml"
-        sc.write_text(SCENARIO.format(trace=d / "trace.csv"))
+        sc.write_text(SCENARIO.format(trace=d / "trace.csv", format=FORMAT_KEYS[a.trace_format]))
         print("| policy | requests | whole process CPU s | wall s | target wall s |")
         print("|---|---|---|---|---|")
         for name, extra in (("continuous", ["--policy", "continuous"]), ("chunked 512", ["--policy", "chunked", "--chunk", "512"])):

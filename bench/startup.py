@@ -4,19 +4,23 @@ Rows: a bare interpreter (`python -c pass`: the floor this machine's site-packag
 `simsrv --version`, `simsrv run` on a 10-request synthetic scenario (start-up, a few
 steps, writing the run directory), and the same run's start-up alone: the process's CPU time
 when the simulation starts (``time.process_time()`` at the call of
-``sim.engine.cluster.simulate``: imports, the scenario, the workload and the cost model built). CPU is user + system time of the child (``os.wait4``); the
-fastest of REPEAT runs is kept (CPU time is less disturbed than wall time on a shared machine,
-but not immune). ``--against DIR`` measures another checkout too, alternating runs, for A/B.
+``sim.engine.cluster.simulate``: imports, the scenario, the workload and the cost model built).
+CPU is user + system time of the child (``os.wait4``); the fastest and the median of REPEAT runs
+are printed (CPU time is less disturbed than wall time on a shared machine, but not immune).
+``--against DIR`` measures another checkout too, alternating runs, for A/B.
 Bytecode caching is on, as an installed package has it (``PYTHONDONTWRITEBYTECODE`` is
 dropped and the ``.pyc`` files go to a temporary ``PYTHONPYCACHEPREFIX``; one warm-up run per
 case fills it): without it every process compiles simsrv's modules from source again.
-Usage: python bench/startup.py [--repeat 7] [--against /path/to/other/checkout]
+``--scenario FILE`` adds a run of that scenario (e.g. a trace replay), whole and until its simulation
+starts.
+Usage: python bench/startup.py [--repeat 7] [--against /path/to/other/checkout] [--scenario FILE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +66,7 @@ gc.disable()
 import sim.engine.cluster as cluster
 simulate = cluster.simulate
 def timed(*args, **kwargs):
-    print(time.process_time(), file=sys.stderr)
+    print("cpu-at-simulate", time.process_time(), file=sys.stderr)
     return simulate(*args, **kwargs)
 cluster.simulate = timed
 from sim.cli.entry import main
@@ -78,32 +82,40 @@ def until_simulation_s(args: list[str], checkout: Path, pycache: Path) -> float:
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{args}: {out.stderr}")
-    return float(out.stderr.strip().splitlines()[0])
+    return float(next(line.split()[1] for line in out.stderr.splitlines() if line.startswith("cpu-at-simulate ")))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--against", type=Path, help="another checkout to measure alternately (A/B)")
+    ap.add_argument("--scenario", type=Path, action="append", default=[],
+                    help="also a `simsrv run` of this scenario file, whole and until the simulation starts (repeatable)")
     a = ap.parse_args()
     checkouts = [ROOT] + ([a.against.resolve()] if a.against else [])
     with tempfile.TemporaryDirectory() as d:
         sc = Path(d) / "tiny.yaml"
         sc.write_text(TINY)
         run = ["run", str(sc), "--out", str(Path(d) / "run"), "--force", "-q"]
-        cases = (("python -c pass", ["-c", "pass"], cpu_s),
+        cases = [("python -c pass", ["-c", "pass"], cpu_s),
                  ("simsrv --version", ["-m", "sim", "--version"], cpu_s),
                  ("simsrv run (10 requests)", ["-m", "sim", *run], cpu_s),
-                 ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s))
-        print("| process | " + " | ".join(f"CPU s ({c.name})" for c in checkouts) + " |")
+                 ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s)]
+        for path in a.scenario:
+            run = ["run", str(path.resolve()), "--out", str(Path(d) / "run"), "--force", "-q"]
+            cases += [(f"simsrv run {path.name}", ["-m", "sim", *run], cpu_s),
+                      (f"simsrv run {path.name} until the simulation starts", run, until_simulation_s)]
+        print("| process | " + " | ".join(f"CPU s, fastest / median ({c.name})" for c in checkouts) + " |")
         print("|---|" + "---|" * len(checkouts))
         for name, args, measure in cases:
             for c in checkouts:  # warm-up: bytecode written
                 measure(args, c, Path(d))
-            best = [measure(args, c, Path(d)) for c in checkouts]
-            for _ in range(a.repeat - 1):
-                best = [min(b, measure(args, c, Path(d))) for b, c in zip(best, checkouts)]
-            print(f"| `{name}` | " + " | ".join(f"{b:.3f}" for b in best) + " |", flush=True)
+            runs: list[list[float]] = [[] for _ in checkouts]
+            for _ in range(a.repeat):  # alternating between the checkouts
+                for r, c in zip(runs, checkouts):
+                    r.append(measure(args, c, Path(d)))
+            print(f"| `{name}` | " + " | ".join(f"{min(r):.3f} / {statistics.median(r):.3f}" for r in runs) + " |",
+                  flush=True)
 
 
 if __name__ == "__main__":
