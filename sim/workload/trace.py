@@ -91,9 +91,9 @@ def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
 
 
 def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str], tuple[str, ...]] | None:
-    """(the columns a CSV or Parquet trace is read from, its date-time columns) when they are
-    numbers or date-times to its format (times in a time unit or wall-clock, token counts): the
-    numeric reader may read it. None otherwise."""
+    """(the columns a CSV or Parquet trace is read from, those of them read as text: date-times,
+    BurstGPT's model) when its format's columns are numbers (times, token counts) or such text:
+    the numeric reader may read it. None otherwise."""
     if fmt not in NUMERIC_FORMATS or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
         return None
     cols = _table_columns(path, fmt, opts)

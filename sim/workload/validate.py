@@ -106,13 +106,13 @@ def _arrow_datetimes_us(text) -> np.ndarray:
     elif all_match(f"^{_DATE_TIME}{_OFFSET}$"):
         unit = pa.timestamp("us", "UTC")
     else:
-        raise NotNumeric(text)
+        raise NotNumeric("date-time")
     # microseconds, the further digits truncated as polars does
     s = pc.call_function("replace_substring_regex", [s], pc.ReplaceSubstringOptions(r"(\.[0-9]{6})[0-9]+", r"\1"))
     try:
         t = pc.call_function("cast", [s], pc.CastOptions.safe(unit))
     except pa.ArrowInvalid:  # a day its month does not have
-        raise NotNumeric(text) from None
+        raise NotNumeric("date-time") from None
     return pc.call_function("cast", [t], pc.CastOptions.safe(pa.int64())).to_numpy()
 
 
