@@ -103,8 +103,9 @@ def main() -> None:
                  ("simsrv run (10 requests) until the simulation starts", run, until_simulation_s)]
         for path in a.scenario:
             run = ["run", str(path.resolve()), "--out", str(Path(d) / "run"), "--force", "-q"]
-            cases += [(f"simsrv run {path.name}", ["-m", "sim", *run], cpu_s),
-                      (f"simsrv run {path.name} until the simulation starts", run, until_simulation_s)]
+            label = f"{path.parent.name}/{path.name}"
+            cases += [(f"simsrv run {label}", ["-m", "sim", *run], cpu_s),
+                      (f"simsrv run {label} until the simulation starts", run, until_simulation_s)]
         print("| process | " + " | ".join(f"CPU s, fastest / median ({c.name})" for c in checkouts) + " |")
         print("|---|" + "---|" * len(checkouts))
         for name, args, measure in cases:
