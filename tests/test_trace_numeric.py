@@ -218,13 +218,12 @@ def test_date_times_outside_the_canonical_form_are_the_general_readers(tmp_path,
     _alike(path, ReadOptions(format="azure"), monkeypatch, 1)
 
 
-def test_the_azure_sample_is_read_by_pyarrow_alone_to_the_same_seconds(root, monkeypatch):
-    """The shipped Azure sample (7-digit fractions, truncated to microseconds as polars does) is
-    converted by pyarrow in every batch, to the same seconds as the general reader (polars)."""
+def _arrow_conversions(monkeypatch) -> list[str]:
+    """What each call of pyarrow's date-time conversion did from now on: "converted", or the
+    exception that handed the batch to the general reader."""
     from sim.workload import validate
 
-    path = root / "traces" / "samples" / "azure_code_2023_first500.csv"
-    outcomes = []
+    outcomes: list[str] = []
     real = validate._arrow_datetimes_us
 
     def counting(text):
@@ -237,6 +236,14 @@ def test_the_azure_sample_is_read_by_pyarrow_alone_to_the_same_seconds(root, mon
         return us
 
     monkeypatch.setattr(validate, "_arrow_datetimes_us", counting)
+    return outcomes
+
+
+def test_the_azure_sample_is_read_by_pyarrow_alone_to_the_same_seconds(root, monkeypatch):
+    """The shipped Azure sample (7-digit fractions, truncated to microseconds as polars does) is
+    converted by pyarrow in every batch, to the same seconds as the general reader (polars)."""
+    path = root / "traces" / "samples" / "azure_code_2023_first500.csv"
+    outcomes = _arrow_conversions(monkeypatch)
     opts = ReadOptions(format="azure")
     _same(_read(path, opts, True, monkeypatch, 100), _read(path, opts, False, monkeypatch, 100))
     assert outcomes and set(outcomes) == {"converted"}
@@ -293,3 +300,22 @@ def test_burstgpt_sample_is_read_by_pyarrow_to_the_same_requests(root, monkeypat
     for f in (None, "ChatGPT"):
         _alike(path, ReadOptions(format="burstgpt", model_filter=f), monkeypatch, 4)
     assert NumericColumns in frames
+
+
+@pytest.mark.parametrize("kind", ["text", "text with offsets", "timestamp"])
+def test_azure_parquet_date_times_read_alike(tmp_path, monkeypatch, kind):
+    """An Azure trace as Parquet: a text TIMESTAMP column is converted by pyarrow (naive or with
+    offsets); a timestamp-typed one goes to the general reader; the same seconds either way."""
+    import datetime as dt
+
+    stamps = [dt.datetime(2023, 11, 16, 18, 15, 0) + dt.timedelta(seconds=0.3 * i + 1e-6 * i) for i in range(40)]
+    if kind == "timestamp":
+        col = pa.array(stamps, pa.timestamp("us"))
+    else:
+        zone = "+00:00" if kind == "text with offsets" else ""
+        col = pa.array([s.strftime("%Y-%m-%d %H:%M:%S.%f") + "0" + zone for s in stamps])
+    path = tmp_path / "azure.parquet"
+    pq.write_table(pa.table({"TIMESTAMP": col, "ContextTokens": list(range(5, 45)), "GeneratedTokens": [3] * 40}), path)
+    outcomes = _arrow_conversions(monkeypatch)
+    _alike(path, ReadOptions(format="azure"), monkeypatch, 16)
+    assert outcomes == ([] if kind == "timestamp" else ["converted"] * 3)
