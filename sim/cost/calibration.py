@@ -23,8 +23,9 @@ from sim.cost.tables import Axis, Curve, Grid2, bracket
 CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 # A table of PACK_MIN_VALUES or more efficiencies (the GEMM grids: 22 x 22 x 74 values; the
-# attention grids: ~12 x 17 per head configuration) is stored packed: {"format": PACKED_FORMAT, "shape", "scale", "data"}, the
-# values times ``scale`` as little-endian int32 in base64, _MISSING for an unmeasured shape.
+# attention grids: ~12 x 17 per head configuration) is stored packed, as
+# {"format": PACKED_FORMAT, "shape", "scale", "data"}: the values times ``scale`` as
+# little-endian int32 in base64, _MISSING for an unmeasured shape.
 # Why: start-up. Parsing the H100 file's 84k decimals took 22-24 ms of CPU, for a run that
 # reads ~2k of them (bench/README.md, "Calibration tables packed"); decoding takes ~1 ms.
 # Exact: ``fit._r`` rounds every log(eff) to 5 decimals, so the value is k / 10^5 for an
