@@ -57,18 +57,19 @@ def write_trace(path: Path, n: int, rate: float, seed: int = 0, fmt: str = "gene
     keep = (inp + out) <= 4096
     inp, out = inp[keep][:n], out[keep][:n]
     arrival_s = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, len(inp)))
+    rows = zip(arrival_s.tolist(), inp.tolist(), out.tolist())
     with path.open("w") as f:
         if fmt == "azure":
-            stamps = np.datetime64("2023-11-16T18:15:00", "us") + (arrival_s * 1e6).astype("timedelta64[us]")
+            start = np.datetime64("2023-11-16T18:15:00", "us")
             f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-            f.writelines(f"{str(s).replace('T', ' ')}0,{i},{o}\n" for s, i, o in zip(stamps, inp.tolist(), out.tolist()))
+            f.writelines(f"{str(start + np.timedelta64(int(a * 1e6), 'us')).replace('T', ' ')}0,{i},{o}\n"
+                         for a, i, o in rows)
         elif fmt == "burstgpt":
             f.write("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n")
-            f.writelines(f"{a!r},ChatGPT,{i},{o},{i + o},Conversation log\n"
-                         for a, i, o in zip(arrival_s.tolist(), inp.tolist(), out.tolist()))
+            f.writelines(f"{a!r},ChatGPT,{i},{o},{i + o},Conversation log\n" for a, i, o in rows)
         else:
             f.write("arrival_s,input_tokens,output_tokens\n")
-            f.writelines(f"{a!r},{i},{o}\n" for a, i, o in zip(arrival_s.tolist(), inp.tolist(), out.tolist()))
+            f.writelines(f"{a!r},{i},{o}\n" for a, i, o in rows)
 
 
 def one(args: list[str], pycache: Path) -> tuple[float, float]:

@@ -57,7 +57,8 @@ def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# ``python -m sim`` with the CPU time printed (stderr's first line) at the simulation's start;
+# ``python -m sim`` with the CPU time printed to stderr ("cpu-at-simulate SECONDS") at the
+# simulation's start;
 # the two settings that ``sim.cli.entry.main`` makes before a run's imports are made first
 UNTIL_SIMULATION = """
 import gc, os, sys, time

@@ -76,11 +76,17 @@ def detect_format(path: str | Path) -> str:
                     "format generic with the column names and time unit")
 
 
-def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
-    """The columns to read from a CSV or Parquet trace of a table format (errors if it is not one)."""
-    need = FORMATS[fmt][1]
+def _needed_columns(fmt: str, opts: ReadOptions) -> list[str]:
+    """The columns every row of a table format has (generic: the three the options name)."""
     if fmt == "generic":
-        need = [opts.arrival_column, opts.input_column, opts.output_column]
+        return [opts.arrival_column, opts.input_column, opts.output_column]
+    return FORMATS[fmt][1]
+
+
+def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
+    """The columns to read from a CSV or Parquet trace of a table format (errors if it is not one):
+    the needed ones, then the optional ones the file has."""
+    need = _needed_columns(fmt, opts)
     if path.suffix == ".parquet":
         names = parquet_columns(path) if fmt == "normalized" else []
         return need + [c for c in names if c in OPTIONAL_NORMALIZED or c.startswith("measured_")]
@@ -97,7 +103,7 @@ def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str]
     if fmt not in NUMERIC_FORMATS or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
         return None
     cols = _table_columns(path, fmt, opts)
-    if len(cols) != (3 if fmt == "generic" else len(FORMATS[fmt][1])):  # an optional column to read
+    if len(cols) != len(_needed_columns(fmt, opts)):  # an optional column to read
         return None
     if fmt == "generic" and opts.time_unit == "datetime":
         return cols, (opts.arrival_column,)

@@ -90,6 +90,11 @@ _DATE_TIME = (r"[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[ T]([01][
 _OFFSET = r"[+-]([01][0-9]|2[0-3]):[0-5][0-9]"
 
 
+def _arrow_all(pc, mask) -> bool:
+    """Whether every value of a pyarrow boolean array (no nulls: the numeric reader's) is true."""
+    return bool(pc.call_function("all", [mask]).as_py())
+
+
 def _arrow_datetimes_us(text) -> np.ndarray:
     """pyarrow text of the canonical form to epoch microseconds (int64), or ``NotNumeric``."""
     import pyarrow as pa
@@ -98,8 +103,7 @@ def _arrow_datetimes_us(text) -> np.ndarray:
     s = pc.call_function("ascii_trim_whitespace", [text])
 
     def all_match(pattern: str) -> bool:
-        return bool(pc.call_function("all", [pc.call_function("match_substring_regex", [s],
-                                                               pc.MatchSubstringOptions(pattern))]).as_py())
+        return _arrow_all(pc, pc.call_function("match_substring_regex", [s], pc.MatchSubstringOptions(pattern)))
 
     if all_match(f"^{_DATE_TIME}$"):
         unit = pa.timestamp("us")
@@ -145,7 +149,7 @@ def text_equals(batch: Batch, col: str, value: str) -> np.ndarray:
     if isinstance(batch.frame, NumericColumns):
         pc = arrow_compute()
         text = batch.frame[col]
-        if not pc.call_function("all", [pc.call_function("string_is_ascii", [text])]).as_py():
+        if not _arrow_all(pc, pc.call_function("string_is_ascii", [text])):
             raise NotNumeric(col)
         trimmed = pc.call_function("ascii_trim_whitespace", [text])
         return np.asarray(pc.call_function("equal", [trimmed, value]).to_numpy(), dtype=bool)
