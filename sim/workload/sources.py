@@ -6,12 +6,15 @@ number of each of its rows.
 
 Two readers: the general one gives polars frames of the raw values (text for CSV), which the
 checks in ``validate.py`` convert and which name the first bad value's line. The numeric one
-(``numeric_batches``) is the fast path for a table whose needed columns are all numbers, or
-date-times in the canonical form: pyarrow parses the numbers as float64 and hands over the
-date-time text, which ``validate.datetimes_s`` converts with pyarrow; no polars is loaded (its
-import is ~0.15 s of a run). It gives up (``NotNumeric``) at the first batch with anything else
-(other text, an empty or missing value, a value out of range): the general reader then takes
-that batch and names the line.
+is the fast path, and loads no polars (its import is ~0.15 s of a run):
+- ``numeric_batches``, for a table whose needed columns are all numbers, or date-times in the
+  canonical form: pyarrow parses the numbers as float64 and hands over the date-time text,
+  which ``validate.datetimes_s`` converts with pyarrow;
+- ``jsonl_numeric_batches``, for JSON Lines: pyarrow's JSON reader with the format's field
+  types (nested records, AIPerf's, parsed by ``json`` as the general reader does).
+It gives up (``NotNumeric``) at the first batch with anything else (other text, an empty or
+missing value, a value out of range, a line pyarrow does not parse): the general reader then
+takes that batch and names the line.
 """
 
 from __future__ import annotations
@@ -75,10 +78,30 @@ def arrow_compute():
     return pc
 
 
+def arrow_or(array, value):
+    """A pyarrow array with ``value`` where it is null (``fill_null``, whose method imports
+    ``pyarrow.compute``)."""
+    import pyarrow as pa
+
+    return arrow_compute().call_function("coalesce", [array, pa.scalar(value, array.type)])
+
+
+def arrow_list_lengths(array) -> np.ndarray:
+    """Elements per row of a pyarrow list array, 0 where the row is null."""
+    return arrow_or(arrow_compute().call_function("list_value_length", [array]), 0).to_numpy()
+
+
+def arrow_list_values(array):
+    """Every element of a pyarrow list array's rows, in row order (``flatten``, whose method
+    imports ``pyarrow.compute``)."""
+    return arrow_compute().call_function("list_flatten", [array])
+
+
 class NumericColumns:
-    """Float64 columns of consecutive rows (the numeric reader's frame; a date-time column is
-    pyarrow text): ``frame[name]``, ``columns`` and ``height``, as the general reader's polars
-    frames have them."""
+    """Columns of consecutive rows (the numeric reader's frame): float64 numpy arrays from a
+    table, whose date-time column is pyarrow text; pyarrow arrays from JSON Lines, with nulls
+    where a field is missing. ``frame[name]``, ``columns`` and ``height``, as the general
+    reader's polars frames have them."""
 
     __slots__ = ("cols", "height")
 
@@ -91,6 +114,16 @@ class NumericColumns:
     @property
     def columns(self) -> list[str]:
         return list(self.cols)
+
+    def null_count(self, name: str) -> int:
+        """Rows missing ``name`` (JSON Lines; a table's numeric columns have none)."""
+        v = self.cols[name]
+        return 0 if isinstance(v, np.ndarray) else v.null_count
+
+    def values(self, name: str) -> list:
+        """The column as Python values, None where missing (as polars' ``to_list`` gives them)."""
+        v = self.cols[name]
+        return v.tolist() if isinstance(v, np.ndarray) else v.to_pylist()
 
     def filter(self, keep: np.ndarray) -> NumericColumns:
         """The rows where ``keep`` (a numpy bool mask) is true."""
@@ -328,6 +361,73 @@ def _polars_type(tag: str):
     return {"f64": pl.Float64, "i64": pl.Int64, "str": pl.String, "ids": pl.List(pl.Int64)}[tag]
 
 
+# the bytes ``bytes.strip`` removes: a line of only these is blank (JSON Lines carry no record there)
+_BLANK_BYTES = np.zeros(256, dtype=bool)
+_BLANK_BYTES[list(b" \t\n\r\x0b\x0c")] = True
+READ_BYTES = 1 << 24
+
+
+def _non_blank(data: bytes, first_line: int) -> tuple[bytes, np.ndarray, np.ndarray, int]:
+    """Of ``data`` (whole lines, each ending with a newline; the first is line ``first_line``):
+    (its non-blank lines, their 1-based numbers, the end offset of each in those bytes, the
+    number of lines)."""
+    u8 = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(u8 == 10) + 1
+    starts = np.concatenate(([0], ends[:-1]))
+    # a line whose first byte is not blank is not; the others (indented or blank) are looked at whole
+    filled = ~_BLANK_BYTES[u8[starts]]
+    for i in np.flatnonzero(~filled).tolist():
+        filled[i] = bool(data[starts[i]:ends[i]].strip())
+    numbers = np.flatnonzero(filled) + first_line
+    if filled.all():
+        return data, numbers, ends, len(ends)
+    kept = np.repeat(filled, ends - starts)
+    return u8[kept].tobytes(), numbers, np.cumsum((ends - starts)[filled]), len(ends)
+
+
+def _jsonl_lines(path: Path, chunk_rows: int) -> Iterator[tuple[bytes, np.ndarray]]:
+    """(``chunk_rows`` non-blank lines of a JSON Lines file, each ending with a newline; their
+    1-based numbers), in file order; the file is read ``READ_BYTES`` at a time, and its lines
+    split with numpy (a Python loop over the lines was a third of reading a 1M-line trace)."""
+    pending: list[bytes] = []
+    numbers: list[np.ndarray] = []
+    n_pending = 0
+    line = 1  # the number of the first line not yet split
+    rest = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(READ_BYTES)
+            data = rest + block
+            if not block:  # the end: a last line without a newline gets one
+                if not data:
+                    break
+                rest = b""
+                data = data if data.endswith(b"\n") else data + b"\n"
+            else:
+                cut = data.rfind(b"\n") + 1
+                data, rest = data[:cut], data[cut:]
+            if data:
+                kept, nos, ends, n_lines = _non_blank(data, line)
+                line += n_lines
+                start = 0  # offset of the first line of ``kept`` not yet handed on
+                i = 0
+                while n_pending + len(nos) - i >= chunk_rows:
+                    j = i + chunk_rows - n_pending
+                    pending.append(kept[start:ends[j - 1]])
+                    numbers.append(nos[i:j])
+                    yield b"".join(pending), np.concatenate(numbers)
+                    pending, numbers, n_pending = [], [], 0
+                    start, i = int(ends[j - 1]), j
+                if i < len(nos):
+                    pending.append(kept[start:])
+                    numbers.append(nos[i:])
+                    n_pending += len(nos) - i
+            if not block:
+                break
+    if n_pending:
+        yield b"".join(pending), np.concatenate(numbers)
+
+
 def jsonl_batches(path: Path, schema: dict[str, str], chunk_rows: int = CHUNK_ROWS,
                   flatten=None) -> Iterator[Batch]:
     """JSON Lines, one object per line; only the ``schema`` fields are kept (field name -> "f64",
@@ -336,45 +436,113 @@ def jsonl_batches(path: Path, schema: dict[str, str], chunk_rows: int = CHUNK_RO
     A batch is parsed by polars; if that fails, line by line with ``json`` to name the bad line.
     ``flatten(obj) -> dict`` maps a nested record to flat fields (slow path only).
     """
-    with open(path, "rb") as f:
-        buf: list[bytes] = []
-        lines: list[int] = []
-        for no, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue  # NOTE: blank lines in JSON Lines carry no record
-            buf.append(raw if raw.endswith(b"\n") else raw + b"\n")
-            lines.append(no)
-            if len(buf) >= chunk_rows:
-                yield _parse_jsonl(path, buf, np.array(lines), schema, flatten)
-                buf, lines = [], []
-        if buf:
-            yield _parse_jsonl(path, buf, np.array(lines), schema, flatten)
+    for data, lines in _jsonl_lines(path, chunk_rows):
+        yield _parse_jsonl(path, data, lines, schema, flatten)
 
 
-def _parse_jsonl(path: Path, buf: list[bytes], lines: np.ndarray, schema: dict[str, str], flatten) -> Batch:
+def _arrow_type(tag: str):
+    import pyarrow as pa
+
+    return {"f64": pa.float64(), "i64": pa.int64(), "str": pa.string(), "ids": pa.list_(pa.int64())}[tag]
+
+
+def jsonl_numeric_batches(path: Path, schema: dict[str, str], chunk_rows: int = CHUNK_ROWS,
+                          flatten=None) -> Iterator[Batch]:
+    """``jsonl_batches`` without polars: each batch parsed by pyarrow's JSON reader with the
+    ``schema`` types (a frame of pyarrow arrays, nulls where a field is missing); with
+    ``flatten``, line by line with ``json`` as the general reader does. ``NotNumeric`` at the
+    first batch pyarrow does not parse to one row per line (the general reader then reads it
+    and names a bad line)."""
+    import pyarrow as pa
+
+    types = {k: _arrow_type(tag) for k, tag in schema.items()}
+    for data, lines in _jsonl_lines(path, chunk_rows):
+        if flatten is not None:
+            cols = _json_columns(path, data, lines, schema, flatten)
+            try:
+                frame = NumericColumns({k: pa.array(v, type=types[k]) for k, v in cols.items()}, len(lines))
+            except (pa.ArrowException, UnicodeEncodeError) as e:  # (text pyarrow cannot hold: a lone surrogate)
+                raise NotNumeric("JSON Lines") from e
+        else:
+            frame = _arrow_jsonl(data, len(lines), types)
+        yield Batch(frame, lines, "line")
+
+
+def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
+    """JSON Lines text of ``rows`` records parsed by pyarrow (fields not in ``types`` ignored), or
+    ``NotNumeric`` for any batch the general reader's ``json`` would refuse or read otherwise,
+    and any it might not read alike: text pyarrow does not parse (a value of another JSON type
+    than its field's: a number where text is expected, 3.0 for an integer; a repeated field),
+    not one record per line, bytes that are not UTF-8 or a byte-order mark, a null among a
+    list's integers, a value that is not finite."""
+    import pyarrow as pa
+    import pyarrow.json as pajson
+
+    if not data.isascii():
+        # a byte-order mark: polars refuses the batch and ``json`` reads it, where "-0" is 0.0, not -0.0
+        if b"\xef\xbb\xbf" in data:
+            raise NotNumeric("JSON Lines")
+        try:
+            data.decode("utf-8")  # (pyarrow's reader does not check text it does not keep)
+        except UnicodeDecodeError:
+            raise NotNumeric("JSON Lines") from None
+    try:
+        table = pajson.read_json(
+            io.BytesIO(data),
+            # (a record longer than a block is an error: the general reader reads that batch)
+            read_options=pajson.ReadOptions(block_size=1 << 24),
+            parse_options=pajson.ParseOptions(explicit_schema=pa.schema(list(types.items())),
+                                              unexpected_field_behavior="ignore"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise NotNumeric("JSON Lines") from e
+    if table.num_rows != rows:  # two records on a line
+        raise NotNumeric("JSON Lines")
+    cols = {k: table.column(k).combine_chunks() for k in types}
+    for k, t in types.items():
+        if pa.types.is_list(t) and arrow_list_values(cols[k]).null_count:  # [1, null]: ``json`` refuses it
+            raise NotNumeric(k)
+        # NaN, an infinity or an integer beyond a double (pyarrow reads it as an infinity; the
+        # general reader's ``json`` refuses it) is the general reader's (a null is NaN in
+        # ``to_numpy``: only as many values may not be finite)
+        if t == pa.float64() and (~np.isfinite(cols[k].to_numpy(zero_copy_only=False))).sum() > cols[k].null_count:
+            raise NotNumeric(k)
+    return NumericColumns(cols, rows)
+
+
+def _parse_jsonl(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, str], flatten) -> Batch:
     import polars as pl
 
     types = {k: _polars_type(tag) for k, tag in schema.items()}
     if flatten is None:
         try:
-            frame = pl.read_ndjson(io.BytesIO(b"".join(buf)), schema=types)
-            if frame.height == len(buf):
+            frame = pl.read_ndjson(io.BytesIO(data), schema=types)
+            if frame.height == len(lines):
                 return Batch(frame, lines, "line")
         except Exception:
             pass
+    return Batch(pl.DataFrame(_json_columns(path, data, lines, schema, flatten), schema=types), lines, "line")
+
+
+def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, str], flatten) -> dict[str, list]:
+    """The ``schema`` fields of each line of ``data`` (lines ``lines``, each ending with a
+    newline), parsed by ``json`` (and ``flatten``), as lists of Python values (None where
+    missing); a line that is not a JSON object, or a value of the wrong type, is an error naming
+    the line."""
     cols: dict[str, list] = {k: [] for k in schema}
-    for raw, no in zip(buf, lines.tolist()):
+    for raw, no in zip(data.split(b"\n"), lines.tolist()):
         try:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: line {no}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        except RecursionError:  # (Python's json parser recurses once per level)
+            raise UserError(f"{path}: line {no}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}: line {no}: expected a JSON object, got {type(obj).__name__}")
         if flatten is not None:
             obj = flatten(obj, f"{path}: line {no}")
         for k, dtype in schema.items():
             cols[k].append(_coerce(obj.get(k), dtype, f"{path}: line {no}", k))
-    return Batch(pl.DataFrame(cols, schema=types), lines, "line")
+    return cols
 
 
 def _coerce(v, tag: str, where: str, key: str):
@@ -382,11 +550,19 @@ def _coerce(v, tag: str, where: str, key: str):
     if v is None:
         return None
     if tag == "str":
-        return str(v)
+        v = str(v)
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:  # (json reads an escaped lone surrogate, "\ud800", into a str)
+            raise UserError(f"{where}: {key} is {shown(v)}, not valid Unicode text") from None
+        return v
     if tag == "f64":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UserError(f"{where}: {key} is {shown(v)}, expected a number")
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer literal beyond a double's range
+            raise UserError(f"{where}: {key} is {shown(v)}, a number too large for a double") from None
     if tag == "i64":
         if isinstance(v, float) and v.is_integer():
             v = int(v)

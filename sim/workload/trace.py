@@ -20,9 +20,9 @@ from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
-from sim.workload.sources import (CHUNK_ROWS, NotNumeric, check_exists, csv_batches, csv_header, first_line,
-                                  jsonl_batches, looks_binary, numeric_batches, parquet_batches, parquet_columns,
-                                  shown_columns)
+from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,
+                                  first_line, jsonl_batches, jsonl_numeric_batches, looks_binary, numeric_batches,
+                                  parquet_batches, parquet_columns, shown_columns)
 
 FORMAT_NAMES = [f for f in FORMATS]
 # formats whose needed columns are numbers (times, token counts) or text the numeric reader hands
@@ -52,6 +52,8 @@ def _columns(path: Path) -> tuple[str, list[str]]:
             obj = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{path}: line 1: not valid JSON") from None
+        except RecursionError:  # (Python's json parser recurses once per level)
+            raise UserError(f"{path}: line 1: JSON nested too deeply to read") from None
         return "jsonl", list(obj) if isinstance(obj, dict) else []
     return "table", csv_header(path)
 
@@ -110,16 +112,34 @@ def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str]
     return cols, NUMERIC_TEXT.get(fmt, ())
 
 
-def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
+def _jsonl_fields(path: Path, fmt: str, opts: ReadOptions) -> tuple[dict[str, str], object] | None:
+    """(field types, flatten function or None) of a JSON Lines trace; None for a table (an error
+    if the format expects JSON Lines and the file is not)."""
     kind, _need, schema, _fn = FORMATS[fmt]
     if fmt == "generic" and path.suffix in (".jsonl", ".ndjson"):
         t = "str" if opts.time_unit == "datetime" else "f64"
-        return jsonl_batches(path, {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"},
-                             chunk_rows)
-    if kind in ("jsonl",):
-        if path.suffix == ".parquet" or not first_line(path).startswith("{"):
-            raise UserError(f"{path}: line 1: format {fmt} expects JSON Lines (one JSON object per line)")
-        return jsonl_batches(path, schema, chunk_rows, aiperf_flatten if fmt == "aiperf" else None)
+        return {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"}, None
+    if kind != "jsonl":
+        return None
+    if path.suffix == ".parquet" or not first_line(path).startswith("{"):
+        raise UserError(f"{path}: line 1: format {fmt} expects JSON Lines (one JSON object per line)")
+    return schema, aiperf_flatten if fmt == "aiperf" else None
+
+
+def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int) -> Iterator[Batch] | None:
+    """The numeric reader's batches (no polars: ``sources.py``) when it may read this trace; None
+    otherwise (the general reader reads it)."""
+    fields = _jsonl_fields(path, fmt, opts)
+    if fields is not None:
+        return jsonl_numeric_batches(path, fields[0], chunk_rows, fields[1])
+    numeric = _numeric_columns(path, fmt, opts)
+    return None if numeric is None else numeric_batches(path, numeric[0], chunk_rows, text=numeric[1])
+
+
+def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
+    fields = _jsonl_fields(path, fmt, opts)
+    if fields is not None:
+        return jsonl_batches(path, fields[0], chunk_rows, fields[1])
     columns = _table_columns(path, fmt, opts)
     return parquet_batches(path, columns, chunk_rows) if path.suffix == ".parquet" else csv_batches(path, columns,
                                                                                                      chunk_rows)
@@ -158,10 +178,10 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
     convert = FORMATS[fmt][3]
     any_rows = False
     done_rows = 0  # rows converted by the numeric reader before it gave up
-    numeric = _numeric_columns(path, fmt, opts)
+    numeric = _numeric_batches(path, fmt, opts, chunk_rows)
     if numeric is not None:
         try:
-            for batch in numeric_batches(path, numeric[0], chunk_rows, text=numeric[1]):
+            for batch in numeric:
                 if batch.frame.height == 0:
                     continue
                 # (these formats' converters note counts in ``state`` only once every check passed:

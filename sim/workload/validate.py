@@ -28,12 +28,32 @@ def _floats(batch: Batch, col: str) -> tuple[np.ndarray, pl.Series | None]:
     """The column as float64 (NaN where a value is missing or not a number) and, from the
     general reader, its raw values for an error message (None from the numeric reader)."""
     if isinstance(batch.frame, NumericColumns):
-        return batch.frame[col], None
+        x = batch.frame[col]
+        # (a JSON Lines column is a pyarrow array: NaN where a value is missing)
+        return (x if isinstance(x, np.ndarray) else x.to_numpy(zero_copy_only=False)), None
     import polars as pl
 
     raw = _raw(batch, col)
     x = raw.cast(pl.Float64, strict=False) if raw.dtype != pl.Float64 else raw
     return x.to_numpy(), raw
+
+
+def truncated_ints(batch: Batch, col: str, path: Path, missing: int) -> np.ndarray:
+    """An optional numeric column as int64: ``missing`` where a row has none, a fraction
+    truncated toward zero (as polars' cast did); NaN, an infinity or a value beyond int64 is an
+    error naming the line."""
+    x, raw = _floats(batch, col)
+    # (the numeric reader's NaN is a missing value: it gives up a batch with a NaN written out)
+    null = np.isnan(x) if raw is None else raw.is_null().to_numpy()
+    x = np.where(null, float(missing), x)
+    ok = np.isfinite(x) & (np.abs(x) < 2.0 ** 63)
+    _check(batch, path, col, ok, raw, "a number")
+    return np.trunc(x).astype(np.int64)
+
+
+def floats(batch: Batch, col: str) -> np.ndarray:
+    """A column of numbers that is not checked (measured latencies) as float64, NaN where missing."""
+    return _floats(batch, col)[0]
 
 
 def _check(batch: Batch, path: Path, col: str, ok: np.ndarray, raw: pl.Series | None, expected: str) -> None:
@@ -158,6 +178,10 @@ def text_equals(batch: Batch, col: str, value: str) -> np.ndarray:
 
 def present(batch: Batch, col: str, path: Path) -> None:
     """Every row has a value in ``col``."""
+    if isinstance(batch.frame, NumericColumns):
+        if batch.frame.null_count(col):
+            raise NotNumeric(col)  # the general reader names the line
+        return
     bad = batch.frame[col].is_null()
     if bad.any():
         i = int(bad.arg_max())

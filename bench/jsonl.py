@@ -1,0 +1,96 @@
+"""Reading a JSON Lines trace (Mooncake format with hash ids): the numeric reader (pyarrow's
+JSON reader, no polars) against the general reader (polars' ``read_ndjson``), CPU s of fresh
+processes (issue 14).
+
+The trace is generated outside the repository (default /tmp/simsrv_bench): Mooncake's fields
+(``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``: one id per 512-token
+block, the first blocks shared within a conversation so prefixes repeat), Poisson arrivals at
+50 req/s, lognormal lengths; seeded. Each measurement is a fresh process that imports what it
+needs and reads the whole trace (``sim.workload.trace.read_trace``); the two readers alternate,
+and the fastest and the median of REPEAT runs are printed. CPU is user + system time
+(``os.wait4``), so pyarrow's reader threads count.
+Usage: python bench/jsonl.py [--requests 500 100000 1000000] [--repeat 5] [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# a child: read the trace with one reader; the general one when the numeric one is switched off
+READ = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import sim.workload.trace as trace
+if sys.argv[2] == "general":
+    trace._numeric_batches = lambda *a: None
+a = trace.read_trace(sys.argv[1], "mooncake")
+assert len(a) == int(sys.argv[3]), len(a)
+assert ("polars" in sys.modules) == (sys.argv[2] == "general"), sys.argv[2]
+"""
+
+
+def make_mooncake_jsonl(path: Path, n: int, seed: int = 0, block_tokens: int = 512) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t_ms = np.cumsum(rng.exponential(1000 / 50, n))
+    inp = np.maximum(1, rng.lognormal(7.5, 1.0, n).astype(np.int64))
+    out = np.maximum(1, rng.lognormal(5.0, 0.9, n).astype(np.int64))
+    conv = rng.integers(0, max(1, n // 4), n)  # the conversation a request continues
+    next_id = 0
+    prefix: dict[int, list[int]] = {}
+    with open(path, "w") as f:
+        for i in range(n):
+            blocks = -(-int(inp[i]) // block_tokens)
+            shared = prefix.get(int(conv[i]), [])[:blocks]
+            ids = shared + list(range(next_id, next_id + blocks - len(shared)))
+            next_id += blocks - len(shared)
+            prefix[int(conv[i])] = ids
+            f.write(json.dumps({"timestamp": int(t_ms[i]), "input_length": int(inp[i]),
+                                "output_length": int(out[i]), "hash_ids": ids}) + "\n")
+
+
+def cpu_s(path: Path, reader: str, n: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", READ, str(path), reader, str(n)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{reader} {path}: {proc.stderr.read().decode()}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, nargs="+", default=[500, 100_000, 1_000_000])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/simsrv_bench"))
+    a = ap.parse_args()
+    a.dir.mkdir(parents=True, exist_ok=True)
+    print("| requests | file MB | numeric reader (pyarrow), CPU s fastest / median "
+          "| general reader (polars), CPU s fastest / median |\n|---|---|---|---|")
+    for n in a.requests:
+        path = a.dir / f"mooncake_{n}.jsonl"
+        if not path.exists():
+            make_mooncake_jsonl(path, n)
+        for reader in ("numeric", "general"):  # warm-up: bytecode written
+            cpu_s(path, reader, n)
+        runs: dict[str, list[float]] = {"numeric": [], "general": []}
+        for _ in range(a.repeat):
+            for reader, r in runs.items():
+                r.append(cpu_s(path, reader, n))
+        cells = [f"{min(r):.3f} / {statistics.median(r):.3f}" for r in runs.values()]
+        print(f"| {n:,} | {path.stat().st_size / 1e6:,.1f} | {cells[0]} | {cells[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
