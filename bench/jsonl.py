@@ -8,8 +8,9 @@ block, the first blocks shared within a conversation so prefixes repeat), Poisso
 50 req/s, lognormal lengths; seeded. Each measurement is a fresh process that imports what it
 needs and reads the whole trace (``sim.workload.trace.read_trace``); the two readers alternate,
 and the fastest and the median of REPEAT runs are printed. CPU is user + system time
-(``os.wait4``), so pyarrow's reader threads count.
-Usage: python bench/jsonl.py [--requests 500 100000 1000000] [--repeat 5] [--dir D]
+(``os.wait4``), so pyarrow's reader threads count. ``--against DIR`` adds another checkout's
+reading (whichever reader it chooses), alternating with the others, for A/B.
+Usage: python bench/jsonl.py [--requests 500 100000 1000000] [--repeat 5] [--dir D] [--against DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# a child: read the trace with one reader; the general one when the numeric one is switched off
+# a child: read the trace with one reader (the general one when the numeric one is switched
+# off; "default": whichever the checkout chooses)
 READ = """
 import sys, warnings
 warnings.simplefilter("ignore")
@@ -33,7 +35,7 @@ if sys.argv[2] == "general":
     trace._numeric_batches = lambda *a: None
 a = trace.read_trace(sys.argv[1], "mooncake")
 assert len(a) == int(sys.argv[3]), len(a)
-assert ("polars" in sys.modules) == (sys.argv[2] == "general"), sys.argv[2]
+assert sys.argv[2] == "default" or ("polars" in sys.modules) == (sys.argv[2] == "general"), sys.argv[2]
 """
 
 
@@ -58,10 +60,10 @@ def make_mooncake_jsonl(path: Path, n: int, seed: int = 0, block_tokens: int = 5
                                 "output_length": int(out[i]), "hash_ids": ids}) + "\n")
 
 
-def cpu_s(path: Path, reader: str, n: int) -> float:
+def cpu_s(path: Path, reader: str, n: int, checkout: Path = ROOT) -> float:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", READ, str(path), reader, str(n)], cwd=ROOT, env=env,
+    env["PYTHONPATH"] = str(checkout)
+    proc = subprocess.Popen([sys.executable, "-c", READ, str(path), reader, str(n)], cwd=checkout, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
@@ -74,22 +76,26 @@ def main() -> None:
     ap.add_argument("--requests", type=int, nargs="+", default=[500, 100_000, 1_000_000])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/simsrv_bench"))
+    ap.add_argument("--against", type=Path, help="another checkout, read with the reader it chooses (A/B)")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
-    print("| requests | file MB | numeric reader (pyarrow), CPU s fastest / median "
-          "| general reader (polars), CPU s fastest / median |\n|---|---|---|---|")
+    cases = [("numeric reader (pyarrow)", "numeric", ROOT), ("general reader (polars)", "general", ROOT)]
+    if a.against:
+        cases.append((f"{a.against.resolve().name}", "default", a.against.resolve()))
+    print("| requests | file MB | " + " | ".join(f"{name}, CPU s fastest / median" for name, _, _ in cases)
+          + " |\n|---|---|" + "---|" * len(cases))
     for n in a.requests:
         path = a.dir / f"mooncake_{n}.jsonl"
         if not path.exists():
             make_mooncake_jsonl(path, n)
-        for reader in ("numeric", "general"):  # warm-up: bytecode written
-            cpu_s(path, reader, n)
-        runs: dict[str, list[float]] = {"numeric": [], "general": []}
-        for _ in range(a.repeat):
-            for reader, r in runs.items():
-                r.append(cpu_s(path, reader, n))
-        cells = [f"{min(r):.3f} / {statistics.median(r):.3f}" for r in runs.values()]
-        print(f"| {n:,} | {path.stat().st_size / 1e6:,.1f} | {cells[0]} | {cells[1]} |", flush=True)
+        for _name, reader, checkout in cases:  # warm-up: bytecode written
+            cpu_s(path, reader, n, checkout)
+        runs: list[list[float]] = [[] for _ in cases]
+        for _ in range(a.repeat):  # alternating
+            for r, (_name, reader, checkout) in zip(runs, cases):
+                r.append(cpu_s(path, reader, n, checkout))
+        cells = [f"{min(r):.3f} / {statistics.median(r):.3f}" for r in runs]
+        print(f"| {n:,} | {path.stat().st_size / 1e6:,.1f} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
