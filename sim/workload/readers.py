@@ -16,7 +16,7 @@ import numpy as np
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
-from sim.workload.sources import Batch, NumericColumns, arrow_list_lengths, arrow_list_values
+from sim.workload.sources import Batch, NumericColumns, arrow_list_lengths, arrow_list_values, shown
 from sim.workload.validate import datetimes_s, floats, present, seconds, text_equals, tokens, truncated_ints
 
 if TYPE_CHECKING:
@@ -72,18 +72,25 @@ def _has(b: Batch, col: str) -> bool:
     return _null_count(b, col) < b.frame.height
 
 
-def _id_lists(b: Batch, col: str) -> tuple[np.ndarray, np.ndarray]:
-    """(ids per row, 0 where missing; every id, in row order) of a list column."""
+def _id_lists(b: Batch, col: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(ids per row, 0 where missing; every id, in row order) of a list column; a null among a
+    row's ids is an error naming the line (as ``json``'s reading of the line says it)."""
     s = b.frame[col]
     if isinstance(b.frame, NumericColumns):  # a pyarrow list array, no null among its ids
         return arrow_list_lengths(s), arrow_list_values(s).to_numpy()
+    import polars as pl
+
     lens = s.list.len().fill_null(0).to_numpy()
+    nulls = s.list.eval(pl.element().is_null()).list.sum().fill_null(0).to_numpy()
+    if nulls.any():  # (explode + drop_nulls below would shift the later rows' ids)
+        i = int(np.argmax(nulls > 0))
+        raise UserError(f"{b.where(path, i)}: {col} is {shown(s[i].to_list())}, expected a list of integers")
     return lens, (s.explode().drop_nulls().to_numpy() if lens.sum() else np.zeros(0, np.int64))
 
 
 def hash_lists(batch: Batch, col: str, path: Path, inp: np.ndarray, block: int) -> list[np.ndarray]:
     """Per-row int64 arrays of hash ids; more ids than prompt blocks is an error."""
-    lens, flat = _id_lists(batch, col)
+    lens, flat = _id_lists(batch, col, path)
     too_many = lens > -(-inp // block)
     if too_many.any():
         i = int(np.argmax(too_many))

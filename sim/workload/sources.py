@@ -78,6 +78,12 @@ def arrow_compute():
     return pc
 
 
+def arrow_is_text(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
 def arrow_or(array, value):
     """A pyarrow array with ``value`` where it is null (``fill_null``, whose method imports
     ``pyarrow.compute``)."""
@@ -308,7 +314,7 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
         def fits(c: str) -> bool:  # a number, or text for a date-time column
             t = schema.field(c).type
             if c in text:
-                return pa.types.is_string(t) or pa.types.is_large_string(t)
+                return arrow_is_text(t)
             return pa.types.is_integer(t) or pa.types.is_floating(t)
 
         if any(c not in names or not fits(c) for c in columns):
@@ -365,6 +371,8 @@ def _polars_type(tag: str):
 _BLANK_BYTES = np.zeros(256, dtype=bool)
 _BLANK_BYTES[list(b" \t\n\r\x0b\x0c")] = True
 READ_BYTES = 1 << 24
+# "[" and "{" on one JSON line beyond which the numeric reader leaves it to the general one
+MAX_OPEN_BRACKETS = 256
 
 
 def _non_blank(data: bytes, first_line: int) -> tuple[bytes, np.ndarray, np.ndarray, int]:
@@ -393,19 +401,19 @@ def _jsonl_lines(path: Path, chunk_rows: int) -> Iterator[tuple[bytes, np.ndarra
     numbers: list[np.ndarray] = []
     n_pending = 0
     line = 1  # the number of the first line not yet split
-    rest = b""
+    rest: list[bytes] = []  # the reads since the last newline (a line may be longer than a read)
     with open(path, "rb") as f:
         while True:
             block = f.read(READ_BYTES)
-            data = rest + block
             if not block:  # the end: a last line without a newline gets one
-                if not data:
-                    break
-                rest = b""
-                data = data if data.endswith(b"\n") else data + b"\n"
+                data = b"".join(rest)
+                data = data if not data or data.endswith(b"\n") else data + b"\n"
             else:
-                cut = data.rfind(b"\n") + 1
-                data, rest = data[:cut], data[cut:]
+                cut = block.rfind(b"\n") + 1
+                if not cut:
+                    rest.append(block)
+                    continue
+                data, rest = b"".join([*rest, block[:cut]]), [block[cut:]]
             if data:
                 kept, nos, ends, n_lines = _non_blank(data, line)
                 line += n_lines
@@ -461,7 +469,7 @@ def jsonl_numeric_batches(path: Path, schema: dict[str, str], chunk_rows: int = 
             cols = _json_columns(path, data, lines, schema, flatten)
             try:
                 frame = NumericColumns({k: pa.array(v, type=types[k]) for k, v in cols.items()}, len(lines))
-            except (pa.ArrowException, UnicodeEncodeError) as e:  # (text pyarrow cannot hold: a lone surrogate)
+            except pa.ArrowException as e:  # (values pyarrow cannot hold as the field's type)
                 raise NotNumeric("JSON Lines") from e
         else:
             frame = _arrow_jsonl(data, len(lines), types)
@@ -470,16 +478,30 @@ def jsonl_numeric_batches(path: Path, schema: dict[str, str], chunk_rows: int = 
 
 def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
     """JSON Lines text of ``rows`` records parsed by pyarrow (fields not in ``types`` ignored), or
-    ``NotNumeric`` for any batch the general reader's ``json`` would refuse or read otherwise,
-    and any it might not read alike: text pyarrow does not parse (a value of another JSON type
-    than its field's: a number where text is expected, 3.0 for an integer; a repeated field),
-    not one record per line, bytes that are not UTF-8 or a byte-order mark, a null among a
-    list's integers, a value that is not finite."""
+    ``NotNumeric`` for any batch the general reader (polars, or ``json`` where polars gives up)
+    might read otherwise: text pyarrow does not parse (a value of another JSON type than its
+    field's: a number where text is expected, 3.0 for an integer; a repeated field), not one
+    record per line or a line not starting with "{", deep nesting, bytes that are not UTF-8 or
+    a byte-order mark, NaN or an infinity anywhere, a null among a list's integers, -0."""
     import pyarrow as pa
     import pyarrow.json as pajson
 
+    u8 = np.frombuffer(data, dtype=np.uint8)
+    starts = np.concatenate(([0], np.flatnonzero(u8[:-1] == 10) + 1))  # (``data`` ends with a newline)
+    # A line that does not start with "{" (pyarrow 26 crashes on a block that starts with null);
+    # or with over MAX_OPEN_BRACKETS "[" and "{": an upper bound of its nesting, which Python's
+    # ``json`` cannot read past ~1,000 levels (the general reader refuses such a line, pyarrow not).
+    if not (u8[starts] == 123).all():
+        raise NotNumeric("JSON Lines")
+    opens = np.flatnonzero((u8 == 91) | (u8 == 123))  # (offsets, in order: their count per line below)
+    if np.diff(np.searchsorted(opens, np.append(starts, len(u8)))).max() > MAX_OPEN_BRACKETS:
+        raise NotNumeric("JSON Lines")
+    # NaN, Infinity, Inf (pyarrow reads the three; ``json`` not Inf) even where the field is ignored
+    if b"NaN" in data or b"Inf" in data:
+        raise NotNumeric("JSON Lines")
     if not data.isascii():
-        # a byte-order mark: polars refuses the batch and ``json`` reads it, where "-0" is 0.0, not -0.0
+        # a byte-order mark: polars refuses the batch, and the general reader parses it with
+        # ``json`` and its own checks (``_coerce``), not polars': left to it
         if b"\xef\xbb\xbf" in data:
             raise NotNumeric("JSON Lines")
         try:
@@ -499,13 +521,14 @@ def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
         raise NotNumeric("JSON Lines")
     cols = {k: table.column(k).combine_chunks() for k in types}
     for k, t in types.items():
-        if pa.types.is_list(t) and arrow_list_values(cols[k]).null_count:  # [1, null]: ``json`` refuses it
+        if pa.types.is_list(t) and arrow_list_values(cols[k]).null_count:  # [1, null]: the general reader names it
             raise NotNumeric(k)
-        # NaN, an infinity or an integer beyond a double (pyarrow reads it as an infinity; the
-        # general reader's ``json`` refuses it) is the general reader's (a null is NaN in
-        # ``to_numpy``: only as many values may not be finite)
-        if t == pa.float64() and (~np.isfinite(cols[k].to_numpy(zero_copy_only=False))).sum() > cols[k].null_count:
-            raise NotNumeric(k)
+        if t == pa.float64():
+            x = cols[k].to_numpy(zero_copy_only=False)  # (NaN where null)
+            # an integer beyond a double (pyarrow reads an infinity, ``json`` refuses it): only as
+            # many values may not be finite as are null; -0 (pyarrow reads -0.0, polars and ``json`` 0.0)
+            if (~np.isfinite(x)).sum() > cols[k].null_count or (np.signbit(x) & (x == 0)).any():
+                raise NotNumeric(k)
     return NumericColumns(cols, rows)
 
 
@@ -531,7 +554,7 @@ def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, 
     cols: dict[str, list] = {k: [] for k in schema}
     for raw, no in zip(data.split(b"\n"), lines.tolist()):
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw + b"\n")  # (with its newline: ``json`` guesses UTF-16 and -32 from the bytes)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: line {no}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
         except RecursionError:  # (Python's json parser recurses once per level)

@@ -16,7 +16,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S, MAX_TOKENS
-from sim.workload.sources import Batch, NotNumeric, NumericColumns, arrow_compute, shown
+from sim.workload.sources import Batch, NotNumeric, NumericColumns, arrow_compute, arrow_is_text, shown
 
 if TYPE_CHECKING:
     import polars as pl
@@ -111,7 +111,8 @@ _OFFSET = r"[+-]([01][0-9]|2[0-3]):[0-5][0-9]"
 
 
 def _arrow_all(pc, mask) -> bool:
-    """Whether every value of a pyarrow boolean array (no nulls: the numeric reader's) is true."""
+    """Whether every value of a pyarrow boolean array without nulls (``datetimes_s`` and
+    ``text_equals`` hand over none) is true."""
     return bool(pc.call_function("all", [mask]).as_py())
 
 
@@ -146,7 +147,12 @@ def datetimes_s(batch: Batch, col: str, path: Path) -> np.ndarray:
     NOTE: text without a time zone is taken as UTC; only differences between rows matter.
     """
     if isinstance(batch.frame, NumericColumns):
-        return _arrow_datetimes_us(batch.frame[col]).astype(np.float64) / 1e6
+        text = batch.frame[col]
+        # (a JSON Lines field may be missing, or a number where the arrival and a token count
+        # are the same field: the general reader names the line)
+        if text.null_count or not arrow_is_text(text.type):
+            raise NotNumeric(col)
+        return _arrow_datetimes_us(text).astype(np.float64) / 1e6
     import polars as pl
 
     raw = _raw(batch, col)
