@@ -482,7 +482,8 @@ def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
     might read otherwise: text pyarrow does not parse (a value of another JSON type than its
     field's: a number where text is expected, 3.0 for an integer; a repeated field), not one
     record per line or a line not starting with "{", deep nesting, bytes that are not UTF-8 or
-    a byte-order mark, NaN or an infinity anywhere, a null among a list's integers, -0."""
+    a byte-order mark, ``Inf`` anywhere, NaN or an infinity in a field it keeps, a null among
+    a list's integers, -0."""
     import pyarrow as pa
     import pyarrow.json as pajson
 
@@ -496,8 +497,9 @@ def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
     opens = np.flatnonzero((u8 == 91) | (u8 == 123))  # (offsets, in order: their count per line below)
     if np.diff(np.searchsorted(opens, np.append(starts, len(u8)))).max() > MAX_OPEN_BRACKETS:
         raise NotNumeric("JSON Lines")
-    # NaN, Infinity, Inf (pyarrow reads the three; ``json`` not Inf) even where the field is ignored
-    if b"NaN" in data or b"Inf" in data:
+    # Inf, which pyarrow reads and ``json`` refuses, even where the field is ignored (NaN and
+    # Infinity, which both read, are checked below where they are kept)
+    if b"Inf" in data:
         raise NotNumeric("JSON Lines")
     if not data.isascii():
         # a byte-order mark: polars refuses the batch, and the general reader parses it with
@@ -519,7 +521,7 @@ def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
         raise NotNumeric("JSON Lines") from e
     if table.num_rows != rows:  # two records on a line
         raise NotNumeric("JSON Lines")
-    cols = {k: table.column(k).combine_chunks() for k in types}
+    cols = {k: table.column(k) for k in types}  # (chunked arrays: one chunk per block)
     for k, t in types.items():
         if pa.types.is_list(t) and arrow_list_values(cols[k]).null_count:  # [1, null]: the general reader names it
             raise NotNumeric(k)
