@@ -97,7 +97,7 @@ def hash_lists(batch: Batch, col: str, path: Path, inp: np.ndarray, block: int) 
         raise UserError(f"{batch.where(path, i)}: {col} has {lens[i]} ids but input {inp[i]} tokens fill only "
                         f"{-(-inp[i] // block)} blocks of {block} tokens; set the block size with --hash-block-size "
                         "(workload.trace.hash_block_size)")
-    # one view of ``flat`` per row (as ``np.split`` gives them, at a sixth of its cost)
+    # one view of ``flat`` per row (as ``np.split`` gives them, at a quarter to a third of its cost)
     flat = flat.astype(np.int64)
     ends = np.cumsum(lens)
     return [flat[a:b] for a, b in zip((ends - lens).tolist(), ends.tolist())]
