@@ -494,14 +494,29 @@ def test_a_bad_json_lines_value_is_named_by_the_general_reader(tmp_path, monkeyp
      "line 1: timestamp is 1000.*, a number too large for a double"),
     ('{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": ' + "[" * 100_000 + "]" * 100_000 + "}",
      "line 1: JSON nested too deeply to read"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 3, "x": 1' + "0" * 4400 + "}",
+     "line 1: JSON with an integer of over 4,300 digits"),
 ])
 def test_json_values_python_cannot_hold_are_one_error_line(tmp_path, text, message):
-    """An integer beyond a double, or nesting deeper than Python's parser recurses, in a line
-    the general reader parses with ``json``: one error line, not a traceback."""
+    """An integer beyond a double or of more digits than Python converts, or nesting deeper
+    than Python's parser recurses, in a line the general reader parses with ``json``: one
+    error line, not a traceback (also where format detection reads line 1)."""
     p = tmp_path / "t.jsonl"
     p.write_text(text + "\n")
+    for fmt in ("mooncake", "auto"):
+        with pytest.raises(UserError, match=message):
+            read_trace(p, fmt)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"start_times": [1' + "0" * 5000 + "]}", "JSON with an integer of over 4,300 digits"),
+    ('{"start_times": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON nested too deeply to read"),
+])
+def test_vllm_bench_json_python_cannot_hold_is_one_error_line(tmp_path, text, message):
+    p = tmp_path / "bench.json"
+    p.write_text(text)
     with pytest.raises(UserError, match=message):
-        read_trace(p, "mooncake")
+        read_trace(p, "vllm_bench")
 
 
 def _lines_one_by_one(path, chunk_rows):
@@ -552,6 +567,12 @@ _MOONCAKE_ROW = '{"timestamp": 7, "input_length": 5, "output_length": 3'
      '{"timestamp": 2, "input_length": 5, "output_length": 3, "hash_ids": [2, 3]}\n', "mooncake"),
     ('{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": [null]}\n', "mooncake"),
     ('  ' + _MOONCAKE_ROW + "}\n", "mooncake"),  # an indented line: the general reader's
+    # a record across two lines, and two on the second: pyarrow reads two rows, json neither line
+    (_MOONCAKE_ROW + ', "x":\n{}}' + _MOONCAKE_ROW + "}\n", "mooncake"),
+    (_MOONCAKE_ROW + "} \t\r\n" + _MOONCAKE_ROW + "}\n", "mooncake"),  # spaces after a record
+    (_MOONCAKE_ROW + ', "x": -NaN}\n', "mooncake"),  # pyarrow reads -NaN, json refuses it
+    (_MOONCAKE_ROW + "}\n" + _MOONCAKE_ROW + ', "x": 1' + "0" * 4300 + "}\n", "mooncake"),  # json: over 4,300 digits
+    (_MOONCAKE_ROW + ', "x": 1' + "0" * 4299 + "}\n", "mooncake"),
 ])
 def test_json_lines_the_numeric_reader_leaves_to_the_general_one(tmp_path, monkeypatch, text, fmt):
     """Lines pyarrow reads otherwise than polars (or ``json``, where polars gives up) does, or

@@ -18,7 +18,7 @@ import numpy as np
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S, MAX_TOKENS
 from sim.workload.arrays import RequestArrays
-from sim.workload.sources import shown
+from sim.workload.sources import json_limit, shown
 
 
 def _numbers(path: Path, doc: dict, key: str, n: int, integer: bool, minimum: float) -> np.ndarray:
@@ -44,8 +44,8 @@ def read_vllm_bench(path: Path) -> tuple[RequestArrays, int]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         line = f" line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
         raise UserError(f"{path}:{line} not valid JSON ({getattr(e, 'msg', e)})") from None
-    except RecursionError:  # (Python's json parser recurses once per level)
-        raise UserError(f"{path}: JSON nested too deeply to read") from None
+    except (RecursionError, ValueError) as e:
+        raise UserError(f"{path}: {json_limit(e)}") from None
     if not isinstance(doc, dict) or "input_lens" not in doc:
         raise UserError(f"{path}: not a vLLM bench result (expected a JSON object with input_lens, output_lens, "
                         "start_times; run vllm bench serve with --save-result --save-detailed)")

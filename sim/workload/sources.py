@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -476,40 +478,63 @@ def jsonl_numeric_batches(path: Path, schema: dict[str, str], chunk_rows: int = 
         yield Batch(frame, lines, "line")
 
 
-def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
-    """JSON Lines text of ``rows`` records parsed by pyarrow (fields not in ``types`` ignored), or
-    ``NotNumeric`` for any batch the general reader (polars, or ``json`` where polars gives up)
-    might read otherwise: text pyarrow does not parse (a value of another JSON type than its
-    field's: a number where text is expected, 3.0 for an integer; a repeated field), not one
-    record per line or a line not starting with "{", deep nesting, bytes that are not UTF-8 or
-    a byte-order mark, ``Inf`` anywhere, NaN or an infinity in a field it keeps, a null among
-    a list's integers, -0."""
-    import pyarrow as pa
-    import pyarrow.json as pajson
-
+def _left_to_general(data: bytes) -> bool:
+    """Whether JSON Lines text (each line ending with a newline) has what pyarrow reads and
+    the general reader refuses or reads otherwise, as far as the bytes show it before parsing."""
     u8 = np.frombuffer(data, dtype=np.uint8)
-    starts = np.concatenate(([0], np.flatnonzero(u8[:-1] == 10) + 1))  # (``data`` ends with a newline)
-    # A line that does not start with "{" (pyarrow 26 crashes on a block that starts with null);
-    # or with over MAX_OPEN_BRACKETS "[" and "{": an upper bound of its nesting, which Python's
-    # ``json`` cannot read past ~1,000 levels (the general reader refuses such a line, pyarrow not).
+    newlines = np.flatnonzero(u8 == 10)
+    starts = np.concatenate(([0], newlines[:-1] + 1))
+    # Each line whole records: starting with "{" (pyarrow 26 crashes on a block that starts
+    # with null) and ending with "}" (pyarrow reads a record across lines; with two records on
+    # another line, the count of rows would not tell).
     if not (u8[starts] == 123).all():
-        raise NotNumeric("JSON Lines")
+        return True
+    last, before = u8[newlines - 1], u8[np.maximum(newlines - 2, 0)]
+    whole = (last == 125) | ((last == 13) & (before == 125) & (newlines - starts >= 2))  # "}" or "}\r"
+    for i in np.flatnonzero(~whole).tolist():  # (a "}" then spaces: looked at whole)
+        if not data[starts[i]:newlines[i]].rstrip(b" \t\r").endswith(b"}"):
+            return True
+    # Over MAX_OPEN_BRACKETS "[" and "{" on a line: an upper bound of its nesting, which
+    # Python's ``json`` cannot read past ~1,000 levels.
     opens = np.flatnonzero((u8 == 91) | (u8 == 123))  # (offsets, in order: their count per line below)
     if np.diff(np.searchsorted(opens, np.append(starts, len(u8)))).max() > MAX_OPEN_BRACKETS:
-        raise NotNumeric("JSON Lines")
-    # Inf, which pyarrow reads and ``json`` refuses, even where the field is ignored (NaN and
-    # Infinity, which both read, are checked below where they are kept)
-    if b"Inf" in data:
-        raise NotNumeric("JSON Lines")
+        return True
+    # An integer of more digits than Python converts (``sys.get_int_max_str_digits``, 4,300):
+    # ``json`` refuses it; only a line that long can hold one.
+    limit = sys.get_int_max_str_digits()
+    if limit:
+        digits = re.compile(rb"[0-9]{%d}" % (limit + 1))
+        for i in np.flatnonzero(newlines - starts > limit).tolist():
+            if digits.search(data, starts[i], newlines[i]):
+                return True
+    # Inf and -NaN, which pyarrow reads and ``json`` refuses, even in a field the format
+    # ignores (NaN and Infinity, which both read, are checked where they are kept)
+    if b"Inf" in data or b"-NaN" in data:
+        return True
     if not data.isascii():
         # a byte-order mark: polars refuses the batch, and the general reader parses it with
-        # ``json`` and its own checks (``_coerce``), not polars': left to it
+        # ``json`` and its own checks (``_coerce``), not polars'
         if b"\xef\xbb\xbf" in data:
-            raise NotNumeric("JSON Lines")
+            return True
         try:
             data.decode("utf-8")  # (pyarrow's reader does not check text it does not keep)
         except UnicodeDecodeError:
-            raise NotNumeric("JSON Lines") from None
+            return True
+    return False
+
+
+def _arrow_jsonl(data: bytes, rows: int, types: dict) -> NumericColumns:
+    """JSON Lines text of ``rows`` records parsed by pyarrow (fields not in ``types`` ignored), or
+    ``NotNumeric`` for any batch the general reader (polars, or ``json`` where polars gives up)
+    might read otherwise: what ``_left_to_general`` finds in the bytes; text pyarrow does not
+    parse (a value of another JSON type than its field's: a number where text is expected, 3.0
+    for an integer; a repeated field); not one record per line; NaN or an infinity in a field it
+    keeps; a null among a list's integers; -0."""
+    import pyarrow as pa
+    import pyarrow.json as pajson
+
+    if _left_to_general(data):
+        raise NotNumeric("JSON Lines")
     try:
         table = pajson.read_json(
             io.BytesIO(data),
@@ -559,8 +584,8 @@ def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, 
             obj = json.loads(raw + b"\n")  # (with its newline: ``json`` guesses UTF-16 and -32 from the bytes)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: line {no}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
-        except RecursionError:  # (Python's json parser recurses once per level)
-            raise UserError(f"{path}: line {no}: JSON nested too deeply to read") from None
+        except (RecursionError, ValueError) as e:
+            raise UserError(f"{path}: line {no}: {json_limit(e)}") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}: line {no}: expected a JSON object, got {type(obj).__name__}")
         if flatten is not None:
@@ -568,6 +593,13 @@ def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, 
         for k, dtype in schema.items():
             cols[k].append(_coerce(obj.get(k), dtype, f"{path}: line {no}", k))
     return cols
+
+
+def json_limit(e: RecursionError | ValueError) -> str:
+    """What a JSON text that ``json`` cannot read (past a limit of Python's) holds."""
+    if isinstance(e, RecursionError):  # (Python's json parser recurses once per level)
+        return "JSON nested too deeply to read"
+    return f"JSON with an integer of over {sys.get_int_max_str_digits():,} digits"  # (ValueError from int())
 
 
 def _coerce(v, tag: str, where: str, key: str):

@@ -21,7 +21,7 @@ from sim.limits import MAX_TRACE_SPAN_S
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
 from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,
-                                  first_line, jsonl_batches, jsonl_numeric_batches, looks_binary, numeric_batches,
+                                  first_line, json_limit, jsonl_batches, jsonl_numeric_batches, looks_binary, numeric_batches,
                                   parquet_batches, parquet_columns, shown_columns)
 
 FORMAT_NAMES = [f for f in FORMATS]
@@ -52,8 +52,8 @@ def _columns(path: Path) -> tuple[str, list[str]]:
             obj = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{path}: line 1: not valid JSON") from None
-        except RecursionError:  # (Python's json parser recurses once per level)
-            raise UserError(f"{path}: line 1: JSON nested too deeply to read") from None
+        except (RecursionError, ValueError) as e:
+            raise UserError(f"{path}: line 1: {json_limit(e)}") from None
         return "jsonl", list(obj) if isinstance(obj, dict) else []
     return "table", csv_header(path)
 
