@@ -6,10 +6,11 @@ The trace is generated outside the repository (default /tmp/simsrv_bench): Moonc
 (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``: one id per 512-token
 block, the first blocks shared within a conversation so prefixes repeat), Poisson arrivals at
 50 req/s, lognormal lengths; seeded. Each measurement is a fresh process that imports what it
-needs and reads the whole trace (``sim.workload.trace.read_trace``); the two readers alternate,
+needs and reads the whole trace (``sim.workload.trace.read_trace``); the readers alternate,
 and the fastest and the median of REPEAT runs are printed. CPU is user + system time
-(``os.wait4``), so pyarrow's reader threads count. ``--against DIR`` adds another checkout's
-reading (whichever reader it chooses), alternating with the others, for A/B.
+(``os.wait4``), so pyarrow's reader threads count. A third column is the reader simsrv
+chooses (the numeric one up to ``JSONL_NUMERIC_MAX_BYTES``). ``--against DIR`` adds another
+checkout's reading (whichever reader it chooses), alternating with the others, for A/B.
 Usage: python bench/jsonl.py [--requests 500 100000 1000000] [--repeat 5] [--dir D] [--against DIR]
 """
 
@@ -26,13 +27,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # a child: read the trace with one reader (the general one when the numeric one is switched
-# off; "default": whichever the checkout chooses)
+# off, the numeric one whatever the file's size; "default": whichever the checkout chooses)
 READ = """
 import sys, warnings
 warnings.simplefilter("ignore")
 import sim.workload.trace as trace
 if sys.argv[2] == "general":
     trace._numeric_batches = lambda *a: None
+if sys.argv[2] == "numeric":  # whatever the file's size
+    trace.JSONL_NUMERIC_MAX_BYTES = float("inf")
 a = trace.read_trace(sys.argv[1], "mooncake")
 assert len(a) == int(sys.argv[3]), len(a)
 assert sys.argv[2] == "default" or ("polars" in sys.modules) == (sys.argv[2] == "general"), sys.argv[2]
@@ -79,7 +82,8 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another checkout, read with the reader it chooses (A/B)")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
-    cases = [("numeric reader (pyarrow)", "numeric", ROOT), ("general reader (polars)", "general", ROOT)]
+    cases = [("numeric reader (pyarrow)", "numeric", ROOT), ("general reader (polars)", "general", ROOT),
+             ("the reader chosen (by size)", "default", ROOT)]
     if a.against:
         cases.append((f"{a.against.resolve().name}", "default", a.against.resolve()))
     print("| requests | file MB | " + " | ".join(f"{name}, CPU s fastest / median" for name, _, _ in cases)

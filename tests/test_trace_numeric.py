@@ -595,3 +595,19 @@ def test_generic_json_lines_date_times_missing_or_numbers(tmp_path, monkeypatch,
                        output_column=columns[2])
     for chunk_rows in (1, 8):
         _alike(p, opts, monkeypatch, chunk_rows)
+
+
+def test_a_large_json_lines_trace_is_the_general_readers(root, monkeypatch):
+    """Over ``JSONL_NUMERIC_MAX_BYTES`` polars' faster parse pays for its import: the general
+    reader reads the file from its first line, to the same arrays."""
+    import sim.workload.sources as sources
+
+    path = root / "traces" / "samples" / "mooncake_synthetic_first500.jsonl"
+    opts = ReadOptions(format="mooncake")
+    small = _read(path, opts, True, monkeypatch)
+    handed = []
+    real = sources._parse_jsonl
+    monkeypatch.setattr(sources, "_parse_jsonl", lambda *a: handed.append(1) or real(*a))
+    monkeypatch.setattr(trace, "JSONL_NUMERIC_MAX_BYTES", path.stat().st_size - 1)
+    _same(_read(path, opts, True, monkeypatch), small)
+    assert handed

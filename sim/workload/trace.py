@@ -30,6 +30,10 @@ FORMAT_NAMES = [f for f in FORMATS]
 # unit datetime): read by the numeric reader when the file has no other column to read
 NUMERIC_FORMATS = ("generic", "vidur", "normalized", "azure", "burstgpt")
 NUMERIC_TEXT = {"azure": ("TIMESTAMP",), "burstgpt": ("Model",)}
+# JSON Lines traces up to this size are read by the numeric reader: it saves polars' import
+# (~0.13 s of CPU) but costs ~0.006 s more per MB than polars (its checks before parsing); the
+# two cross near 36 MB (bench/README.md, "JSON Lines traces without polars")
+JSONL_NUMERIC_MAX_BYTES = 32 << 20
 
 
 class TraceWarning(UserWarning):
@@ -131,6 +135,8 @@ def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int) -
     otherwise (the general reader reads it)."""
     fields = _jsonl_fields(path, fmt, opts)
     if fields is not None:
+        if path.stat().st_size > JSONL_NUMERIC_MAX_BYTES:
+            return None
         return jsonl_numeric_batches(path, fields[0], chunk_rows, fields[1])
     numeric = _numeric_columns(path, fmt, opts)
     return None if numeric is None else numeric_batches(path, numeric[0], chunk_rows, text=numeric[1])
