@@ -8,9 +8,9 @@ block, the first blocks shared within a conversation so prefixes repeat), Poisso
 50 req/s, lognormal lengths; seeded. Each measurement is a fresh process that imports what it
 needs and reads the whole trace (``sim.workload.trace.read_trace``); the readers alternate,
 and the fastest and the median of REPEAT runs are printed. CPU is user + system time
-(``os.wait4``), so pyarrow's reader threads count. A third column is the reader simsrv
-chooses (the numeric one up to ``JSONL_NUMERIC_MAX_BYTES``). ``--against DIR`` adds another
-checkout's reading (whichever reader it chooses), alternating with the others, for A/B.
+(``os.wait4``: ``startup.cpu_s``), so pyarrow's reader threads count. A third column is the
+reader simsrv chooses (the numeric one up to ``JSONL_NUMERIC_MAX_BYTES``). ``--against DIR``
+adds another checkout's reading (whichever reader it chooses), alternating with the others.
 Usage: python bench/jsonl.py [--requests 500 100000 1000000] [--repeat 5] [--dir D] [--against DIR]
 """
 
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+import startup  # bench/startup.py: a fresh process's CPU time
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,17 +62,6 @@ def make_mooncake_jsonl(path: Path, n: int, seed: int = 0, block_tokens: int = 5
                                 "output_length": int(out[i]), "hash_ids": ids}) + "\n")
 
 
-def cpu_s(path: Path, reader: str, n: int, checkout: Path = ROOT) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(checkout)
-    proc = subprocess.Popen([sys.executable, "-c", READ, str(path), reader, str(n)], cwd=checkout, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{reader} {path}: {proc.stderr.read().decode()}")
-    return usage.ru_utime + usage.ru_stime
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, nargs="+", default=[500, 100_000, 1_000_000])
@@ -82,6 +70,11 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another checkout, read with the reader it chooses (A/B)")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
+    pycache = a.dir / "pycache"  # bytecode cached there, as an installed package has it
+
+    def cpu_s(path: Path, reader: str, n: int, checkout: Path) -> float:
+        return startup.cpu_s(["-c", READ, str(path), reader, str(n)], checkout, pycache)
+
     cases = [("numeric reader (pyarrow)", "numeric", ROOT), ("general reader (polars)", "general", ROOT),
              ("the reader chosen (by size)", "default", ROOT)]
     if a.against:
@@ -100,7 +93,6 @@ def main() -> None:
                 r.append(cpu_s(path, reader, n, checkout))
         cells = [f"{min(r):.3f} / {statistics.median(r):.3f}" for r in runs]
         print(f"| {n:,} | {path.stat().st_size / 1e6:,.1f} | " + " | ".join(cells) + " |", flush=True)
-
 
 if __name__ == "__main__":
     main()

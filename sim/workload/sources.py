@@ -461,8 +461,8 @@ def jsonl_numeric_batches(path: Path, schema: dict[str, str], chunk_rows: int = 
     """``jsonl_batches`` without polars: each batch parsed by pyarrow's JSON reader with the
     ``schema`` types (a frame of pyarrow arrays, nulls where a field is missing); with
     ``flatten``, line by line with ``json`` as the general reader does. ``NotNumeric`` at the
-    first batch pyarrow does not parse to one row per line (the general reader then reads it
-    and names a bad line)."""
+    first batch the general reader might read otherwise (``_arrow_jsonl``), which then reads it
+    and names a bad line."""
     import pyarrow as pa
 
     types = {k: _arrow_type(tag) for k, tag in schema.items()}
