@@ -59,10 +59,11 @@ def cpu_s(args: list[str], checkout: Path, pycache: Path) -> float:
 
 # ``python -m sim`` with the CPU time printed to stderr ("cpu-at-simulate SECONDS") at the
 # simulation's start;
-# the two settings that ``sim.cli.entry.main`` makes before a run's imports are made first
+# the settings that ``sim.cli.entry.main`` makes before a run's imports are made first
 UNTIL_SIMULATION = """
 import gc, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 gc.disable()
 import sim.engine.cluster as cluster
 simulate = cluster.simulate

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from importlib import resources
 
 from sim.errors import UserError
-from sim.yamlfile import load_shipped_yaml
+from sim.catalog.packed import load_catalog
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ DEFAULT_NVIDIA_RESERVED_BYTES = 551 * 2**20
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, dict]:
-    return load_shipped_yaml(resources.files("sim.catalog").joinpath("gpus.yaml").read_text())
+    return load_catalog("gpus.yaml")
 
 
 def _opt(d: dict, k: str, cast=float):

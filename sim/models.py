@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from sim.errors import UserError
 from sim.hf_config import from_config
 from sim.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: the catalogue's type)
-from sim.yamlfile import load_shipped_yaml
+from sim.catalog.packed import load_catalog
 
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, dict]:
-    text = resources.files("sim.catalog").joinpath("models.yaml").read_text()
-    return load_shipped_yaml(text)
+    return load_catalog("models.yaml")
 
 
 def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:

@@ -101,6 +101,26 @@ def test_the_command_runs_with_one_blas_thread_unless_told(given):
     assert out.stdout.split()[-2:] == [given or "1", "False"]
 
 
+@pytest.mark.parametrize("given", [None, ""])
+def test_a_run_process_looks_for_no_pydantic_plugins_unless_told(tmp_path, given):
+    """The ``simsrv`` process sets PYDANTIC_DISABLE_PLUGINS=__all__ before pydantic loads, so a
+    run does not read every installed distribution's entry points for pydantic plugins (~9 ms
+    of CPU with ~120 distributions); a value the user set, even empty, is kept, and then
+    pydantic looks for them as usual."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(small_scenario()))
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if given is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = given
+    body = (f"import os, sys\nsys.argv = ['simsrv', 'run', {str(sc)!r}, '--out', {str(tmp_path / 'r')!r}, '-q']\n"
+            "from sim.cli import main\nmain()\nimport pydantic.plugin._loader as loader\n"
+            "print(repr(os.environ['PYDANTIC_DISABLE_PLUGINS']), loader._plugins is None)")
+    out = subprocess.run([sys.executable, "-c", body], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == (["'__all__'", "True"] if given is None else ["''", "False"])
+
+
 @pytest.mark.parametrize("own_process", [True, False])
 def test_a_run_process_turns_the_cyclic_collector_off(tmp_path, own_process):
     """``simsrv run`` as its own process runs without cyclic garbage collection (a one-shot
@@ -143,6 +163,40 @@ def test_shipped_catalogues_parse_the_same_with_libyaml():
     for name in ("models.yaml", "gpus.yaml", "engine_profiles.yaml"):
         text = resources.files("sim.catalog").joinpath(name).read_text()
         assert load_shipped_yaml(text) == yaml.safe_load(text), name
+
+
+def test_packed_catalogues_are_current_and_give_the_yaml_data():
+    """``sim/catalog/packed.json`` holds each catalogue's data for the YAML text it has now
+    (``python -m sim.catalog.packed`` rewrites it), and ``load_catalog`` gives exactly what
+    the YAML parses to: the same values of the same types."""
+    import json
+    from importlib import resources
+
+    from sim.catalog import packed
+    from sim.yamlfile import load_shipped_yaml
+
+    committed = json.loads(resources.files("sim.catalog").joinpath(packed.PACKED).read_text())
+    assert packed.same(committed, packed.pack()), "stale: run python -m sim.catalog.packed"
+    for name in packed.FILES:
+        text = resources.files("sim.catalog").joinpath(name).read_text()
+        assert packed.same(packed.load_catalog(name), load_shipped_yaml(text)), name
+
+
+def test_a_stale_packed_catalogue_is_not_used(monkeypatch):
+    """A packed copy made from other text (a catalogue edited without repacking) is ignored:
+    the YAML is parsed. Data JSON would not give back exactly is refused when packing."""
+    from sim.catalog import packed
+
+    stale = {"sha256": "0" * 64, "data": {"not": "the catalogue"}}
+    monkeypatch.setattr(packed, "_packed", lambda: {"gpus.yaml": stale})
+    assert "h100-sxm" in packed.load_catalog("gpus.yaml")
+    assert packed.same({"a": [1, 2.0, None, True]}, {"a": [1, 2.0, None, True]})
+    for a, b in (({"a": 1}, {"a": 1.0}), ({"a": True}, {"a": 1}), ([1, 2], (1, 2)), ({1: 2}, {"1": 2}),
+                 ({"a": 1, "b": 2}, {"b": 2, "a": 1})):
+        assert not packed.same(a, b), (a, b)
+    monkeypatch.setattr(packed, "load_shipped_yaml", lambda text: {1: "an int key"})
+    with pytest.raises(ValueError, match="cannot be packed"):
+        packed.pack()
 
 
 @pytest.mark.parametrize("env", [{}, {"TTY_COMPATIBLE": "0"}, {"TTY_COMPATIBLE": "1"}, {"FORCE_COLOR": ""},

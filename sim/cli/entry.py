@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> None:
         # numpy work is element-wise (no BLAS), sweep workers are parallel processes already, and
         # OpenBLAS's pool costs each process ~0.07-0.1 s of CPU to start (bench/startup.py).
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        # No pydantic plugins unless the user names them (PYDANTIC_DISABLE_PLUGINS set, even
+        # empty, is left as it is): pydantic looks for them at the first model class by reading
+        # every installed distribution's entry points (importlib.metadata), ~9 ms of CPU with
+        # 118 distributions installed (bench/README.md, "Start-up under 0.25 s"), and simsrv's
+        # scenario models need none.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if words == ["--version"]:  # what the Typer application's eager --version does, without typer
         print_version()
         return

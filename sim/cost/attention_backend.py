@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 
 from sim.errors import UserError
-from sim.yamlfile import load_shipped_yaml
+from sim.catalog.packed import load_catalog
 
 KV_LOADS = ("per_kv_head", "per_query_head", "per_query_head_8bit_kv")
 
@@ -41,7 +40,7 @@ class AttentionBackend:
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
-    return load_shipped_yaml(resources.files("sim.catalog").joinpath("attention_backends.yaml").read_text())
+    return load_catalog("attention_backends.yaml")
 
 
 def backend_names() -> tuple[str, ...]:

@@ -29,11 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from importlib import resources
 
 from sim.cost.attention_backend import get_backend
 from sim.errors import UserError
-from sim.yamlfile import load_shipped_yaml
+from sim.catalog.packed import load_catalog
 
 PROFILE_NAMES = ("vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom")
 DEFAULT_PROFILE = "vllm-v1"
@@ -134,8 +133,7 @@ _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "atte
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
-    path = resources.files("sim.catalog").joinpath("engine_profiles.yaml")
-    return load_shipped_yaml(path.read_text())
+    return load_catalog("engine_profiles.yaml")
 
 
 def _from_entry(name: str, d: dict) -> EngineProfile:

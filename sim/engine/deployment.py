@@ -9,12 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sim.cost.all2all import All2AllLinks
 from sim.cost.calibration import load_calibration
-from sim.cost.dp_ep import DataParallelEPCostModel
 from sim.cost.engine_profile import get_profile
-from sim.cost.pipeline import PipelineCostModel
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.hardware import GPUSpec, scenario_gpu
@@ -23,6 +21,9 @@ from sim.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from sim.cost.all2all import All2AllLinks
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,9 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
 
     def make_cost(m: ModelSpec) -> RooflineCostModel:
         if dp > 1:
+            # imported here, as the pipeline's model below: a plain run needs neither (start-up)
+            from sim.cost.dp_ep import DataParallelEPCostModel
+
             return DataParallelEPCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
                                            expert_load_imbalance=c.expert_load_imbalance, dp=dp,
                                            links=all2all_links(gpu, tp * dp))
@@ -151,7 +155,12 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                                  enable_expert_parallel=c.enable_expert_parallel,
                                  expert_load_imbalance=c.expert_load_imbalance)
 
-    cost = make_cost(model) if link is None else PipelineCostModel(model, pp, make_cost, link)
+    if link is None:
+        cost = make_cost(model)
+    else:
+        from sim.cost.pipeline import PipelineCostModel
+
+        cost = PipelineCostModel(model, pp, make_cost, link)
     if _shared is not None:
         if len(_shared) >= MAX_SHARED_COST_MODELS:
             _shared.pop(next(iter(_shared)))  # the oldest
@@ -181,6 +190,8 @@ def all2all_links(gpu: GPUSpec, ep: int) -> All2AllLinks:
     measured 153 GB/s over H800's 200 GB/s-per-direction NVLink at EP8, 0.77, and 43 GB/s over a
     50 GB/s CX7 NIC at EP16, 0.86: docs/legacy.md "Performance"), and the all-reduce's per-call
     latency. NOTE: ranks are assumed laid out node by node."""
+    from sim.cost.all2all import All2AllLinks
+
     eff = Efficiencies()
     return All2AllLinks(gpu.nvlink_bw_bytes_per_s * eff.link, min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s) * eff.link,
                         GPUS_PER_NODE, eff.allreduce_latency_s)

@@ -1,0 +1,81 @@
+"""The shipped catalogues (``models.yaml``, ``gpus.yaml``, ``engine_profiles.yaml``,
+``attention_backends.yaml``) read at start-up from ``packed.json``: each file's parsed data
+as JSON, with the SHA-256 of the YAML text it came from.
+
+Why: every run reads these four files, and PyYAML's constructor is Python code even behind
+libyaml's C parser: 4.5 ms of CPU per process for ~1,600 values, against ~0.2 ms for the same
+data as JSON (bench/README.md, "Start-up under 0.25 s"). The YAML files stay the source, with
+their comments and sources; a file whose text no longer matches its hash (edited in a checkout
+without ``python -m sim.catalog.packed``) is parsed from its YAML as before, so the packed
+copy can only be slower when stale, never different. ``pack`` refuses data that JSON would not
+give back exactly (a non-string key, a tuple, a date, NaN), and ``tests/test_startup.py`` fails
+while ``packed.json`` is stale.
+
+Usage: python -m sim.catalog.packed   (rewrites sim/catalog/packed.json)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sim.yamlfile import load_shipped_yaml
+
+FILES = ("models.yaml", "gpus.yaml", "engine_profiles.yaml", "attention_backends.yaml")
+PACKED = "packed.json"
+
+
+def load_catalog(name: str) -> Any:
+    """The parsed data of the shipped catalogue ``name`` (one of ``FILES``): its packed copy
+    while that was made from this very text, else the YAML parsed."""
+    raw = resources.files("sim.catalog").joinpath(name).read_bytes()
+    entry = _packed().get(name)
+    if entry is not None and entry["sha256"] == hashlib.sha256(raw).hexdigest():
+        return entry["data"]
+    return load_shipped_yaml(raw.decode("utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _packed() -> dict[str, dict]:
+    try:
+        return json.loads(resources.files("sim.catalog").joinpath(PACKED).read_bytes())
+    except FileNotFoundError:  # not built: every catalogue from its YAML
+        return {}
+
+
+def pack() -> dict[str, dict]:
+    """``packed.json``'s content for the YAML files as they are now."""
+    out = {}
+    for name in FILES:
+        raw = resources.files("sim.catalog").joinpath(name).read_bytes()
+        data = load_shipped_yaml(raw.decode("utf-8"))
+        if not same(json.loads(json.dumps(data, allow_nan=False)), data):
+            raise ValueError(f"{name}: its data does not survive JSON exactly (a non-string key, a tuple, "
+                             "a date?); it cannot be packed")
+        out[name] = {"sha256": hashlib.sha256(raw).hexdigest(), "data": data}
+    return out
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal and of the same types all the way down (``1 == 1.0 == True`` for ``==``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def main() -> None:
+    path = Path(__file__).with_name(PACKED)
+    path.write_text(json.dumps(pack(), indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
