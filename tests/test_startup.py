@@ -185,9 +185,12 @@ def test_packed_catalogues_are_current_and_give_the_yaml_data():
 def test_a_stale_packed_catalogue_is_not_used(monkeypatch):
     """A packed copy made from other text (a catalogue edited without repacking) is ignored:
     the YAML is parsed. Data JSON would not give back exactly is refused when packing."""
+    from importlib import resources
+
     from sim.catalog import packed
 
-    stale = {"sha256": "0" * 64, "data": {"not": "the catalogue"}}
+    text = resources.files("sim.catalog").joinpath("gpus.yaml").read_text()
+    stale = {"yaml": text + "# edited\n", "data": {"not": "the catalogue"}}
     monkeypatch.setattr(packed, "_packed", lambda: {"gpus.yaml": stale})
     assert "h100-sxm" in packed.load_catalog("gpus.yaml")
     assert packed.same({"a": [1, 2.0, None, True]}, {"a": [1, 2.0, None, True]})

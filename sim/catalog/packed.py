@@ -1,13 +1,14 @@
 """The shipped catalogues (``models.yaml``, ``gpus.yaml``, ``engine_profiles.yaml``,
 ``attention_backends.yaml``) read at start-up from ``packed.json``: each file's parsed data
-as JSON, with the SHA-256 of the YAML text it came from.
+as JSON, with the YAML text it came from.
 
 Why: every run reads these four files, and PyYAML's constructor is Python code even behind
 libyaml's C parser: 4.5 ms of CPU per process for ~1,600 values, against ~0.2 ms for the same
 data as JSON (bench/README.md, "Start-up under 0.25 s"). The YAML files stay the source, with
-their comments and sources; a file whose text no longer matches its hash (edited in a checkout
-without ``python -m sim.catalog.packed``) is parsed from its YAML as before, so the packed
-copy can only be slower when stale, never different. ``pack`` refuses data that JSON would not
+their comments and sources; a file whose text is no longer the text packed (edited in a
+checkout without ``python -m sim.catalog.packed``) is parsed from its YAML as before, so the
+packed copy can only be slower when stale, never different. (The text is compared whole: no
+hash, whose module, hashlib, a run would import for it alone: ~1-2 ms.) ``pack`` refuses data that JSON would not
 give back exactly (a non-string key, a tuple, a date, NaN), and ``tests/test_startup.py`` fails
 while ``packed.json`` is stale.
 
@@ -16,7 +17,6 @@ Usage: python -m sim.catalog.packed   (rewrites sim/catalog/packed.json)
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -32,11 +32,11 @@ PACKED = "packed.json"
 def load_catalog(name: str) -> Any:
     """The parsed data of the shipped catalogue ``name`` (one of ``FILES``): its packed copy
     while that was made from this very text, else the YAML parsed."""
-    raw = resources.files("sim.catalog").joinpath(name).read_bytes()
+    text = resources.files("sim.catalog").joinpath(name).read_bytes().decode("utf-8")
     entry = _packed().get(name)
-    if entry is not None and entry["sha256"] == hashlib.sha256(raw).hexdigest():
+    if entry is not None and entry["yaml"] == text:
         return entry["data"]
-    return load_shipped_yaml(raw.decode("utf-8"))
+    return load_shipped_yaml(text)
 
 
 @lru_cache(maxsize=1)
@@ -51,12 +51,12 @@ def pack() -> dict[str, dict]:
     """``packed.json``'s content for the YAML files as they are now."""
     out = {}
     for name in FILES:
-        raw = resources.files("sim.catalog").joinpath(name).read_bytes()
-        data = load_shipped_yaml(raw.decode("utf-8"))
+        text = resources.files("sim.catalog").joinpath(name).read_bytes().decode("utf-8")
+        data = load_shipped_yaml(text)
         if not same(json.loads(json.dumps(data, allow_nan=False)), data):
             raise ValueError(f"{name}: its data does not survive JSON exactly (a non-string key, a tuple, "
                              "a date?); it cannot be packed")
-        out[name] = {"sha256": hashlib.sha256(raw).hexdigest(), "data": data}
+        out[name] = {"yaml": text, "data": data}
     return out
 
 
