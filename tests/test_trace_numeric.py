@@ -611,3 +611,19 @@ def test_a_large_json_lines_trace_is_the_general_readers(root, monkeypatch):
     monkeypatch.setattr(trace, "JSONL_NUMERIC_MAX_BYTES", path.stat().st_size - 1)
     _same(_read(path, opts, True, monkeypatch), small)
     assert handed
+
+
+@pytest.mark.parametrize("numeric", [True, False])
+def test_a_repeated_json_field_reads_the_same_by_polars_and_by_json(tmp_path, monkeypatch, numeric):
+    """A field written twice in one record: its first value, whichever parser reads the line
+    (polars keeps the first; ``json``, which keeps the last, is given a hook that keeps the
+    first). A byte-order mark makes the general reader parse with ``json``."""
+    lines = ['{"timestamp": 0, "input_length": 100, "output_length": 10, "input_length": 7}',
+             '{"timestamp": 5, "input_length": 200, "output_length": 20, "output_length": 3, "output_length": 4}']
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "bom.jsonl"
+    plain.write_text("\n".join(lines) + "\n")
+    marked.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
+    opts = ReadOptions(format="mooncake")
+    a, b = (_read(p, opts, numeric, monkeypatch) for p in (plain, marked))
+    _same(a, b)
+    assert a[0].input_tokens.tolist() == [100, 200] and a[0].output_tokens.tolist() == [10, 20]

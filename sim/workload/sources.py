@@ -581,7 +581,8 @@ def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, 
     cols: dict[str, list] = {k: [] for k in schema}
     for raw, no in zip(data.split(b"\n"), lines.tolist()):
         try:
-            obj = json.loads(raw + b"\n")  # (with its newline: ``json`` guesses UTF-16 and -32 from the bytes)
+            # (with its newline: ``json`` guesses UTF-16 and -32 from the bytes)
+            obj = json.loads(raw + b"\n", object_pairs_hook=_first_wins)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: line {no}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
         except (RecursionError, ValueError) as e:
@@ -593,6 +594,17 @@ def _json_columns(path: Path, data: bytes, lines: np.ndarray, schema: dict[str, 
         for k, dtype in schema.items():
             cols[k].append(_coerce(obj.get(k), dtype, f"{path}: line {no}", k))
     return cols
+
+
+def _first_wins(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose field may be written twice, as polars reads it: the first value
+    (``json`` alone keeps the last), so a line reads the same whichever parser reads its batch."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        obj = {}
+        for k, v in pairs:
+            obj.setdefault(k, v)
+    return obj
 
 
 def json_limit(e: RecursionError | ValueError) -> str:
