@@ -182,9 +182,30 @@ def test_packed_catalogues_are_current_and_give_the_yaml_data():
         assert packed.same(packed.load_catalog(name), load_shipped_yaml(text)), name
 
 
+class _Files:
+    """``resources.files("sim.catalog")`` with ``packed.json`` replaced by ``packed`` bytes,
+    or with the catalogues' line ends turned to CRLF."""
+
+    def __init__(self, packed: bytes | None, real, crlf: bool = False):
+        self.packed, self.real, self.crlf = packed, real, crlf
+
+    def joinpath(self, name: str):
+        files = self
+
+        class _One:
+            def read_bytes(self) -> bytes:
+                if name == "packed.json" and files.packed is not None:
+                    return files.packed
+                raw = files.real.joinpath(name).read_bytes()
+                return raw.replace(b"\n", b"\r\n") if files.crlf else raw
+        return _One()
+
+
 def test_a_stale_packed_catalogue_is_not_used(monkeypatch):
-    """A packed copy made from other text (a catalogue edited without repacking) is ignored:
-    the YAML is parsed. Data JSON would not give back exactly is refused when packing."""
+    """A packed copy made from other text (a catalogue edited without repacking) is ignored,
+    and so is a packed file that is not what ``pack`` writes (a merge conflict in it, an older
+    layout): the YAML is parsed. A checkout with CRLF line ends still reads the packed copy.
+    Data JSON would not give back exactly is refused when packing."""
     from importlib import resources
 
     from sim.catalog import packed
@@ -197,6 +218,23 @@ def test_a_stale_packed_catalogue_is_not_used(monkeypatch):
     for a, b in (({"a": 1}, {"a": 1.0}), ({"a": True}, {"a": 1}), ([1, 2], (1, 2)), ({1: 2}, {"1": 2}),
                  ({"a": 1, "b": 2}, {"b": 2, "a": 1})):
         assert not packed.same(a, b), (a, b)
+    # a packed file that is not what pack() writes (a merge conflict in it): every catalogue from its YAML
+    monkeypatch.undo()
+    real = resources.files("sim.catalog")
+    text = real.joinpath("gpus.yaml").read_text()
+    for broken in (b'{"gpus.yaml": {"yaml": "<<<<<<< HEAD', b'{"gpus.yaml": {"sha256": "x", "data": {}}}', b"[1]"):
+        monkeypatch.setattr(packed.resources, "files", lambda _pkg, b=broken: _Files(b, real))
+        packed._packed.cache_clear()
+        try:
+            assert packed.load_catalog("gpus.yaml") == yaml.safe_load(text)
+        finally:
+            packed._packed.cache_clear()
+        monkeypatch.undo()
+    # a checkout with CRLF line ends reads the packed copy (read_text's universal newlines)
+    monkeypatch.setattr(packed, "_packed", lambda: {"gpus.yaml": {"yaml": text, "data": "packed"}})
+    monkeypatch.setattr(packed.resources, "files", lambda _pkg: _Files(None, real, crlf=True))
+    assert packed.load_catalog("gpus.yaml") == "packed"
+    monkeypatch.undo()
     monkeypatch.setattr(packed, "load_shipped_yaml", lambda text: {1: "an int key"})
     with pytest.raises(ValueError, match="cannot be packed"):
         packed.pack()

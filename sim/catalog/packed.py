@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sim.atomic import write_text
 from sim.yamlfile import load_shipped_yaml
 
 FILES = ("models.yaml", "gpus.yaml", "engine_profiles.yaml", "attention_backends.yaml")
@@ -32,26 +33,36 @@ PACKED = "packed.json"
 def load_catalog(name: str) -> Any:
     """The parsed data of the shipped catalogue ``name`` (one of ``FILES``): its packed copy
     while that was made from this very text, else the YAML parsed."""
-    text = resources.files("sim.catalog").joinpath(name).read_bytes().decode("utf-8")
+    text = _text(name)
     entry = _packed().get(name)
-    if entry is not None and entry["yaml"] == text:
+    if isinstance(entry, dict) and entry.get("yaml") == text and "data" in entry:
         return entry["data"]
     return load_shipped_yaml(text)
 
 
+def _text(name: str) -> str:
+    """The catalogue's text with its line ends as ``read_text`` gives them (universal newlines:
+    a checkout with CRLF line ends reads the same)."""
+    raw = resources.files("sim.catalog").joinpath(name).read_bytes().decode("utf-8")
+    return raw.replace("\r\n", "\n").replace("\r", "\n")
+
+
 @lru_cache(maxsize=1)
-def _packed() -> dict[str, dict]:
+def _packed() -> dict:
+    """``packed.json``, or nothing when it is missing or not what ``pack`` writes (a merge
+    conflict in it, say): every catalogue is then parsed from its YAML."""
     try:
-        return json.loads(resources.files("sim.catalog").joinpath(PACKED).read_bytes())
-    except FileNotFoundError:  # not built: every catalogue from its YAML
+        packed = json.loads(resources.files("sim.catalog").joinpath(PACKED).read_bytes())
+    except (OSError, ValueError):
         return {}
+    return packed if isinstance(packed, dict) else {}
 
 
 def pack() -> dict[str, dict]:
     """``packed.json``'s content for the YAML files as they are now."""
     out = {}
     for name in FILES:
-        text = resources.files("sim.catalog").joinpath(name).read_bytes().decode("utf-8")
+        text = _text(name)
         data = load_shipped_yaml(text)
         if not same(json.loads(json.dumps(data, allow_nan=False)), data):
             raise ValueError(f"{name}: its data does not survive JSON exactly (a non-string key, a tuple, "
@@ -73,7 +84,7 @@ def same(a: Any, b: Any) -> bool:
 
 def main() -> None:
     path = Path(__file__).with_name(PACKED)
-    path.write_text(json.dumps(pack(), indent=1) + "\n")
+    write_text(path, json.dumps(pack(), indent=1) + "\n")
     print(f"wrote {path}")
 
 
