@@ -3,14 +3,14 @@
 as JSON, with the YAML text it came from.
 
 Why: every run reads these four files, and PyYAML's constructor is Python code even behind
-libyaml's C parser: 4.5 ms of CPU per process for ~1,600 values, against ~0.2 ms for the same
-data as JSON (bench/README.md, "Start-up under 0.25 s"). The YAML files stay the source, with
-their comments and sources; a file whose text is no longer the text packed (edited in a
-checkout without ``python -m sim.catalog.packed``) is parsed from its YAML as before, so the
-packed copy can only be slower when stale, never different. (The text is compared whole: no
-hash, whose module, hashlib, a run would import for it alone: ~1-2 ms.) ``pack`` refuses data that JSON would not
-give back exactly (a non-string key, a tuple, a date, NaN), and ``tests/test_startup.py`` fails
-while ``packed.json`` is stale.
+libyaml's C parser: 5.9-11.2 ms of CPU in a fresh process for ~1,600 values, against 0.4-1.0 ms
+for the same data as JSON (bench/README.md, "Start-up: packed catalogues, no pydantic plugin
+search"). The YAML files stay the source, with their comments and sources; a file whose text
+is no longer the text packed (edited in a checkout without ``python -m sim.catalog.packed``)
+is parsed from its YAML as before, so the packed copy can only be slower when stale, never
+different. (The text is compared whole: no hash, whose module, hashlib, a run would import for
+it alone: ~1-2 ms.) ``pack`` refuses data that JSON would not give back exactly (a non-string
+key, a tuple, a date, NaN), and ``tests/test_startup.py`` fails while ``packed.json`` is stale.
 
 Usage: python -m sim.catalog.packed   (rewrites sim/catalog/packed.json)
 """

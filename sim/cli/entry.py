@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         # No pydantic plugins unless the user names them (PYDANTIC_DISABLE_PLUGINS set, even
         # empty, is left as it is): pydantic looks for them at the first model class by reading
-        # every installed distribution's entry points (importlib.metadata), ~9 ms of CPU with
-        # 118 distributions installed (bench/README.md, "Start-up under 0.25 s"), and simsrv's
-        # scenario models need none.
+        # every installed distribution's entry points (importlib.metadata), 6-9 ms of CPU with
+        # 118 distributions installed (bench/README.md, "Start-up: packed catalogues, no pydantic
+        # plugin search"), and simsrv's scenario models need none.
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if words == ["--version"]:  # what the Typer application's eager --version does, without typer
         print_version()

@@ -130,10 +130,10 @@ def _jsonl_fields(path: Path, fmt: str, opts: ReadOptions) -> tuple[dict[str, st
     return schema, aiperf_flatten if fmt == "aiperf" else None
 
 
-def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int) -> Iterator[Batch] | None:
+def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int,
+                     fields: tuple[dict[str, str], object] | None) -> Iterator[Batch] | None:
     """The numeric reader's batches (no polars: ``sources.py``) when it may read this trace; None
-    otherwise (the general reader reads it)."""
-    fields = _jsonl_fields(path, fmt, opts)
+    otherwise (the general reader reads it). ``fields``: ``_jsonl_fields``'s answer."""
     if fields is not None:
         if path.stat().st_size > JSONL_NUMERIC_MAX_BYTES:
             return None
@@ -142,8 +142,8 @@ def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int) -
     return None if numeric is None else numeric_batches(path, numeric[0], chunk_rows, text=numeric[1])
 
 
-def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int):
-    fields = _jsonl_fields(path, fmt, opts)
+def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int, fields: tuple[dict[str, str], object] | None):
+    """The general reader's batches; ``fields``: ``_jsonl_fields``'s answer."""
     if fields is not None:
         return jsonl_batches(path, fields[0], chunk_rows, fields[1])
     columns = _table_columns(path, fmt, opts)
@@ -184,7 +184,8 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
     convert = FORMATS[fmt][3]
     any_rows = False
     done_rows = 0  # rows converted by the numeric reader before it gave up
-    numeric = _numeric_batches(path, fmt, opts, chunk_rows)
+    fields = _jsonl_fields(path, fmt, opts)  # (once: both readers need it)
+    numeric = _numeric_batches(path, fmt, opts, chunk_rows, fields)
     if numeric is not None:
         try:
             for batch in numeric:
@@ -202,7 +203,7 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
             return
         except NotNumeric:
             pass  # the general reader goes on from the first row not converted, and names a bad line
-    for batch in _batches(path, fmt, opts, chunk_rows):
+    for batch in _batches(path, fmt, opts, chunk_rows, fields):
         if done_rows:
             skip = min(done_rows, batch.frame.height)
             batch, done_rows = batch.without_first(skip), done_rows - skip
