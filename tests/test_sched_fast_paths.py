@@ -176,3 +176,14 @@ def test_new_plan_is_the_dataclass_plan_field_by_field():
         x, y = getattr(a, f.name), getattr(b, f.name)  # (an unset slot raises AttributeError)
         assert x is y if y is NONE else (type(x) is type(y) and x == y), f.name
     assert a == b and new_plan(0.0) == StepPlan(1, 0, 0, 0)
+
+
+def test_step_plan_init_takes_every_field_in_order_by_position_and_by_name():
+    """``StepPlan``'s own ``__init__`` (written out for the compiled core) takes the dataclass's
+    fields in their order, each by position and by name, and sets each to what it is given."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(StepPlan)]
+    values = [object() for _ in names]
+    for plan in (StepPlan(*values), StepPlan(**dict(zip(names, values)))):
+        assert all(getattr(plan, n) is v for n, v in zip(names, values))

@@ -42,14 +42,6 @@ class Batch(_BatchFields):
         return tuple.__new__(cls, (num_decode_seqs, decode_context_tokens, prefill_chunks, num_logits,
                                    num_steps, p, num_decode_seqs + p))
 
-    @classmethod
-    def of(cls, num_decode_seqs: int, decode_context_tokens: int, prefill_chunks: tuple[tuple[int, int], ...],
-           num_logits: int, num_steps: int, prefill_tokens: int) -> "Batch":
-        """``Batch(...)`` for a caller that has summed the chunks' new tokens already
-        (``prefill_tokens`` must be that sum: the scheduler's plan, once per step)."""
-        return tuple.__new__(cls, (num_decode_seqs, decode_context_tokens, prefill_chunks, num_logits,
-                                   num_steps, prefill_tokens, num_decode_seqs + prefill_tokens))
-
     def __getnewargs__(self):  # copy / pickle rebuild it from the five given fields
         return tuple(self[:5])
 

@@ -90,6 +90,21 @@ class StepPlan:
     pause_extras: list[tuple[float, int]] = NONE
     planned_s: float = 0.0  # when it was planned (the step's start)
 
+    # The dataclass's own ``__init__``, written out (the decorator keeps a class's own): compiled
+    # by mypyc (sim/compiled_core.py) the generated one stays interpreted, and a plan is built
+    # every step (647 ns a plan, against ~0.2 us natively: bench/README.md, "StepPlan").
+    def __init__(self, num_steps: int, num_decode_seqs: int, decode_context_tokens: int, decode_blocks: int,
+                 chunks: list[tuple[Request, int]] = NONE, chunk_contexts: list[int] = NONE, swap_blocks: int = 0,
+                 kv_ready: list[Request] = NONE, ready_gaps_s: list[float] = NONE, new_reqs: list[Request] = NONE,
+                 preempted: list[Request] = NONE, prompts_skipped: list[Request] = NONE, kv_blocked: bool = False,
+                 block: bool = False, pause_extras: list[tuple[float, int]] = NONE, planned_s: float = 0.0) -> None:
+        self.num_steps, self.num_decode_seqs = num_steps, num_decode_seqs
+        self.decode_context_tokens, self.decode_blocks = decode_context_tokens, decode_blocks
+        self.chunks, self.chunk_contexts, self.swap_blocks = chunks, chunk_contexts, swap_blocks
+        self.kv_ready, self.ready_gaps_s, self.new_reqs = kv_ready, ready_gaps_s, new_reqs
+        self.preempted, self.prompts_skipped, self.kv_blocked = preempted, prompts_skipped, kv_blocked
+        self.block, self.pause_extras, self.planned_s = block, pause_extras, planned_s
+
     def add_preempted(self, req: Request) -> None:
         """Append to ``preempted`` (a list from its first entry on)."""
         if self.preempted is NONE:
@@ -109,17 +124,20 @@ class StepPlan:
     def batch(self) -> Batch:
         """The step's shape: decodes, one (new tokens, cached tokens) chunk per prompt, and a
         logit per decode and per chunk that completes its prompt. One pass over the chunks
-        sums their tokens too (``Batch.of``, the same Batch as ``Batch(...)``; built every step)."""
+        sums their tokens too. Built every step, so as ``tuple.__new__`` of ``Batch``'s seven
+        fields in place of ``Batch(...)`` (the same tuple: tests/test_replica_loop.py), whose
+        ``__new__`` is a Python call (one an interpreted frame in the compiled core)."""
         n = self.num_decode_seqs
         if not self.chunks:
-            return Batch.of(n, self.decode_context_tokens, (), n, self.num_steps, 0)
+            return _tuple_new(Batch, (n, self.decode_context_tokens, (), n, self.num_steps, 0, n))
         pairs, completing, tokens = [], 0, 0
         for (r, t), c in zip(self.chunks, self.chunk_contexts):
             pairs.append((t, c))
             tokens += t
             if c + t == r.prefill_target:
                 completing += 1
-        return Batch.of(n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens)
+        return _tuple_new(Batch, (n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens,
+                                  n + tokens))
 
     @property
     def prefill_tokens(self) -> int:
@@ -127,6 +145,7 @@ class StepPlan:
 
 
 _new = object.__new__
+_tuple_new = tuple.__new__
 
 
 def new_plan(now: float) -> StepPlan:

@@ -195,9 +195,8 @@ def mooncake(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArra
         t = _delays_to_times(b, path, sess, st)
     else:
         t = seconds(b, "timestamp", path, "ms")
-    if sess is not None:
-        for s, ti in zip(sess.tolist(), t.tolist()):
-            st.last_arrival[s] = ti
+    if sess is not None:  # each session's last turn in this batch, in row order (a later row wins)
+        st.last_arrival.update(zip(sess.tolist(), t.tolist()))
     return RequestArrays(
         t, inp, out, hash_ids=hash_lists(b, "hash_ids", path, inp, block) if _has(b, "hash_ids") else None,
         hash_block_size=block, session_id=sess,
