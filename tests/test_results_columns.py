@@ -65,26 +65,37 @@ def test_column_buffer_packs_and_orders_exactly():
     assert buf.columns(order_by="id")["id"].tolist() == cols["id"].tolist()  # a second call: same
 
 
-def test_rows_block_gives_numpys_conversion():
-    """Rows are packed by one flat ``np.fromiter`` pass (faster): the same float64 values as
-    ``np.array(rows, dtype=np.float64)``, ints, bools, numpy scalars, NaN and None (-> NaN)
-    included; ragged rows are refused as numpy refuses them."""
+def test_appended_rows_keep_numpys_conversion():
+    """Rows are copied into a flat ``array('d')`` as they are appended (faster than packing the
+    tuples later): the same float64 values as ``np.array(rows, dtype=np.float64)``, ints,
+    bools, numpy scalars, NaN, None (-> NaN) and numeric strings included, in step rows and in
+    results alike; a row of another length is refused, as numpy refuses it, and leaves the
+    rows before it as they were."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from sim.engine.columns import rows_block
-
     field = st.one_of(st.integers(-2**53, 2**53), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                      st.none(), st.integers(0, 10**6).map(np.int64), st.floats(0, 1).map(np.float64))
+                      st.none(), st.integers(0, 10**6).map(np.int64), st.floats(0, 1).map(np.float64),
+                      st.sampled_from(["1.5", "-2", "nan"]))
 
     @settings(max_examples=200, deadline=None)
-    @given(width=st.integers(1, 6), data=st.data())
-    def check(width, data):
+    @given(width=st.integers(1, 6), block_rows=st.integers(1, 25), data=st.data())
+    def check(width, block_rows, data):
         rows = data.draw(st.lists(st.tuples(*[field] * width), min_size=1, max_size=20))
-        got, want = rows_block(rows, width), np.array(rows, dtype=np.float64)
+        names = tuple(f"c{i}" for i in range(width))
+        buf = ColumnBuffer(names, block_rows=block_rows)
+        for r in rows:
+            buf.append(r)
+        got, want = np.column_stack([buf.column(n) for n in names]), np.array(rows, dtype=np.float64)
         assert got.shape == want.shape and got.dtype == np.float64
         assert np.array_equal(got, want, equal_nan=True)
 
     check()
-    with pytest.raises(ValueError):
-        rows_block([(1.0, 2.0), (3.0,), (4.0, 5.0, 6.0)], 2)
+    buf = ColumnBuffer(("a", "b"))
+    buf.append((1.0, 2.0))
+    for ragged in ((3.0,), (4.0, 5.0, 6.0), (None,), (7.0, (8.0, 9.0))):
+        with pytest.raises(ValueError):
+            buf.append(ragged)
+    buf.append((None, 10))
+    assert len(buf) == 2 and np.array_equal(buf.column("a"), [1.0, np.nan], equal_nan=True)
+    assert buf.column("b").tolist() == [2.0, 10.0]

@@ -1,9 +1,10 @@
 """``ColumnBuffer``: rows appended as tuples, kept as numpy columns, spilled to disk as they fill.
 
 Why: the simulation produces millions of small records (step rows, finished requests); as
-tuples of Python numbers each costs 300-800 bytes, as columns 8 bytes a field. Appending a
-tuple stays the cheapest thing a hot loop can do: every ``block_rows`` rows the tuples are
-packed into one float64 array (integer fields are exact there, below 2**53) and split into
+tuples of Python numbers each costs 300-800 bytes, as columns 8 bytes a field. Each row's
+numbers are copied as it is appended into one flat ``array('d')`` of float64 values (integer
+fields are exact there, below 2**53), while the tuple is still in the CPU's cache; every
+``block_rows`` rows those values become one (rows x fields) float64 block, split into
 per-column chunks.
 
 Memory stays flat in the row count (issue 14: 10M requests with bounded memory): once a
@@ -19,28 +20,33 @@ memory at once. A buffer that never filled a block (a small run) never touches d
 from __future__ import annotations
 
 import tempfile
-from itertools import chain
+from array import array
 
 import numpy as np
 
 
-# Rows packed (and spilled) at a time, unless a buffer is given its own: ~350 bytes a row
-# meanwhile as tuples (11 MB), 8 bytes a field once packed.
+# Rows packed (and spilled) at a time, unless a buffer is given its own: 8 bytes a field
+# meanwhile (step rows: 3 MB), as once packed.
 BLOCK_ROWS = 1 << 15
 
 
-def rows_block(rows: list[tuple], width: int) -> np.ndarray:
-    """``np.array(rows, dtype=np.float64)`` of tuples of ``width`` numbers each: the same values
-    (rows x width), read in one flat pass (``np.fromiter`` over the chained fields: a third
-    less time than numpy's nested-sequence conversion, which was ~5% of a run's CPU). Rows
-    holding something ``fromiter`` refuses (None), or not all of ``width`` fields, go through
-    numpy's conversion, which gives NaN for None and refuses ragged rows."""
-    if set(map(len, rows)) == {width}:
-        try:
-            return np.fromiter(chain.from_iterable(rows), np.float64, len(rows) * width).reshape(-1, width)
-        except (TypeError, ValueError):
-            pass
-    return np.array(rows, dtype=np.float64).reshape(-1, width)
+def extend_rows(values: array, start: int, row, width: int) -> None:
+    """The slow end of appending ``row`` to ``values`` (``ColumnBuffer.append``,
+    ``RequestResults.add``), after ``values.extend(row)`` from ``start`` refused one of its
+    numbers or gave other than ``width`` of them: the row's values as numpy converts them
+    (``np.array(rows, dtype=np.float64)``, which the packing replaced: None is NaN, a numeric
+    string its number), or ValueError for a row of another length, which numpy refuses too."""
+    del values[start:]
+    converted = np.array(row, dtype=np.float64)
+    if converted.shape != (width,):
+        raise ValueError(f"a row of {len(row)} values where {width} are expected: {row!r}")
+    values.extend(converted.tolist())
+
+
+def values_block(values: array, width: int) -> np.ndarray:
+    """The rows held in ``values`` (``width`` float64 values each) as a (rows x width) array of
+    its own."""
+    return np.frombuffer(values, dtype=np.float64).reshape(-1, width).copy()
 
 
 class ColumnBuffer:
@@ -48,29 +54,37 @@ class ColumnBuffer:
         self.names = names
         self._is_int = [n in int_names for n in names]
         self.block_rows = block_rows or BLOCK_ROWS
-        self.rows: list[tuple] = []           # appended since the last pack
+        self._width = len(names)
+        self._values = array("d")             # the rows appended since the last pack, flat
         self._chunks: list[list[np.ndarray]] = [[] for _ in names]   # packed, not spilled
         self._packed = 0
         self._spilled = 0                     # rows in the column files
         self._files: list | None = None       # one anonymous file per column, once spilled
 
     def __len__(self) -> int:
-        return self._packed + len(self.rows)
+        return self._packed + len(self._values) // self._width
 
     def dtype(self, name: str):
         return np.int64 if self._is_int[self.names.index(name)] else np.float64
 
     def append(self, row: tuple) -> None:
-        rows = self.rows
-        rows.append(row)
-        if len(rows) >= self.block_rows:
+        """One row of ``len(names)`` numbers (None: NaN), copied now."""
+        values, width = self._values, self._width
+        start = len(values)
+        try:
+            values.extend(row)
+        except TypeError:  # a value that is not a real number (None)
+            extend_rows(values, start, row, width)
+        if len(values) - start != width:
+            extend_rows(values, start, row, width)
+        if len(values) >= self.block_rows * width:
             self.pack()
 
     def pack(self) -> None:
-        if not self.rows:
+        if not self._values:
             return
-        block = rows_block(self.rows, len(self.names))
-        self.rows = []
+        block = values_block(self._values, self._width)
+        self._values = array("d")
         self.add_block(block)
 
     def add_block(self, block: np.ndarray) -> None:

@@ -2,9 +2,9 @@
 decode steps), read back as columns at the end.
 
 Why: appending a tuple per step is the cheapest thing the hot loop can do; all analysis reads
-columns afterwards; they are packed into numpy columns as they come and spilled to disk as
-blocks fill (``ColumnBuffer``: 88 bytes a row on disk instead of ~350 in memory as a tuple of
-Python numbers), so a run's memory does not grow with its step rows.
+columns afterwards; its numbers are copied as it comes into float64 values, packed into numpy
+columns and spilled to disk as blocks fill (``ColumnBuffer``: 96 bytes a row instead of ~350
+as a tuple of Python numbers), so a run's memory does not grow with its step rows.
 """
 
 from __future__ import annotations
