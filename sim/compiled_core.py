@@ -44,7 +44,7 @@ CORE_MODULES = (
     "sim/engine/results.py", "sim/engine/cluster.py",
     "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
     "sim/engine/arrivals.py", "sim/cost/tables.py", "sim/cost/arch.py", "sim/cost/calibrated.py",
-    "sim/cost/shapes.py",
+    "sim/cost/shapes.py", "sim/engine/router.py",
 )
 _NAMES = {p[:-3].replace("/", "."): p for p in CORE_MODULES}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding sim/

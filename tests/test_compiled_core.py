@@ -62,7 +62,8 @@ def test_classes_subclassed_outside_the_core_take_no_float_defaults():
 
 
 # one run of each kind of engine the core models: policies, preemption, prefix caching, sliding
-# windows, disaggregation, DP attention with expert parallelism, pipelines, multi-step, SGLang
+# windows, disaggregation, DP attention with expert parallelism, pipelines, multi-step, SGLang,
+# and the routers
 RUNS = [
     ("chat.yaml", "--policy", "chunked", "--chunk", "512", "--set", "workload.trace.sample=1500"),
     ("chat.yaml", "--set", "workload.trace.sample=1500", "--set", "engine.admission=sglang"),
@@ -75,6 +76,11 @@ RUNS = [
     ("deepseek_v3_dp8_ep.yaml",),
     ("batching.yaml",),
     ("pipeline_405b.yaml",),
+    # the routers: cache-aware (its own prefix trees), the engines' true caches, free KV, random
+    ("routing.yaml",),
+    ("routing.yaml", "--set", "cluster.router=prefix_affinity"),
+    ("routing.yaml", "--set", "cluster.router=least_kv"),
+    ("routing.yaml", "--set", "cluster.router=random"),
 ]
 
 

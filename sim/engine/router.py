@@ -31,7 +31,8 @@ def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
 def least_kv(req: Request, replicas: Sequence[Scheduler]) -> int:
     """Most free KV blocks (NOTE: blocks reserved for a running fast-forwarded decode run count as
     used, as a router polling engine metrics mid-run would see them a few steps early)."""
-    best, best_free = 0, None
+    best = 0
+    best_free: int | None = None
     for i, s in enumerate(replicas):
         free = s.kv.num_free
         if best_free is None or free > best_free:
@@ -44,7 +45,8 @@ def prefix_affinity(req: Request, replicas: Sequence[Scheduler]) -> int:
     load; with no cached prefix anywhere, or a tie, fewest outstanding. NOTE: it reads the
     engines' true caches and ignores load: an upper bound on hit rate, not a real router
     (see ``CacheAware`` for one)."""
-    best, best_key = 0, None
+    best = 0
+    best_key: tuple[int, int] | None = None
     for i, s in enumerate(replicas):
         key = (-s.kv.cached_prefix_blocks(req), s.num_outstanding)
         if best_key is None or key < best_key:
@@ -75,7 +77,7 @@ class RoundRobin:
 # Defaults of SGLang's router (sgl-router ``router_args.py``: cache_threshold 0.3,
 # balance_abs_threshold 64, balance_rel_threshold 1.5, max_tree_size 2**26 characters; we count
 # tokens, at ~4 characters per token 2**24 tokens); the scenario's ``cluster.cache_aware``.
-_DEFAULTS = CacheAwareRouting()
+_DEFAULTS = CacheAwareRouting.model_validate({})  # (model_validate: mypy, for the compiled core, sees no defaults)
 
 
 class PrefixTree:
