@@ -66,8 +66,8 @@ def test_column_buffer_packs_and_orders_exactly():
 
 
 def test_appended_rows_keep_numpys_conversion():
-    """Rows are copied into a flat ``array('d')`` as they are appended (faster than packing the
-    tuples later): the same float64 values as ``np.array(rows, dtype=np.float64)``, ints,
+    """Rows are written as float64 as they are appended (``struct.pack_into``, faster than
+    packing the tuples later): the same float64 values as ``np.array(rows, dtype=np.float64)``, ints,
     bools, numpy scalars, NaN, None (-> NaN) and numeric strings included, in step rows and in
     results alike; a row of another length is refused, as numpy refuses it, and leaves the
     rows before it as they were."""

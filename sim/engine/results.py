@@ -10,7 +10,7 @@ grows with the requests in flight, not with those already served.
 from __future__ import annotations
 
 import operator
-from array import array
+import struct
 
 import numpy as np
 
@@ -43,37 +43,41 @@ class RequestResults:
         self._get = operator.attrgetter(*FIELDS)
         self._names = (*FIELDS, "label")
         self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
-        self._values = array("d")  # the rows added since the last release, flat (``ColumnBuffer.append``)
+        row = column_store.row_struct(len(self._names))
+        self._pack_into, self._row_bytes = row.pack_into, row.size
+        self._data = bytearray(block_rows * row.size)  # the rows added since the last release
+        self._rows = 0
         self._block_rows = block_rows
         self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
         self._label_code: dict[tuple[str, str], int] = {}
         self._finished = False
 
     def __len__(self) -> int:
-        return len(self._buf) + len(self._waiting) + len(self._values) // len(self._names)
+        return len(self._buf) + len(self._waiting) + self._rows
 
     def add(self, reqs) -> None:
-        get, values, codes, width = self._get, self._values, self._label_code, len(self._names)
+        get, codes, pack_into, size = self._get, self._label_code, self._pack_into, self._row_bytes
         for r in reqs:
             label = (r.status, r.fail_reason)
             code = codes.get(label)
             if code is None:
                 code = codes[label] = len(codes)
-            row = (*get(r), code)
-            start = len(values)
+            n = self._rows
             try:
-                values.extend(row)
-            except TypeError:  # a value that is not a real number (None)
-                column_store.extend_rows(values, start, row, width)
-        if len(values) >= self._block_rows * width:
-            self._release()
+                pack_into(self._data, n * size, *get(r), code)
+            except struct.error:  # a value that is not a real number (None)
+                pack_into(self._data, n * size, *column_store.converted_row((*get(r), code), len(self._names)))
+            self._rows = n + 1
+            if n + 1 >= self._block_rows:
+                self._release()
 
     def _release(self) -> None:
         """Merge the new rows with those waiting; pass on the consecutive ids from the next due."""
-        if not self._values:
+        if not self._rows:
             return
-        block = column_store.values_block(self._values, len(self._names))
-        self._values = array("d")
+        # a copy: the rows' space is written again (what waits below is kept)
+        block = column_store.block_rows_view(self._data, self._rows, len(self._names)).copy()
+        self._rows = 0
         rows = np.concatenate([self._waiting, block]) if len(self._waiting) else block
         ids = rows[:, 0]
         if len(ids) > 1 and (np.diff(ids) < 0).any():
