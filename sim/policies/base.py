@@ -92,7 +92,7 @@ class StepPlan:
 
     # The dataclass's own ``__init__``, written out (the decorator keeps a class's own): compiled
     # by mypyc (sim/compiled_core.py) the generated one stays interpreted, and a plan is built
-    # every step (647 ns a plan, against ~0.2 us natively: bench/README.md, "StepPlan").
+    # every step (647 ns a plan, 85 ns natively: bench/README.md, "Compiled core, third round").
     def __init__(self, num_steps: int, num_decode_seqs: int, decode_context_tokens: int, decode_blocks: int,
                  chunks: list[tuple[Request, int]] = NONE, chunk_contexts: list[int] = NONE, swap_blocks: int = 0,
                  kv_ready: list[Request] = NONE, ready_gaps_s: list[float] = NONE, new_reqs: list[Request] = NONE,
