@@ -5,15 +5,21 @@ import numpy as np
 import pytest
 
 from sim.core.request import Request
+from sim.core.kv import KVBlockManager
 from sim.engine.router import CacheAware, PrefixTree, make_router
+from sim.policies.base import EngineLimits
+from sim.policies.chunked import ChunkedScheduler
 from sim.run import run_scenario
 from sim.scenario import load_scenario
 from sim.analysis.summary import summarize
 
 
-class Replica:  # what a router reads of a scheduler
-    def __init__(self, outstanding: int = 0):
-        self.num_outstanding = outstanding
+def Replica(outstanding: int = 0) -> ChunkedScheduler:
+    """A scheduler with ``outstanding`` requests (as ``incoming``): what a router reads. A real
+    one: the compiled core's routers (sim/compiled_core.py) take nothing else."""
+    s = ChunkedScheduler(EngineLimits(), KVBlockManager(64, 16))
+    s.incoming = outstanding
+    return s
 
 
 def _req(i: int, hash_ids, prompt_tokens: int | None = None) -> Request:
@@ -35,7 +41,7 @@ def test_cache_aware_follows_the_longest_prefix_while_load_is_balanced():
     reps = [Replica(), Replica(), Replica()]
     assert router(_req(0, [1, 2, 3, 4]), reps) == 0           # empty trees: smallest tree, lowest index
     assert router(_req(1, [9, 8]), reps) == 1                 # no match: the smallest tree (replica 1)
-    reps[0].num_outstanding = 4                               # 4 - 0 = 4: not above the abs threshold
+    reps[0].incoming = 4                                      # 4 - 0 = 4: not above the abs threshold
     assert router(_req(2, [1, 2, 3, 7]), reps) == 0           # 3/4 of the prompt cached at replica 0
     assert router(_req(3, [1, 5, 6, 7]), reps) == 2           # 1/4 <= 0.3: smallest tree (replica 2)
 
@@ -44,10 +50,10 @@ def test_cache_aware_falls_back_to_shortest_queue_when_imbalanced():
     router = CacheAware(2, cache_threshold=0.3, balance_abs_threshold=4, balance_rel_threshold=1.5)
     reps = [Replica(), Replica()]
     router(_req(0, [1, 2, 3, 4]), reps)                        # replica 0 caches the prefix
-    reps[0].num_outstanding, reps[1].num_outstanding = 10, 5  # 10 - 5 > 4 and 10 > 1.5 x 5
+    reps[0].incoming, reps[1].incoming = 10, 5                # 10 - 5 > 4 and 10 > 1.5 x 5
     assert router(_req(1, [1, 2, 6, 6]), reps) == 1            # half of it cached at 0, yet
     assert router.num_balanced == 1
-    reps[1].num_outstanding = 7                               # 10 <= 1.5 x 7: balanced again
+    reps[1].incoming = 7                                      # 10 <= 1.5 x 7: balanced again
     assert router(_req(2, [1, 2, 3, 4]), reps) == 0
 
 
@@ -89,19 +95,17 @@ def test_cache_aware_thresholds_are_scenario_keys():
 def test_least_outstanding_is_the_first_replica_with_fewest_outstanding():
     """Its written-out sum is ``Scheduler.num_outstanding``; ties go to the lowest index."""
     from collections import deque
-    from types import SimpleNamespace
 
     from sim.engine.router import least_outstanding
-    from sim.policies.base import Scheduler
 
-    # the property itself where it is a Python property; compiled (sim/compiled_core.py) it
-    # takes only a real scheduler, and its sum is written out here
-    fget = getattr(Scheduler.num_outstanding, "fget", None) or (
-        lambda s: len(s.waiting) + len(s.running) + s.incoming)
     rng = np.random.default_rng(0)
+    req = _req(0, [1])
     for _ in range(300):
-        reps = [SimpleNamespace(waiting=deque(range(rng.integers(0, 3))),
-                                running=dict.fromkeys(range(rng.integers(0, 3))), incoming=int(rng.integers(0, 2)))
-                for _ in range(int(rng.integers(1, 6)))]
-        loads = [fget(s) for s in reps]
-        assert least_outstanding(None, reps) == min(range(len(reps)), key=lambda i: (loads[i], i))
+        reps = []
+        for _ in range(int(rng.integers(1, 6))):
+            s = Replica(int(rng.integers(0, 2)))
+            s.waiting = deque(_req(i, [i]) for i in range(rng.integers(0, 3)))
+            s.running = {i: _req(i, [i]) for i in range(rng.integers(0, 3))}
+            reps.append(s)
+        loads = [s.num_outstanding for s in reps]
+        assert least_outstanding(req, reps) == min(range(len(reps)), key=lambda i: (loads[i], i))

@@ -183,7 +183,14 @@ def test_step_plan_init_takes_every_field_in_order_by_position_and_by_name():
     fields in their order, each by position and by name, and sets each to what it is given."""
     import dataclasses
 
-    names = [f.name for f in dataclasses.fields(StepPlan)]
-    values = [object() for _ in names]
-    for plan in (StepPlan(*values), StepPlan(**dict(zip(names, values)))):
-        assert all(getattr(plan, n) is v for n, v in zip(names, values))
+    fields = dataclasses.fields(StepPlan)
+    # a value of each field's type unlike its default (the compiled core checks the types): the
+    # four without a default and swap_blocks are ints
+    kinds = {bool: lambda i: True, float: lambda i: 0.5 + i}
+    values = [[i] if f.default is NONE else kinds.get(type(f.default), lambda i: 100 + i)(i)
+              for i, f in enumerate(fields)]
+    assert sum(type(v) is list for v in values) == 8  # the list fields
+    for plan in (StepPlan(*values), StepPlan(**{f.name: v for f, v in zip(fields, values)})):
+        for f, v in zip(fields, values):  # (compiled, a float field hands back an equal float)
+            x = getattr(plan, f.name)
+            assert x is v if type(v) is list else (type(x) is type(v) and x == v), f.name

@@ -60,7 +60,9 @@ class ColumnBuffer:
         self._width = len(names)
         row = row_struct(len(names))
         self._pack_into, self._row_bytes = row.pack_into, row.size
-        self._data = bytearray(self.block_rows * row.size)  # the rows appended since the last pack
+        # the rows appended since the last pack (a block's room, made at the first row: a buffer
+        # given only blocks, such as the results' columns, never needs it)
+        self._data = bytearray()
         self._rows = 0
         self._chunks: list[list[np.ndarray]] = [[] for _ in names]   # packed, not spilled
         self._packed = 0
@@ -78,11 +80,19 @@ class ColumnBuffer:
         n = self._rows
         try:
             self._pack_into(self._data, n * self._row_bytes, *row)
-        except struct.error:  # None, a numeric string, or a row of another length
-            self._pack_into(self._data, n * self._row_bytes, *converted_row(row, self._width))
+        except struct.error:  # no room yet (the first row); None, a numeric string, a row of another length
+            self._append_slow(n, row)
         self._rows = n + 1
         if n + 1 >= self.block_rows:
             self.pack()
+
+    def _append_slow(self, n: int, row: tuple) -> None:
+        if not self._data:
+            self._data = bytearray(self.block_rows * self._row_bytes)
+        try:
+            self._pack_into(self._data, n * self._row_bytes, *row)
+        except struct.error:  # None, a numeric string, or a row of another length
+            self._pack_into(self._data, n * self._row_bytes, *converted_row(row, self._width))
 
     def pack(self) -> None:
         if not self._rows:

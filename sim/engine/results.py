@@ -38,7 +38,7 @@ class RequestResults:
     the rest waits. What waits is bounded by the requests in flight, not by those served."""
 
     def __init__(self, block_rows: int | None = None) -> None:
-        block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 27 fields: 216 bytes a row meanwhile
+        block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 23 fields: 184 bytes a row meanwhile
         self.sent = 0
         self._get = operator.attrgetter(*FIELDS)
         self._names = (*FIELDS, "label")

@@ -150,9 +150,10 @@ _tuple_new = tuple.__new__
 
 def new_plan(now: float) -> StepPlan:
     """``StepPlan(1, 0, 0, 0, planned_s=now)``: a round's fresh plan (one step, nothing in it),
-    every field set here in one pass (the dataclass ``__init__`` binds its sixteen arguments
-    one by one, a measurable share of a round). A field added to ``StepPlan`` must be set here
-    too (tests/test_sched_fast_paths.py compares the two field by field)."""
+    every field set here in one pass (in Python, ``StepPlan.__init__`` binds its sixteen
+    arguments one by one, a measurable share of a round; compiled, its native ``__init__`` is
+    the faster). A field added to ``StepPlan`` must be set here and in its ``__init__`` too
+    (tests/test_sched_fast_paths.py compares the three field by field)."""
     if _COMPILED:
         return StepPlan(1, 0, 0, 0, planned_s=now)
     plan = _new(StepPlan)
