@@ -29,14 +29,6 @@ import numpy as np
 BLOCK_ROWS = 1 << 15
 
 
-def row_struct(width: int) -> struct.Struct:
-    """``width`` native float64 values: a row as ``ColumnBuffer.append`` and
-    ``RequestResults.add`` write it (``pack_into``: ~0.3 us a row of 12 numbers, where
-    ``array('d').extend`` took ~0.75 us and packing 32k tuples at a time with ``np.fromiter``
-    ~1 us, the tuples no longer in the cache by then)."""
-    return struct.Struct(f"={width}d")
-
-
 def converted_row(row, width: int) -> list[float]:
     """The numbers of a row that ``struct`` refused (``struct.error``): as numpy converts them
     (``np.array(rows, dtype=np.float64)``: None is NaN, a numeric string its number); a row of
@@ -47,23 +39,57 @@ def converted_row(row, width: int) -> list[float]:
     return converted.tolist()
 
 
-def block_rows_view(data: bytearray, rows: int, width: int) -> np.ndarray:
-    """The first ``rows`` rows written into ``data`` (``row_struct``), as a (rows x width) view of it."""
-    return np.frombuffer(data, dtype=np.float64, count=rows * width).reshape(rows, width)
+class RowBlock:
+    """Rows of ``width`` numbers, each written as native float64 as it is appended
+    (``struct.pack_into`` into one block of ``block_rows`` rows: ~0.3 us a row of 12 numbers,
+    where ``array('d').extend`` took ~0.75 us and packing 32k tuples at a time with
+    ``np.fromiter`` ~1 us, the tuples no longer in the cache by then). When the block fills,
+    ``full`` (a subclass's) takes its rows (``take``) before the next row is written over them.
+    The block's room is made at the first row: a buffer given only whole blocks never needs it."""
+
+    def __init__(self, width: int, block_rows: int):
+        self.block_rows = block_rows
+        self._width = width
+        row = struct.Struct(f"={width}d")
+        self._pack_into, self._row_bytes = row.pack_into, row.size
+        self._data = bytearray()
+        self._rows = 0  # rows written since the last ``take``
+
+    def append(self, row: tuple) -> None:
+        """One row of ``width`` numbers (None: NaN), copied now."""
+        n = self._rows
+        try:
+            self._pack_into(self._data, n * self._row_bytes, *row)
+        except struct.error:  # no room yet (the first row); None, a numeric string, a row of another length
+            self._append_slow(n, row)
+        self._rows = n + 1
+        if n + 1 >= self.block_rows:
+            self.full()
+
+    def _append_slow(self, n: int, row: tuple) -> None:
+        if not self._data:
+            self._data = bytearray(self.block_rows * self._row_bytes)
+        try:
+            self._pack_into(self._data, n * self._row_bytes, *row)
+        except struct.error:  # None, a numeric string, or a row of another length
+            self._pack_into(self._data, n * self._row_bytes, *converted_row(row, self._width))
+
+    def take(self) -> np.ndarray:
+        """The rows written since the last take, as a (rows x width) view of the block: read
+        (or copied) before the next ``append`` writes over it."""
+        rows, self._rows = self._rows, 0
+        return np.frombuffer(self._data, dtype=np.float64, count=rows * self._width).reshape(rows, self._width)
+
+    def full(self) -> None:
+        """The block is full: take its rows."""
+        raise NotImplementedError
 
 
-class ColumnBuffer:
+class ColumnBuffer(RowBlock):
     def __init__(self, names: tuple[str, ...], int_names=frozenset(), block_rows: int | None = None):
+        super().__init__(len(names), block_rows or BLOCK_ROWS)
         self.names = names
         self._is_int = [n in int_names for n in names]
-        self.block_rows = block_rows or BLOCK_ROWS
-        self._width = len(names)
-        row = row_struct(len(names))
-        self._pack_into, self._row_bytes = row.pack_into, row.size
-        # the rows appended since the last pack (a block's room, made at the first row: a buffer
-        # given only blocks, such as the results' columns, never needs it)
-        self._data = bytearray()
-        self._rows = 0
         self._chunks: list[list[np.ndarray]] = [[] for _ in names]   # packed, not spilled
         self._packed = 0
         self._spilled = 0                     # rows in the column files
@@ -75,31 +101,12 @@ class ColumnBuffer:
     def dtype(self, name: str):
         return np.int64 if self._is_int[self.names.index(name)] else np.float64
 
-    def append(self, row: tuple) -> None:
-        """One row of ``len(names)`` numbers (None: NaN), copied now."""
-        n = self._rows
-        try:
-            self._pack_into(self._data, n * self._row_bytes, *row)
-        except struct.error:  # no room yet (the first row); None, a numeric string, a row of another length
-            self._append_slow(n, row)
-        self._rows = n + 1
-        if n + 1 >= self.block_rows:
-            self.pack()
-
-    def _append_slow(self, n: int, row: tuple) -> None:
-        if not self._data:
-            self._data = bytearray(self.block_rows * self._row_bytes)
-        try:
-            self._pack_into(self._data, n * self._row_bytes, *row)
-        except struct.error:  # None, a numeric string, or a row of another length
-            self._pack_into(self._data, n * self._row_bytes, *converted_row(row, self._width))
+    def full(self) -> None:
+        self.pack()
 
     def pack(self) -> None:
-        if not self._rows:
-            return
-        block = block_rows_view(self._data, self._rows, self._width)
-        self._rows = 0
-        self.add_block(block)  # (copies the columns out: the rows' space is written again)
+        if self._rows:
+            self.add_block(self.take())  # (copies the columns out)
 
     def add_block(self, block: np.ndarray) -> None:
         """Rows given as one float64 array (rows x names), after those appended before."""

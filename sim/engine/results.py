@@ -10,13 +10,12 @@ grows with the requests in flight, not with those already served.
 from __future__ import annotations
 
 import operator
-import struct
 
 import numpy as np
 
 from sim.core.ttft import TTFT_PARTS
 from sim.engine import columns as column_store
-from sim.engine.columns import ColumnBuffer
+from sim.engine.columns import ColumnBuffer, RowBlock
 
 # Request attributes copied, in this order; the last is the (status, fail_reason) code.
 FIELDS = (
@@ -28,7 +27,7 @@ INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_pre
                         "prefix_hit_tokens", "decode_rounds_waited", "label"))
 
 
-class RequestResults:
+class RequestResults(RowBlock):
     """Append-only sink of finished requests (``add``), kept in request-id order. Every request
     sent (``sent``, set by the simulation) must be added exactly once; ``finish`` checks that.
 
@@ -39,15 +38,11 @@ class RequestResults:
 
     def __init__(self, block_rows: int | None = None) -> None:
         block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 23 fields: 184 bytes a row meanwhile
+        self._names = (*FIELDS, "label")
+        super().__init__(len(self._names), block_rows)  # the rows added since the last release
         self.sent = 0
         self._get = operator.attrgetter(*FIELDS)
-        self._names = (*FIELDS, "label")
         self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
-        row = column_store.row_struct(len(self._names))
-        self._pack_into, self._row_bytes = row.pack_into, row.size
-        self._data = bytearray(block_rows * row.size)  # the rows added since the last release
-        self._rows = 0
-        self._block_rows = block_rows
         self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
         self._label_code: dict[tuple[str, str], int] = {}
         self._finished = False
@@ -56,28 +51,22 @@ class RequestResults:
         return len(self._buf) + len(self._waiting) + self._rows
 
     def add(self, reqs) -> None:
-        get, codes, pack_into, size = self._get, self._label_code, self._pack_into, self._row_bytes
+        get, codes = self._get, self._label_code
         for r in reqs:
             label = (r.status, r.fail_reason)
             code = codes.get(label)
             if code is None:
                 code = codes[label] = len(codes)
-            n = self._rows
-            try:
-                pack_into(self._data, n * size, *get(r), code)
-            except struct.error:  # a value that is not a real number (None)
-                pack_into(self._data, n * size, *column_store.converted_row((*get(r), code), len(self._names)))
-            self._rows = n + 1
-            if n + 1 >= self._block_rows:
-                self._release()
+            self.append((*get(r), code))
+
+    def full(self) -> None:
+        self._release()
 
     def _release(self) -> None:
         """Merge the new rows with those waiting; pass on the consecutive ids from the next due."""
         if not self._rows:
             return
-        # a copy: the rows' space is written again (what waits below is kept)
-        block = column_store.block_rows_view(self._data, self._rows, len(self._names)).copy()
-        self._rows = 0
+        block = self.take().copy()  # (what waits below is kept past the next row)
         rows = np.concatenate([self._waiting, block]) if len(self._waiting) else block
         ids = rows[:, 0]
         if len(ids) > 1 and (np.diff(ids) < 0).any():
