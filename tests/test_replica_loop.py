@@ -220,6 +220,58 @@ def test_batch_derives_its_token_counts():
     assert pickle.loads(pickle.dumps(b)) == b and math.isfinite(b.num_tokens)
 
 
+def test_batch_fields_in_the_order_read_by_position():
+    """The replica loop and the cost model read a batch's fields by position (compiled, a
+    NamedTuple's field read by name is a generic attribute look-up): that order is this."""
+    assert Batch._fields == ("num_decode_seqs", "decode_context_tokens", "prefill_chunks", "num_logits",
+                             "num_steps", "prefill_tokens", "num_tokens")
+    assert Batch._fields[cluster._PREFILL_TOKENS] == "prefill_tokens"
+
+
+class _SimpyCall:
+    """What ``Call`` stands for, in SimPy's own terms: a triggered ``simpy.Event`` scheduled
+    with ``Environment.schedule``, processed by ``env.run()``."""
+
+    def __init__(self, env, fn):
+        self.env, self.fn = env, fn
+
+    def at(self, delay_s, priority=simpy.events.NORMAL):
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value, ev.callbacks = True, None, [self.fn]
+        self.env.schedule(ev, priority, delay_s)
+        return ev
+
+
+def _calls_beside_a_process(make_call, run):
+    env, seen = simpy.Environment(), []
+    a = make_call(env, lambda e: seen.append(("a", env.now)))
+    emptied = make_call(env, lambda e: seen.append(("emptied", env.now)))
+
+    def proc():
+        yield env.timeout(1.0)
+        seen.append(("process", env.now))
+        a.at(0.5)  # again, after it ran at 1.0
+        yield env.timeout(0.5)
+        seen.append(("process", env.now))
+
+    env.process(proc())
+    a.at(1.0)
+    emptied.at(1.0).callbacks.clear()
+    make_call(env, lambda e: seen.append(("urgent", env.now))).at(1.0, simpy.events.URGENT)
+    run(env)
+    return seen
+
+
+def test_calls_and_simpy_events_share_one_order():
+    """A ``Call`` enters SimPy's queue as SimPy's own events do: at one time and priority, in
+    the order scheduled (the environment's event ids), URGENT first; rescheduled after it ran,
+    it runs again; emptied while pending (a cut run's end), it runs nothing."""
+    from sim.engine.calls import Call
+    seen = _calls_beside_a_process(Call, lambda env: cluster.run_watched(env, lambda: 0))
+    assert seen == _calls_beside_a_process(_SimpyCall, lambda env: env.run())
+    assert seen == [("urgent", 1.0), ("a", 1.0), ("process", 1.0), ("a", 1.5), ("process", 1.5)]
+
+
 def test_a_plans_batch_is_the_general_batch():
     from sim.core.request import Request
     from sim.policies.base import StepPlan

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sim.core.request import Request
 
@@ -119,6 +120,9 @@ def prefix_keys(req: Request, block_size: int) -> list:
     return req.prefix_keys
 
 
+_next: Final = next  # (compiled: a constant, not a look-up among the builtins at each call)
+
+
 class Block:
     """A cached block with a reusable hash (a shared prefix): referenced by ``ref`` requests."""
 
@@ -174,7 +178,7 @@ class KVBlockManager:
         self.prefix_caching = enable_prefix_caching and groups.caches_prefixes
         self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
         self.peak_used = 0
-        self._queue: OrderedDict = OrderedDict({Run(num_blocks): None})  # free queue, head first
+        self._queue: OrderedDict[Run | Block, None] = OrderedDict({Run(num_blocks): None})  # free queue, head first
         self._cached: dict = {}      # key -> blocks holding it (V1 keeps duplicates), first used
         self.tables: dict[int, Table] = {}  # request id -> block table
         self.decode_blocks = 0       # blocks of the requests in the aggregate decode set
@@ -253,14 +257,16 @@ class KVBlockManager:
             return
         self.num_free -= n
         q = self._queue
-        entry = next(iter(q))
-        if type(entry) is Run and entry.owner is None and entry.count > n:
+        # (isinstance, not type() is: the same test, as neither class has subclasses; it types
+        # ``entry`` for mypy, and compiled, sim/compiled_core.py, its fields are read natively)
+        entry = _next(iter(q))
+        if isinstance(entry, Run) and entry.owner is None and entry.count > n:
             # the common case, the loop below in one pass: a plain run at the head covers them
             entry.count -= n
             n = 0
         while n:
-            entry = next(iter(q))
-            if type(entry) is Block:
+            entry = _next(iter(q))
+            if isinstance(entry, Block):
                 del q[entry]
                 same = self._cached[entry.key]
                 same.remove(entry)
@@ -288,8 +294,8 @@ class KVBlockManager:
     def _append_plain(self, n: int) -> None:
         q = self._queue
         if q:
-            last = next(reversed(q))
-            if type(last) is Run and last.owner is None:
+            last = _next(reversed(q))
+            if isinstance(last, Run) and last.owner is None:
                 last.count += n
                 return
         q[Run(n)] = None

@@ -10,9 +10,9 @@ replica's KV manager (sim/core/kv.py), the TTFT clocks' working state to the TTF
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
-NAN = math.nan
+NAN: Final = math.nan  # (Final: compiled, a constant, not a look-up in the module's dict)
 
 
 class Request:

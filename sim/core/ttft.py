@@ -25,6 +25,12 @@ stopped on KV, which prompts got no chunk) and the steps' durations; no policy c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (types only: the compiled core reads their fields natively through them)
+    from sim.core.request import Request
+    from sim.policies.base import StepPlan
+
 
 TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
               "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s")
@@ -87,13 +93,13 @@ class TTFTAccounting:
         self._preempted_at: dict[int, float] = {}  # request id -> its preemption before a first token
         self._overhead_s: dict[int, float] = {}  # sequences in a step -> cost.overhead_s of it (pure)
 
-    def on_arrival(self, req, now: float) -> None:
+    def on_arrival(self, req: Request, now: float) -> None:
         """``req`` starts waiting now."""
         clocks = self.clocks
         clocks.advance(now)
         self._marks[req.request_id] = (clocks.batch_s, clocks.kv_s)
 
-    def on_schedule(self, plan, now: float) -> None:
+    def on_schedule(self, plan: StepPlan, now: float) -> None:
         """Waiting up to ``now`` accrues to the reason the last round stopped admitting; the
         requests scheduled for the first time settle their wait; from a preemption before the
         first token on, the rest of the TTFT counts as preemption."""
@@ -113,11 +119,11 @@ class TTFTAccounting:
                 self._preempted_at[req.request_id] = now
 
     @staticmethod
-    def concerns(plan) -> bool:
+    def concerns(plan: StepPlan) -> bool:
         """Whether ``on_step`` has anything to do for ``plan``: most decode steps it has not."""
         return bool(plan.chunks or plan.prompts_skipped or plan.kv_ready)
 
-    def on_step(self, plan, now: float, elapsed_s: float) -> None:
+    def on_step(self, plan: StepPlan, now: float, elapsed_s: float) -> None:
         """Split the step (or run) of ``elapsed_s`` that ended at ``now`` among the requests
         before their first token that it concerns: those with a chunk in it get prefill /
         interference / overhead; running prompts it left without a chunk waited through it.
@@ -127,9 +133,11 @@ class TTFTAccounting:
         preempted_at = self._preempted_at
         if chunks:
             seqs = plan.num_decode_seqs + len(chunks)
-            overhead = self._overhead_s.get(seqs)
-            if overhead is None:
-                overhead = self._overhead_s[seqs] = self.cost.overhead_s(seqs)
+            hit = self._overhead_s.get(seqs)
+            if hit is None:
+                hit = self._overhead_s[seqs] = self.cost.overhead_s(seqs)
+            # (the seconds below typed float: compiled, sim/compiled_core.py, native arithmetic)
+            overhead: float = hit
             compute = elapsed_s - overhead
             solo = self.solo
             solo_hit = solo.lookup  # SoloPrefill.__call__'s memo, read here first (once per chunk)
@@ -141,9 +149,8 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                own = solo_hit((n, ctx, completing))
-                if own is None:
-                    own = solo(n, ctx, completing)
+                memo = solo_hit((n, ctx, completing))
+                own: float = memo if memo is not None else solo(n, ctx, completing)
                 if own > compute:
                     own = compute
                 req.ttft_prefill_s += own
@@ -158,7 +165,7 @@ class TTFTAccounting:
             self.on_decode_step(plan, now)
 
     @staticmethod
-    def on_decode_step(plan, now: float) -> None:
+    def on_decode_step(plan: StepPlan, now: float) -> None:
         """A decode step (or multi-step block) ended at ``now``: a request whose KV a prefill
         replica sent and whose first token it emitted gets the KV transfer and the decode
         admission + step (vLLM P/D: the decode side emits the first token)."""

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import Final
 from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
-from sim.cost.tables import Curve, bracket
+from sim.cost.tables import Curve, Grid2, bracket
+
+# (Final: compiled, sim/compiled_core.py, a constant, not a look-up in the module's dict)
+_bisect_right: Final = bisect_right
 
 
 class CalibratedOps:
@@ -45,7 +49,8 @@ class CalibratedOps:
         self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         # decode_smooth_end's table nodes, and whether FA2 may split (grouped-query decode only)
-        self._decode_nodes = self.decode_grid[0].b_nodes if self.decode_grid else None
+        # (typed: compiled, sim/compiled_core.py, decode_smooth_end's arithmetic is native)
+        self._decode_nodes: list[float] = self.decode_grid[0].b_nodes if self.decode_grid else []
         self._gqa_split = bool(self.decode_split) and heads > kv_heads
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
         # vLLM's custom all-reduce (small buffers, sim/cost/fit.py ``uses_custom_allreduce``)
@@ -178,18 +183,22 @@ class CalibratedOps:
         (``decode_smooth_end`` cuts runs there) and mostly in one block count."""
         n = num_seqs
         L, peak, bw = num_layers, self.peak, self.bw
-        grid = self.decode_grid[0]
+        # (typed, and math.exp, math.log and math.ceil called by name: compiled,
+        # sim/compiled_core.py, the closure below is arithmetic on native floats and calls of the
+        # C functions; untyped, or through local aliases, each operation would be a generic call)
+        grid: Grid2 = self.decode_grid[0]
         n_eq = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
-        nodes = grid.b_nodes
+        nodes: list[float] = grid.b_nodes
         first, last = nodes[0], nodes[-1]
         axis = grid.rows[0].axis
-        u, exp, log, ceil, inf = axis.u, math.exp, math.log, math.ceil, math.inf
+        u, inf = axis.u, math.inf
         # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
         # the same operations as ``Axis.u`` without its call
         plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
         cells: dict[int, tuple | bool] = {}  # _decode_cell by cell index
         ds = self.decode_split
-        combine_s, block = (ds["combine_s"], ds["block"]) if ds else (0.0, 1)
+        combine_s: float = ds["combine_s"] if ds else 0.0
+        block: float = ds["block"] if ds else 1.0
         # the last cell: x in [lo, hi) has log eff = ca + cb u(x) (``_decode_cell``); empty at first
         lo = hi = 0.0
         ca = cb = 0.0
@@ -210,10 +219,10 @@ class CalibratedOps:
             if not x > 1.0:
                 x = 1.0
             if lo <= x < hi:
-                e = exp(ca) if not cb else exp(ca + cb * (log(ua * x + ushift) if plain else u(x)))
+                e = math.exp(ca) if not cb else math.exp(ca + cb * (math.log(ua * x + ushift) if plain else u(x)))
                 out = cout or x < first or x > last
             else:
-                k = bisect_right(nodes, x) - 1
+                k = _bisect_right(nodes, x) - 1
                 cell = cells.get(k)
                 if cell is None:
                     cell = cells[k] = self._decode_cell(n_eq, k)
@@ -223,13 +232,13 @@ class CalibratedOps:
                     ca, cb, cout = cell
                     lo = nodes[k] if k >= 0 else -inf
                     hi = nodes[k + 1] if k + 1 < len(nodes) else inf
-                    e = exp(ca) if not cb else exp(ca + cb * (log(ua * x + ushift) if plain else u(x)))
+                    e = math.exp(ca) if not cb else math.exp(ca + cb * (math.log(ua * x + ushift) if plain else u(x)))
                     out = cout or x < first or x > last
             # FA2's combine kernel: by KV blocks per sequence
             if ds:
                 q = (ctx if ctx > 1.0 else 1.0) / block
                 if not qlo < q <= qhi:
-                    nb = ceil(q)
+                    nb = math.ceil(q)
                     qlo, qhi = float(nb - 1), float(nb)  # floats, as declared (the same comparisons; mypyc)
                     comb = combine_s if self._splits(n, nb) else 0.0
             fb, mb = flops / peak, bytes_ / bw
@@ -252,12 +261,14 @@ class CalibratedOps:
         block boundary where the combine kernel starts or stops) lies before it."""
         end = ctx_last
         nodes = self._decode_nodes
-        m = bisect_right(nodes, ctx_first * kv_scale)
+        m = _bisect_right(nodes, ctx_first * kv_scale)
         if m < len(nodes):
-            end = min(end, nodes[m] / kv_scale)
+            bound = nodes[m] / kv_scale
+            if bound < end:  # min(end, bound), written out (compiled: native)
+                end = bound
         if self._gqa_split:
-            block = self.decode_split["block"]
-            nb = math.ceil(max(1.0, ctx_first) / block)
+            block: float = self.decode_split["block"]
+            nb = math.ceil((ctx_first if ctx_first > 1.0 else 1.0) / block)  # max(1.0, ctx_first): native
             split = self._splits(num_seqs, nb)
             while nb * block < end:
                 nb += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from sim.core.batch import Batch
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pairs
@@ -38,7 +38,7 @@ OPS = (
 ATTN_DECODE = OPS.index("attn_decode")  # the only operator whose cost changes along a decode run
 # A NamedTuple with every field given, built without its generated __new__ (a Python call per
 # step on the hot path): what ``NamedTuple._make`` does, without the length check.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 # _PLUS_OVERHEAD: a step's seconds from its GPU seconds g and the engine's (cpu, launch) terms
 # (``_host``) are ``g + EngineProfile.overhead_fn(...)(g)``: g + (max(g, launch, cpu) - g) for an
 # engine overlapping its CPU work with the GPU, g + (cpu + max(g, launch) - g) for a serial one.
@@ -112,6 +112,12 @@ class _Step(NamedTuple):
     run_fns: tuple | None      # _run_step_fn of a decode-only batch; None: built per call
 
 
+# the tuple classes the per-step path builds, as constants (compiled, a class imported or
+# defined at module level is otherwise looked up in the module's dict at each use)
+_RunCost: Final = RunCost
+_StepType: Final = _Step
+
+
 class RooflineCostModel:
     """Per-step time of a batch on one replica of ``tp`` GPUs."""
 
@@ -120,6 +126,8 @@ class RooflineCostModel:
                  calibration: Calibration | None = None, engine: EngineProfile | None = None,
                  enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0, dp: int = 1):
         self.model, self.gpu, self.tp = model, gpu, tp
+        self._num_layers = model.num_layers
+        self._hbm_bw: float = gpu.hbm_bw_bytes_per_s
         # EP size = TP x DP (vLLM FusedMoEParallelConfig: ep_size = dp_size x tp_size)
         self.ep = tp * dp if enable_expert_parallel and model.num_experts > 1 else 1
         self.expert_load_imbalance = expert_load_imbalance
@@ -218,7 +226,7 @@ class RooflineCostModel:
         # decode attention and the overhead (``_fixed``), decode attention as a function of the
         # context (``_decode_fn``) and the engine's host terms (``_host``).
         self._fixed_cache: dict[tuple[int, int], _Fixed] = {}
-        self._token_cache: dict[int, tuple] = {}
+        self._token_cache: dict[int, tuple[float, float, float, float, float, float, bool]] = {}
         self._logit_cache: dict[int, tuple[float, float, bool]] = {}
         self._run_fns: dict[tuple[int, int], tuple] = {}
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
@@ -337,7 +345,7 @@ class RooflineCostModel:
         """
         if not chunks:
             return 0.0, False
-        L = self.model.num_layers
+        L = self._num_layers
         if self._prefill_cal:
             # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
             # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
@@ -351,7 +359,8 @@ class RooflineCostModel:
                     bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
                     # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
                     e, out = self.cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
-                    hit = (max(flops / self.flops_s, bytes_ / self.gpu.hbm_bw_bytes_per_s) / e, out)
+                    fb, mb = flops / self.flops_s, bytes_ / self._hbm_bw
+                    hit = ((mb if mb > fb else fb) / e, out)  # max(fb, mb), written out (compiled: native)
                     if len(cache) >= self.MAX_CHUNK_SHAPES:
                         cache.clear()
                     cache[key] = hit
@@ -577,7 +586,7 @@ class RooflineCostModel:
             elem, ar, _ = self._per_tokens(tokens)
         hit = self._chunk_cache.get((1, tokens, context_tokens)) if self._prefill_cal else None
         if hit is not None:  # _prefill_attn of the one chunk: L * (0.0 + its memoised seconds), as here
-            attn = self.model.num_layers * hit[0]
+            attn = self._num_layers * hit[0]
         elif not tokens:  # no queries attend: no attention work (the tables have no row for 0 tokens)
             attn = 0.0
         else:
@@ -623,13 +632,15 @@ class RooflineCostModel:
         measured batch range. The caller runs that prefix (``sim.cost.runs.run_sum_s``), then
         plans again. The same operators as ``_components``, summed in the same order; what the
         batch's shape fixes comes from ``_step`` (memoised), the decode context is costed here."""
-        n = batch.num_decode_seqs
-        key = (n, batch.num_logits, batch.prefill_chunks)
+        # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
+        # read by name is a generic attribute look-up)
+        n, context, chunks, num_logits, num_steps, _, _ = batch
+        key = (n, num_logits, chunks)
         st = self._step_cache.get(key)
         if st is None:
             st = self._step(batch, key)
         head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns = st
-        d, out = decode(batch.decode_context_tokens)
+        d, out = decode(context)
         flag = out or flag
         g = head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
         if host is None:
@@ -641,12 +652,12 @@ class RooflineCostModel:
                 first = g + ((cpu if cpu > m else m) - g)
             else:
                 first = g + (cpu + m - g)
-        if batch.num_steps == 1 or not n:
-            return _new(RunCost, (first, first, 1, flag, lm_flag, 0.0, outside))
+        if num_steps == 1 or not n:
+            return _new(_RunCost, (first, first, 1, flag, lm_flag, 0.0, outside))
         self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
         step_s, kinked = run_fns or self._run_step_fn(batch, self._fixed(batch))
-        j, z, q = self._piece(n, batch.decode_context_tokens, batch.num_steps, step_s, first, kinked)
-        return _new(RunCost, (first, z, j, self._flag, lm_flag, q, outside))
+        j, z, q = self._piece(n, context, num_steps, step_s, first, kinked)
+        return _new(_RunCost, (first, z, j, self._flag, lm_flag, q, outside))
 
     # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
     # shapes with prompt chunks recur as chunk budgets and prompt lengths repeat, and the memo
@@ -657,7 +668,7 @@ class RooflineCostModel:
         """``run_cost``'s terms of ``b``'s shape (what ``_fixed``, ``_decode_fn`` and ``_host``
         give), memoised under ``key`` = (decode sequences, sampled positions, prompt chunks),
         which fix them: the token count is the decodes plus the chunks' new tokens."""
-        n, chunks = b.num_decode_seqs, b.prefill_chunks
+        n, _, chunks, num_logits, _, _, num_tokens = b  # (by position, as in run_cost)
         if chunks:
             # _fixed's terms, without building its tuple (it does not memoise these shapes).
             # Shapes with prompt chunks miss this memo often: on the bench workload 44% of them
@@ -667,11 +678,11 @@ class RooflineCostModel:
             # place first: each
             # ``cache.get(key) or method(key)`` is what the method returns (they are non-empty
             # tuples and functions), the method running on a miss.
-            qkv, o, up, down, elem, ar, flag = self._token_cache.get(b.num_tokens) or self._token_ops(b.num_tokens)
-            lm, sampling, lm_flag = self._logit_cache.get(b.num_logits) or self._logit_ops(b.num_logits)
+            qkv, o, up, down, elem, ar, flag = self._token_cache.get(num_tokens) or self._token_ops(num_tokens)
+            lm, sampling, lm_flag = self._logit_cache.get(num_logits) or self._logit_ops(num_logits)
             hit = self._chunk_cache.get((1, *chunks[0])) if self._prefill_cal and len(chunks) == 1 else None
             if hit is not None:  # _prefill_attn of one chunk: L * (0.0 + its memoised seconds), as there
-                prefill, out = self.model.num_layers * hit[0], hit[1]
+                prefill, out = self._num_layers * hit[0], hit[1]
             else:
                 prefill, out = self._prefill_attn(chunks)
             head = qkv + o + up + down + prefill  # _Fixed.head, summed as there
@@ -683,13 +694,13 @@ class RooflineCostModel:
             elem, ar, lm, sampling = fx.after
             run_fns = self._run_step_fn(b, fx) if n else None
         host, outside = None, None
-        if b.num_tokens:
+        if num_tokens:
             seqs = n + len(chunks)
             _, _, out, host = self._host_cache.get((seqs, bool(chunks))) or self._host(seqs, bool(chunks))
             if out:
                 outside = (seqs, seqs)
         decode = self._decode_fns.get(n) or self._decode_fn(n)
-        st = _new(_Step, (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns))
+        st = _new(_StepType, (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns))
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()

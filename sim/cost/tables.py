@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import Final
+
+# (Final: compiled, sim/compiled_core.py, a constant, not a look-up in the module's dict)
+_bisect_right: Final = bisect_right
 
 
 def bracket(xs: list[float], x: float) -> tuple[int, float, bool]:
@@ -29,7 +33,7 @@ def bracket(xs: list[float], x: float) -> tuple[int, float, bool]:
         return 0, 0.0, x < xs[0]
     if x >= xs[-1]:
         return n - 2, 1.0, x > xs[-1]
-    i = bisect_right(xs, x) - 1
+    i = _bisect_right(xs, x) - 1
     return i, (x - xs[i]) / (xs[i + 1] - xs[i]), False
 
 
@@ -106,9 +110,10 @@ class Curve:
     def __init__(self, xs, log_eff, axis: Axis = LOG, cubic: bool = False):
         self.axis = axis
         pts = sorted((axis.u(x), y) for x, y in zip(xs, log_eff) if y is not None and not math.isnan(y))
-        self.lx = [p[0] for p in pts]
-        self.ly = [p[1] for p in pts]
-        self.m = pchip_slopes(self.lx, self.ly) if cubic and len(pts) > 1 else None
+        # (typed: compiled, sim/compiled_core.py, the interpolation below is arithmetic on native floats)
+        self.lx: list[float] = [p[0] for p in pts]
+        self.ly: list[float] = [p[1] for p in pts]
+        self.m: list[float] | None = pchip_slopes(self.lx, self.ly) if cubic and len(pts) > 1 else None
 
     def __bool__(self) -> bool:
         return bool(self.lx)
@@ -125,7 +130,7 @@ class Curve:
         elif u >= lx[-1]:
             i, w, out = n - 2, 1.0, u > lx[-1]
         else:
-            i = bisect_right(lx, u) - 1
+            i = _bisect_right(lx, u) - 1
             w, out = (u - lx[i]) / (lx[i + 1] - lx[i]), False
         if self.m is None or out or w == 0.0 or w == 1.0:
             return ly[i] + w * (ly[i + 1] - ly[i]), out
@@ -150,7 +155,7 @@ class Grid2:
     __slots__ = ("la", "rows", "b_nodes", "_a_brackets")
 
     def __init__(self, a_vals, b_vals, log_eff, axis_b: Axis = LOG, cubic: bool = False):
-        self.la = [math.log(a) for a in a_vals]
+        self.la: list[float] = [math.log(a) for a in a_vals]
         self.b_nodes = sorted(b_vals)  # where the interpolant along b may bend (cost/runs.py)
         rows = []
         for row in log_eff:
@@ -163,7 +168,7 @@ class Grid2:
             if r is None:
                 j = min((j for j, rr in enumerate(rows) if rr is not None), key=lambda j: abs(j - i))
                 rows[i] = rows[j]
-        self.rows = rows
+        self.rows: list[Curve] = [r for r in rows if r is not None]  # (all of them, by now)
         self._a_brackets: dict[float, tuple[int, float, bool]] = {}  # bracket(la, log a) by a (few: batch sizes)
 
     def eff(self, a: float, b: float) -> tuple[float, bool]:

@@ -89,6 +89,8 @@ class Arrivals:
         env, submit, requests = self.env, self._submit, self.requests
         arrival, inp, out, hash_ids, lo, block_size = self._slice
         j = self._j
+        t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
+        now: float
         while True:
             if j == len(arrival):
                 nxt = next(self._slices, None)

@@ -1,4 +1,4 @@
-"""``Call``: a SimPy event that calls a function when processed, in place of a process's resume.
+"""``Call``: an event in SimPy's queue that calls a function when processed, in place of a process's resume.
 
 Why: a SimPy generator process costs a resume of its generator (and a new ``Timeout`` object)
 for every event it waits on. The replica loop (sim/engine/cluster.py ``Replica``) and the
@@ -12,31 +12,44 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappush
+from typing import Final
 
 import simpy
 from simpy.events import NORMAL
 
+_heappush: Final = heappush  # (compiled: a constant, not a look-up in the module's dict)
 
-class Call(simpy.Event):
-    """A SimPy event, triggered, that calls ``fn(event)`` when the environment processes it:
-    ``at(delay_s, priority)`` schedules it ``delay_s`` from now. What SimPy's ``Timeout``
-    (NORMAL priority), ``Initialize`` and ``Interruption`` (URGENT) are to a generator process,
-    with ``fn`` in place of the process's resume. An event that has run may be scheduled
-    again (one object per loop for its recurring waits, not one per wait); one left pending
-    in the queue may not."""
 
-    def __init__(self, env: simpy.Environment, fn: Callable[[simpy.Event], None]):
+class Call:
+    """An event, triggered, that calls ``fn(event)`` when the event loop (``run_watched`` in
+    sim/engine/cluster.py) processes it: ``at(delay_s, priority)`` schedules it ``delay_s`` from
+    now. What SimPy's ``Timeout`` (NORMAL priority), ``Initialize`` and ``Interruption``
+    (URGENT) are to a generator process, with ``fn`` in place of the process's resume. An event
+    that has run may be scheduled again (one object per loop for its recurring waits, not one
+    per wait); one left pending in the queue may not.
+
+    It enters SimPy's queue as SimPy's events do (a heap of (time, priority, event id, event),
+    the ids from the environment's counter) and has the attributes the loop reads of an event
+    (``callbacks``: None once processed; ``_ok``, ``_value``), but it is not a ``simpy.Event``:
+    nothing waits on it (no process yields it), so it needs none of Event's machinery, and
+    compiled (sim/compiled_core.py) its attributes are native fields instead of a ``__dict__``.
+    The queue and the id counter are the environment's for its whole life: read once here."""
+
+    def __init__(self, env: simpy.Environment, fn: Callable[[Call], None]):
         self.env = env
         self._fn = fn
-        self._value = None
+        self._queue: list = env._queue
+        self._next_eid: Callable[[], int] = env._eid.__next__
+        self.callbacks: list[Callable[[Call], None]] | None = None
         self._ok = True
+        self._value: object = None
 
-    def at(self, delay_s: float, priority=NORMAL) -> "Call":
+    def at(self, delay_s: float, priority: int = NORMAL) -> Call:
         if delay_s < 0:  # as Timeout
             raise ValueError(f"Negative delay {delay_s}")
         self.callbacks = [self._fn]
-        env = self.env
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
-        heappush(env._queue, (env._now + delay_s, priority, next(env._eid), self))
+        now: float = self.env._now  # (typed: compiled, the sum below is native)
+        _heappush(self._queue, (now + delay_s, priority, self._next_eid(), self))
         return self

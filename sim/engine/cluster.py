@@ -18,7 +18,7 @@ import gc
 import math
 from heapq import heappop
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import simpy
 from simpy.events import URGENT
@@ -26,7 +26,7 @@ from simpy.events import URGENT
 from sim.core.batch import Batch
 from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
-from sim.policies.base import Scheduler
+from sim.policies.base import Scheduler, StepPlan
 from sim.engine.arrivals import Arrivals
 from sim.engine.calls import Call
 from sim.engine.recorder import Recorder
@@ -35,6 +35,14 @@ from sim.core.request import Request
 from sim.engine.router import RouterFn
 from sim.core.ttft import TTFTAccounting
 from sim.workload.arrays import RequestArrays
+
+
+# The step (or run) in flight: plan, batch, start, first and last step seconds, steps, curve,
+# and the cost model's flags (extrapolated, LM head extrapolated, outside the measured range)
+_Run = tuple[StepPlan, Batch, float, float, float, int, float, bool, bool, tuple[int, int] | None]
+# Batch's prefill_tokens, read by position: compiled (sim/compiled_core.py) a NamedTuple's
+# field read by name is a generic attribute look-up, by position a tuple item
+_PREFILL_TOKENS: Final = 5
 
 
 def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_s: float = 0.0) -> int:
@@ -74,10 +82,12 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     # priority, event id, event); a step pops the first, sets the clock ``_now``, runs the
     # event's callbacks and raises the exception of a failed event that no one defused): the
     # loop runs once per event, and a call per event was a tenth of its cost.
-    queue = env._queue
+    queue: list = env._queue
+    pop = heappop
+    t: float  # (compiled, a native float: the clock's comparisons below are not generic)
     last_t, same = -1.0, 0
     while queue:
-        t, _, _, event = heappop(queue)
+        t, _, _, event = pop(queue)
         if t == last_t:
             same += 1
             if same > STALL_EVENTS_BASE:
@@ -91,6 +101,13 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
                 return
             last_t, same = t, 0
         env._now = t
+        if isinstance(event, Call):  # the replicas' and the arrivals' events: native fields, never failed
+            call_fns = event.callbacks
+            event.callbacks = None  # SimPy's processed mark
+            if call_fns is not None:
+                for fn in call_fns:
+                    fn(event)
+            continue
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]  # SimPy's processed mark
         for callback in callbacks:
             callback(event)
@@ -132,9 +149,7 @@ class Replica:
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
-        # the step (or run) in flight: plan, batch, start, first and last step seconds, steps,
-        # curve, and the cost model's flags (extrapolated, LM head extrapolated, outside range)
-        self._run: tuple | None = None
+        self._run: _Run | None = None  # the step (or run) in flight
         # the end event of the step or run in flight: one object, scheduled again for each step
         # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
         self._end = Call(env, self._step_end)
@@ -150,7 +165,7 @@ class Replica:
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        now = self.env._now  # (simpy's Environment.now property returns _now)
+        now: float = self.env._now  # (simpy's Environment.now property returns _now; typed: a native float compiled)
         if not self.scheduler.add_request(req, now):
             self.on_finish([req])
             return
@@ -169,7 +184,7 @@ class Replica:
     def _plan(self, _event=None) -> None:
         """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
         env, sched = self.env, self.scheduler
-        now = env._now
+        now: float = env._now
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
         if not (plan.num_decode_seqs or plan.chunks):  # plan.idle, inline (a property call per round)
@@ -182,7 +197,8 @@ class Replica:
         batch = plan.batch
         # the cost model may cover only the run's first steps (its affine piece): run those,
         # then plan again (the scheduler takes back the rest's KV blocks)
-        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self.cost.run_cost(batch)
+        rc: RunCost = self.cost.run_cost(batch)
+        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = rc
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
             last = first
@@ -197,14 +213,19 @@ class Replica:
         """The step (or the whole run) ended."""
         self._interruptible = False
         run = self._run
+        assert run is not None
         self._apply(run[5], run[4])
 
     def _cut(self, _event) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
-        self._end.callbacks.clear()  # the run's end event will find nothing to resume
+        pending = self._end.callbacks
+        if pending is not None:
+            pending.clear()  # the run's end event will find nothing to resume
         self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
-        _, _, start, first, last, k, curve, _, _, _ = self._run
-        now = self.env._now
+        run = self._run
+        assert run is not None
+        _, _, start, first, last, k, curve, _, _, _ = run
+        now: float = self.env._now
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
@@ -215,16 +236,20 @@ class Replica:
 
     def _cut_end(self, _event) -> None:
         """A cut run's last step ended."""
-        _, _, _, first, last, k, curve, _, _, _ = self._run
+        run = self._run
+        assert run is not None
+        _, _, _, first, last, k, curve, _, _, _ = run
         done = self._cut_steps
         self._apply(done, run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve))
 
     def _apply(self, done: int, last: float) -> None:
         """``done`` steps of the plan in flight ended now (the last took ``last`` seconds): the
         observers see them, the scheduler applies them, the step log gets its row; plan again."""
-        plan, batch, start, first, _, _, _, extrapolated, lm_head_extrapolated, outside = self._run
+        run = self._run
+        assert run is not None
+        plan, batch, start, first, _, _, _, extrapolated, lm_head_extrapolated, outside = run
         sched, rec = self.scheduler, self.recorder
-        now = self.env._now
+        now: float = self.env._now
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
             self.ttft.on_step(plan, now, now - start)
         if extrapolated or lm_head_extrapolated or outside is not None:
@@ -232,8 +257,8 @@ class Replica:
         kv = sched.kv
         kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
         finished = sched.on_step_done(plan, now, done)
-        n = batch.num_decode_seqs
-        rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch.prefill_tokens, n * done,
+        n = plan.num_decode_seqs
+        rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch[_PREFILL_TOKENS], n * done,
                   kv_used, len(sched.waiting), first, last, 0))
         if plan.ready_gaps_s or plan.pause_extras:
             rec.lengthen_gaps(first, plan.ready_gaps_s, plan.pause_extras)

@@ -13,6 +13,7 @@ import operator
 
 import numpy as np
 
+from sim.core.request import Request
 from sim.core.ttft import TTFT_PARTS
 from sim.engine import columns as column_store
 from sim.engine.columns import ColumnBuffer, RowBlock
@@ -50,7 +51,7 @@ class RequestResults(RowBlock):
     def __len__(self) -> int:
         return len(self._buf) + len(self._waiting) + self._rows
 
-    def add(self, reqs) -> None:
+    def add(self, reqs: list[Request]) -> None:
         get, codes = self._get, self._label_code
         for r in reqs:
             label = (r.status, r.fail_reason)

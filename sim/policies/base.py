@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from sim.compiled_core import mypyc_attr
 from sim.core.batch import Batch
@@ -107,7 +108,7 @@ class StepPlan:
 
     def add_preempted(self, req: Request) -> None:
         """Append to ``preempted`` (a list from its first entry on)."""
-        if self.preempted is NONE:
+        if self.preempted is _NONE:
             self.preempted = []
         self.preempted.append(req)
 
@@ -129,14 +130,14 @@ class StepPlan:
         ``__new__`` is a Python call (one an interpreted frame in the compiled core)."""
         n = self.num_decode_seqs
         if not self.chunks:
-            return _tuple_new(Batch, (n, self.decode_context_tokens, (), n, self.num_steps, 0, n))
+            return _tuple_new(_Batch, (n, self.decode_context_tokens, (), n, self.num_steps, 0, n))
         pairs, completing, tokens = [], 0, 0
         for (r, t), c in zip(self.chunks, self.chunk_contexts):
             pairs.append((t, c))
             tokens += t
             if c + t == r.prefill_target:
                 completing += 1
-        return _tuple_new(Batch, (n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens,
+        return _tuple_new(_Batch, (n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens,
                                   n + tokens))
 
     @property
@@ -144,8 +145,12 @@ class StepPlan:
         return sum(n for _, n in self.chunks)
 
 
-_new = object.__new__
-_tuple_new = tuple.__new__
+# module constants read per step (Final: compiled, sim/compiled_core.py, C statics instead of
+# look-ups in the module's dict)
+_new: Final = object.__new__
+_tuple_new: Final = tuple.__new__
+_Batch: Final = Batch
+_NONE: Final = NONE
 
 
 def new_plan(now: float) -> StepPlan:
@@ -168,7 +173,7 @@ def new_plan(now: float) -> StepPlan:
 
 # compiled by mypyc (setup.py) this module's functions are not Python functions, and its native
 # StepPlan is built by its constructor (object.__new__ refuses it), fast there
-_COMPILED = not hasattr(new_plan, "__code__")
+_COMPILED: Final = not hasattr(new_plan, "__code__")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled core
@@ -399,7 +404,7 @@ class Scheduler:
             if blocks > kv.num_free:
                 return None
             plan.decode_blocks = decode_blocks
-            return NONE
+            return _NONE
         in_order: bool | None = None  # whether the prompts are the last admitted: found when first needed
         left = budget - ds.num_seqs
         thr = self._threshold
@@ -449,7 +454,7 @@ class Scheduler:
         else:
             self.kv.grow(req, new)
         self.kv.cache(req, computed + n)
-        if plan.chunks is NONE:  # the plan's first chunk: its lists (StepPlan)
+        if plan.chunks is _NONE:  # the plan's first chunk: its lists (StepPlan)
             plan.chunks, plan.chunk_contexts = [], []
         plan.chunks.append((req, n))
         plan.chunk_contexts.append(computed)
@@ -542,7 +547,7 @@ class Scheduler:
         if opened:  # its first decode step opens a block
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
-        if plan.kv_ready is NONE:  # the plan's first: its lists (StepPlan)
+        if plan.kv_ready is _NONE:  # the plan's first: its lists (StepPlan)
             plan.kv_ready, plan.ready_gaps_s = [], []
         plan.kv_ready.append(req)
         # a request with no token yet (vLLM P/D: the decode side emits the first) has no gap
@@ -602,12 +607,12 @@ class Scheduler:
         req.status = "running"
         if req.first_scheduled_s != req.first_scheduled_s:  # nan: first time
             req.first_scheduled_s = now
-            if plan.new_reqs is NONE:  # the plan's first: its list (StepPlan)
+            if plan.new_reqs is _NONE:  # the plan's first: its list (StepPlan)
                 plan.new_reqs = []
             plan.new_reqs.append(req)
         self.running[req.request_id] = req
         self.prefilling[req.request_id] = req
-        if plan.chunks is NONE:  # the plan's first chunk: its lists (StepPlan)
+        if plan.chunks is _NONE:  # the plan's first chunk: its lists (StepPlan)
             plan.chunks, plan.chunk_contexts = [], []
         plan.chunks.append((req, num_tokens))
         plan.chunk_contexts.append(req.num_computed)

@@ -16,10 +16,16 @@ each stops ends a run there, so the weights stay constant along a run.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 
+
+# heapq's functions as constants (compiled, sim/compiled_core.py, a module attribute is looked up
+# at each call otherwise)
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 
 class DecodeSet:
     """Sequences past prefill, each producing one token per step."""
@@ -56,14 +62,14 @@ class DecodeSet:
         self.kv.to_decode(req)
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
-        heapq.heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        _heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
         if not self._sliding:  # _slide_last is -1: nothing to fill
             return
         last = self._slide_last(req)
         if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
             self.filling_count[req.phase] += 1
-            heapq.heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
+            _heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish, preemption, a step without it), writing back its tokens;
@@ -170,7 +176,7 @@ class DecodeSet:
         """Steps until the earliest sequence emits its last token (>= 1)."""
         heap = self._heap
         while heap and heap[0][2] != heap[0][3].epoch:
-            heapq.heappop(heap)
+            _heappop(heap)
         if not heap:
             return 1 << 62
         return heap[0][0] - self.steps
@@ -181,7 +187,7 @@ class DecodeSet:
         k = self.steps_to_next_finish()
         heap = self._fill_heap
         while heap and heap[0][2] != heap[0][3].epoch:
-            heapq.heappop(heap)
+            _heappop(heap)
         if heap:
             k = min(k, heap[0][0] - self.steps)
         return k
@@ -193,14 +199,14 @@ class DecodeSet:
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
         while fill and fill[0][0] <= steps:
-            _, _, epoch, req = heapq.heappop(fill)
+            _, _, epoch, req = _heappop(fill)
             if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
         heap = self._heap
         done = []
         while heap and heap[0][0] <= steps:
-            _, _, epoch, req = heapq.heappop(heap)
+            _, _, epoch, req = _heappop(heap)
             if epoch == req.epoch:
                 done.append(req)
         return done
