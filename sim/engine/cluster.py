@@ -37,9 +37,6 @@ from sim.core.ttft import TTFTAccounting
 from sim.workload.arrays import RequestArrays
 
 
-# The step (or run) in flight: plan, batch, start, first and last step seconds, steps, curve,
-# and the cost model's flags (extrapolated, LM head extrapolated, outside the measured range)
-_Run = tuple[StepPlan, Batch, float, float, float, int, float, bool, bool, tuple[int, int] | None]
 # Batch's prefill_tokens, read by position: compiled (sim/compiled_core.py) a NamedTuple's
 # field read by name is a generic attribute look-up, by position a tuple item
 _PREFILL_TOKENS: Final = 5
@@ -149,7 +146,16 @@ class Replica:
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
-        self._run: _Run | None = None  # the step (or run) in flight
+        # the step (or run) in flight: its plan and batch, start, first and last step seconds,
+        # steps, curve (``RunCost``), and the cost model's flags (extrapolated, LM head
+        # extrapolated, overhead outside the measured range); fields, not a tuple built per step
+        # (compiled, sim/compiled_core.py, they are native: nothing boxed, nothing allocated)
+        self._inflight = StepPlan(1, 0, 0, 0)
+        self._batch = Batch()
+        self._start_s = self._first_s = self._last_s = self._curve_s = 0.0
+        self._steps = 1
+        self._extrapolated = self._lm_extrapolated = False
+        self._outside: tuple[int, int] | None = None
         # the end event of the step or run in flight: one object, scheduled again for each step
         # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
         self._end = Call(env, self._step_end)
@@ -202,7 +208,9 @@ class Replica:
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
             last = first
-        self._run = (plan, batch, now, first, last, k, curve, extrapolated, lm_head_extrapolated, outside)
+        self._inflight, self._batch, self._start_s = plan, batch, now
+        self._first_s, self._last_s, self._steps, self._curve_s = first, last, k, curve
+        self._extrapolated, self._lm_extrapolated, self._outside = extrapolated, lm_head_extrapolated, outside
         if k > 1:
             self._interruptible = True
             self._end.at(run_sum_s(k, first, last, k, curve))
@@ -212,9 +220,7 @@ class Replica:
     def _step_end(self, _event) -> None:
         """The step (or the whole run) ended."""
         self._interruptible = False
-        run = self._run
-        assert run is not None
-        self._apply(run[5], run[4])
+        self._apply(self._steps, self._last_s)
 
     def _cut(self, _event) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
@@ -222,9 +228,7 @@ class Replica:
         if pending is not None:
             pending.clear()  # the run's end event will find nothing to resume
         self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
-        run = self._run
-        assert run is not None
-        _, _, start, first, last, k, curve, _, _, _ = run
+        start, first, last, k, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
         now: float = self.env._now
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
@@ -236,18 +240,15 @@ class Replica:
 
     def _cut_end(self, _event) -> None:
         """A cut run's last step ended."""
-        run = self._run
-        assert run is not None
-        _, _, _, first, last, k, curve, _, _, _ = run
+        first, last, k, curve = self._first_s, self._last_s, self._steps, self._curve_s
         done = self._cut_steps
         self._apply(done, run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve))
 
     def _apply(self, done: int, last: float) -> None:
         """``done`` steps of the plan in flight ended now (the last took ``last`` seconds): the
         observers see them, the scheduler applies them, the step log gets its row; plan again."""
-        run = self._run
-        assert run is not None
-        plan, batch, start, first, _, _, _, extrapolated, lm_head_extrapolated, outside = run
+        plan, start, first, outside = self._inflight, self._start_s, self._first_s, self._outside
+        extrapolated, lm_head_extrapolated = self._extrapolated, self._lm_extrapolated
         sched, rec = self.scheduler, self.recorder
         now: float = self.env._now
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
@@ -258,7 +259,7 @@ class Replica:
         kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
         finished = sched.on_step_done(plan, now, done)
         n = plan.num_decode_seqs
-        rec.step((self.index, start, now - start, done, n + len(plan.chunks), batch[_PREFILL_TOKENS], n * done,
+        rec.step((self.index, start, now - start, done, n + len(plan.chunks), self._batch[_PREFILL_TOKENS], n * done,
                   kv_used, len(sched.waiting), first, last, 0))
         if plan.ready_gaps_s or plan.pause_extras:
             rec.lengthen_gaps(first, plan.ready_gaps_s, plan.pause_extras)
