@@ -39,6 +39,16 @@ def test_results_columns_equal_the_requests_and_none_stay_alive():
     assert cols["fail_reason"].tolist() == [r.fail_reason for r in kept]
 
 
+def test_a_result_row_is_every_field_in_order():
+    """``result_row`` reads the fields one by one: the same values, in ``FIELDS`` order."""
+    from sim.engine.results import FIELDS, result_row
+    r = Request(7, 1.5, 900, 300)
+    for i, f in enumerate(FIELDS):  # a distinct value per field (ints where the slot holds one)
+        setattr(r, f, 100 + i if isinstance(getattr(r, f), int) else 0.25 + i)
+    assert result_row(r, 3) == (*(getattr(r, f) for f in FIELDS), 3)
+    assert len(set(result_row(r, 3))) == len(FIELDS) + 1
+
+
 def test_a_request_recorded_twice_or_never_is_an_error():
     a, b = Request(0, 0.0, 5, 5), Request(1, 0.1, 5, 5)
     res = RequestResults()

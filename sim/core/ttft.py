@@ -63,13 +63,16 @@ class SoloPrefill:
 
     def __init__(self, cost):
         self.cost = cost
-        self._cache: dict[tuple[int, int, bool], float] = {}
-        # the memoised seconds of a (n, ctx, completing) key, or None: read first on the hot
-        # path (TTFTAccounting.on_step), which calls this object only on a miss
+        # keyed by one int, (n << 33) + (ctx << 1) + completing (unique while ctx < 2**32 tokens,
+        # more than any KV cache holds): an int is hashed and compared at a fraction of the cost
+        # of an (n, ctx, completing) tuple, and this is looked up once per prompt chunk
+        self._cache: dict[int, float] = {}
+        # the memoised seconds of a key, or None: read first on the hot path
+        # (TTFTAccounting.on_step), which calls this object only on a miss
         self.lookup = self._cache.get
 
     def __call__(self, n: int, ctx: int, completing: bool) -> float:
-        key = (n, ctx, completing)
+        key = (n << 33) + (ctx << 1) + completing
         hit = self._cache.get(key)
         if hit is None:
             hit = self.cost.prefill_alone_s(n, ctx, completing)
@@ -149,7 +152,7 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                memo = solo_hit((n, ctx, completing))
+                memo = solo_hit((n << 33) + (ctx << 1) + completing)  # SoloPrefill's key
                 own: float = memo if memo is not None else solo(n, ctx, completing)
                 if own > compute:
                     own = compute

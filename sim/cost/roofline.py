@@ -231,7 +231,10 @@ class RooflineCostModel:
         self._run_fns: dict[tuple[int, int], tuple] = {}
         self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
-        self._step_cache: dict[tuple[int, int, tuple], _Step] = {}  # run_cost's, per batch shape
+        # run_cost's, per batch shape: (decodes, sampled positions, chunks), or for a decode-only
+        # batch sampling every sequence the number of decodes alone (an int: cheaper to hash and
+        # compare than a tuple, for the most frequent shapes; never equal to a tuple key)
+        self._step_cache: dict[int | tuple[int, int, tuple], _Step] = {}
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
         self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
         # _piece's cut at the decode table's nodes and FA2's split changes (None: no decode table)
@@ -635,7 +638,7 @@ class RooflineCostModel:
         # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
         # read by name is a generic attribute look-up)
         n, context, chunks, num_logits, num_steps, _, _ = batch
-        key = (n, num_logits, chunks)
+        key: int | tuple[int, int, tuple] = n if not chunks and num_logits == n else (n, num_logits, chunks)
         st = self._step_cache.get(key)
         if st is None:
             st = self._step(batch, key)
@@ -664,10 +667,11 @@ class RooflineCostModel:
     # starts over when full (its entries are pure functions of their key: nothing else changes).
     MAX_STEP_SHAPES = 50_000
 
-    def _step(self, b: Batch, key: tuple) -> _Step:
+    def _step(self, b: Batch, key: int | tuple[int, int, tuple]) -> _Step:
         """``run_cost``'s terms of ``b``'s shape (what ``_fixed``, ``_decode_fn`` and ``_host``
         give), memoised under ``key`` = (decode sequences, sampled positions, prompt chunks),
-        which fix them: the token count is the decodes plus the chunks' new tokens."""
+        which fix them (the decode sequences alone when they are all and only what the step
+        samples): the token count is the decodes plus the chunks' new tokens."""
         n, _, chunks, num_logits, _, _, num_tokens = b  # (by position, as in run_cost)
         if chunks:
             # _fixed's terms, without building its tuple (it does not memoise these shapes).
@@ -704,7 +708,7 @@ class RooflineCostModel:
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()
-        cache[key] = st  # (n, b.num_logits, chunks)
+        cache[key] = st
         return st
 
     def run_durations_s(self, batch: Batch) -> tuple[float, float]:

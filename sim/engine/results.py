@@ -9,8 +9,6 @@ grows with the requests in flight, not with those already served.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from sim.core.request import Request
@@ -28,6 +26,17 @@ INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_pre
                         "prefix_hit_tokens", "decode_rounds_waited", "label"))
 
 
+
+def result_row(r: Request, code: int) -> tuple:
+    """``r``'s ``FIELDS``, in order, and its label ``code``: the attributes read one by one
+    (compiled, sim/compiled_core.py, native field reads; ``operator.attrgetter`` took a generic
+    look-up each); tests/test_results_columns.py checks it against ``FIELDS``."""
+    return (r.request_id, r.arrival_s, r.first_scheduled_s, r.first_token_s, r.finish_s, r.prompt_tokens,
+            r.output_tokens, r.num_preemptions, r.replica, r.prefix_hit_tokens, r.transfer_start_s,
+            r.transfer_end_s, r.decode_wait_s, r.decode_rounds_waited,
+            r.ttft_wait_batch_s, r.ttft_wait_kv_s, r.ttft_prefill_s, r.ttft_interference_s,
+            r.ttft_overhead_s, r.ttft_preempt_s, r.ttft_kv_transfer_s, r.ttft_decode_s, code)
+
 class RequestResults(RowBlock):
     """Append-only sink of finished requests (``add``), kept in request-id order. Every request
     sent (``sent``, set by the simulation) must be added exactly once; ``finish`` checks that.
@@ -42,7 +51,6 @@ class RequestResults(RowBlock):
         self._names = (*FIELDS, "label")
         super().__init__(len(self._names), block_rows)  # the rows added since the last release
         self.sent = 0
-        self._get = operator.attrgetter(*FIELDS)
         self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
         self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
         self._label_code: dict[tuple[str, str], int] = {}
@@ -52,13 +60,13 @@ class RequestResults(RowBlock):
         return len(self._buf) + len(self._waiting) + self._rows
 
     def add(self, reqs: list[Request]) -> None:
-        get, codes = self._get, self._label_code
+        codes = self._label_code
         for r in reqs:
             label = (r.status, r.fail_reason)
             code = codes.get(label)
             if code is None:
                 code = codes[label] = len(codes)
-            self.append((*get(r), code))
+            self.append(result_row(r, code))
 
     def full(self) -> None:
         self._release()
