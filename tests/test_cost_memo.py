@@ -212,3 +212,13 @@ def test_shared_cost_models_are_reused_only_inside_the_block_and_change_no_outpu
         warm = run_bytes(base)
     assert _cost() is not a
     assert warm == fresh
+
+
+def test_solo_prefill_keys_are_one_to_one():
+    """The solo-prefill memo's int key (a chunk's context below 2**32 tokens) never maps two
+    chunks to one key; a context beyond 32 bits takes a tuple key instead."""
+    from sim.core.ttft import solo_key
+    big = 2 ** 32
+    solos = [(n, c, b) for n in (0, 1, 2, 2 ** 40) for c in (0, 1, big - 1, big) for b in (False, True)]
+    assert len({solo_key(*s) for s in solos}) == len(solos)
+    assert isinstance(solo_key(1, big, True), tuple) and isinstance(solo_key(1, big - 1, True), int)

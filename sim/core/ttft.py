@@ -25,7 +25,7 @@ stopped on KV, which prompts got no chunk) and the steps' durations; no policy c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:  # (types only: the compiled core reads their fields natively through them)
     from sim.core.request import Request
@@ -55,6 +55,15 @@ class WaitClocks:
         self.t_s = now
 
 
+_BELOW: Final = 1 << 32
+
+
+def solo_key(n: int, ctx: int, completing: bool) -> int | tuple[int, int, bool]:
+    """``SoloPrefill``'s memo key of a chunk: (n << 33) + (ctx << 1) + completing, one int
+    (unique while ctx < 2**32 tokens, more than any KV cache holds; else the tuple)."""
+    return (n << 33) + (ctx << 1) + completing if ctx < _BELOW else (n, ctx, completing)
+
+
 class SoloPrefill:
     """Compute time of one chunk (n new tokens after ctx cached) alone in a step, without the
     engine overhead; memoised, since chunk shapes recur (fixed budgets, common prompt lengths)."""
@@ -63,16 +72,15 @@ class SoloPrefill:
 
     def __init__(self, cost):
         self.cost = cost
-        # keyed by one int, (n << 33) + (ctx << 1) + completing (unique while ctx < 2**32 tokens,
-        # more than any KV cache holds): an int is hashed and compared at a fraction of the cost
-        # of an (n, ctx, completing) tuple, and this is looked up once per prompt chunk
-        self._cache: dict[int, float] = {}
+        # keyed by ``solo_key``: one int, hashed and compared at a fraction of the cost of an
+        # (n, ctx, completing) tuple (this is looked up once per prompt chunk)
+        self._cache: dict[int | tuple[int, int, bool], float] = {}
         # the memoised seconds of a key, or None: read first on the hot path
         # (TTFTAccounting.on_step), which calls this object only on a miss
         self.lookup = self._cache.get
 
     def __call__(self, n: int, ctx: int, completing: bool) -> float:
-        key = (n << 33) + (ctx << 1) + completing
+        key = solo_key(n, ctx, completing)
         hit = self._cache.get(key)
         if hit is None:
             hit = self.cost.prefill_alone_s(n, ctx, completing)
@@ -152,7 +160,8 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                memo = solo_hit((n << 33) + (ctx << 1) + completing)  # SoloPrefill's key
+                # SoloPrefill's key (solo_key, written out)
+                memo = solo_hit((n << 33) + (ctx << 1) + completing if ctx < _BELOW else (n, ctx, completing))
                 own: float = memo if memo is not None else solo(n, ctx, completing)
                 if own > compute:
                     own = compute

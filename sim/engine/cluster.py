@@ -40,6 +40,7 @@ from sim.workload.arrays import RequestArrays
 # Batch's prefill_tokens, read by position: compiled (sim/compiled_core.py) a NamedTuple's
 # field read by name is a generic attribute look-up, by position a tuple item
 _PREFILL_TOKENS: Final = 5
+_URGENT: Final = URGENT  # (compiled: a constant, not a look-up in the module's dict)
 
 
 def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_s: float = 0.0) -> int:
@@ -185,7 +186,7 @@ class Replica:
             self._wake.at(0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            self._cut_call.at(0.0, URGENT)  # an interruption
+            self._cut_call.at(0.0, _URGENT)  # an interruption
 
     def _plan(self, _event=None) -> None:
         """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
