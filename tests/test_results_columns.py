@@ -109,3 +109,21 @@ def test_appended_rows_keep_numpys_conversion():
     buf.append((None, 10))
     assert len(buf) == 2 and np.array_equal(buf.column("a"), [1.0, np.nan], equal_nan=True)
     assert buf.column("b").tolist() == [2.0, 10.0]
+
+
+def test_step_rows_add_is_append_of_the_row():
+    """The step log's ``add`` (the row's numbers as arguments) writes what ``append`` writes of
+    the same row: values, None (NaN), numeric strings, across blocks."""
+    from sim.engine.recorder import _INT, STEP_COLUMNS, StepRows
+    rng = np.random.default_rng(0)
+    rows = [tuple(int(v) if c in _INT else float(v) for c, v in zip(STEP_COLUMNS, rng.integers(0, 10**6, 12)))
+            for _ in range(40)]
+    rows[5] = rows[5][:1] + (None,) + rows[5][2:]  # (a float column: NaN)
+    rows[9] = rows[9][:3] + ("7",) + rows[9][4:]
+    a, b = StepRows(STEP_COLUMNS, _INT, block_rows=16), StepRows(STEP_COLUMNS, _INT, block_rows=16)
+    for r in rows:
+        a.append(r)
+        b.add(*r)
+    for c in STEP_COLUMNS:
+        assert np.array_equal(a.column(c), b.column(c), equal_nan=True), c
+    assert len(b) == 40 and b.column("num_steps")[9] == 7

@@ -37,7 +37,9 @@ class Call:
 
     def __init__(self, env: simpy.Environment, fn: Callable[[Call], None]):
         self.env = env
-        self._fn = fn
+        # the callbacks it runs, one list for all its schedulings (SimPy's processed mark sets
+        # ``callbacks`` to None, not the list; emptied only when its owner abandons it pending)
+        self._fns = [fn]
         self._queue: list = env._queue
         self._next_eid: Callable[[], int] = env._eid.__next__
         self.callbacks: list[Callable[[Call], None]] | None = None
@@ -47,7 +49,7 @@ class Call:
     def at(self, delay_s: float, priority: int = NORMAL) -> Call:
         if delay_s < 0:  # as Timeout
             raise ValueError(f"Negative delay {delay_s}")
-        self.callbacks = [self._fn]
+        self.callbacks = self._fns
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
         now: float = self.env._now  # (typed: compiled, the sum below is native)

@@ -260,8 +260,8 @@ class Replica:
         kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
         finished = sched.on_step_done(plan, now, done)
         n = plan.num_decode_seqs
-        rec.step((self.index, start, now - start, done, n + len(plan.chunks), self._batch[_PREFILL_TOKENS], n * done,
-                  kv_used, len(sched.waiting), first, last, 0))
+        rec.step_rows.add(self.index, start, now - start, done, n + len(plan.chunks), self._batch[_PREFILL_TOKENS],
+                          n * done, kv_used, len(sched.waiting), first, last, 0)
         if plan.ready_gaps_s or plan.pause_extras:
             rec.lengthen_gaps(first, plan.ready_gaps_s, plan.pause_extras)
         if finished:

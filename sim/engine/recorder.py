@@ -9,6 +9,8 @@ as a tuple of Python numbers), so a run's memory does not grow with its step row
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from sim.engine.columns import ColumnBuffer
@@ -22,9 +24,30 @@ _INT = {"replica", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens", "
         "multi_step"}
 
 
+class StepRows(ColumnBuffer):
+    """The step log's rows; ``add`` takes a row's twelve numbers as arguments."""
+
+    def add(self, replica, start_s, duration_s, num_steps, num_seqs, prefill_tokens, decode_tokens,
+            kv_blocks_used, num_waiting, first_step_duration_s, last_step_duration_s, multi_step) -> None:
+        """``append`` of the row (``STEP_COLUMNS``' order) without its tuple: the replica loop's
+        one call per step row (compiled, sim/compiled_core.py, ``pack_into(..., *row)`` builds a
+        list and a tuple of the row again; here its numbers go straight to ``pack_into``)."""
+        n = self._rows
+        try:
+            self._pack_into(self._data, n * self._row_bytes, replica, start_s, duration_s, num_steps, num_seqs,
+                            prefill_tokens, decode_tokens, kv_blocks_used, num_waiting, first_step_duration_s,
+                            last_step_duration_s, multi_step)
+        except struct.error:  # as append's
+            self._append_slow(n, (replica, start_s, duration_s, num_steps, num_seqs, prefill_tokens, decode_tokens,
+                                  kv_blocks_used, num_waiting, first_step_duration_s, last_step_duration_s, multi_step))
+        self._rows = n + 1
+        if n + 1 >= self.block_rows:
+            self.full()
+
+
 class Recorder:
     def __init__(self) -> None:
-        self._steps = ColumnBuffer(STEP_COLUMNS, _INT)
+        self._steps = self.step_rows = StepRows(STEP_COLUMNS, _INT)
         # inter-token gaps listed one by one: spanning a recompute, or to the end of a multi-step
         # block (``multi_step`` rows: their tokens come out at the block's end, not step by step)
         self.resume_gaps_s: list[float] = []
