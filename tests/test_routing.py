@@ -103,7 +103,7 @@ def test_least_outstanding_is_the_first_replica_with_fewest_outstanding():
     for _ in range(300):
         reps = []
         for _ in range(int(rng.integers(1, 6))):
-            s = Replica(int(rng.integers(0, 2)))
+            s = Replica(int(rng.integers(-1, 2)))  # (a negative load too: the first fewest, whatever it is)
             s.waiting = deque(_req(i, [i]) for i in range(rng.integers(0, 3)))
             s.running = {i: _req(i, [i]) for i in range(rng.integers(0, 3))}
             reps.append(s)

@@ -33,7 +33,10 @@ class Call:
     (``callbacks``: None once processed; ``_ok``, ``_value``), but it is not a ``simpy.Event``:
     nothing waits on it (no process yields it), so it needs none of Event's machinery, and
     compiled (sim/compiled_core.py) its attributes are native fields instead of a ``__dict__``.
-    The queue and the id counter are the environment's for its whole life: read once here."""
+    The queue and the id counter are the environment's for its whole life: read once here.
+    Its callbacks list is one for all its schedulings (``at`` sets ``callbacks`` to it): a
+    change to ``call.at(...).callbacks`` lasts, so only an owner that abandons a pending Call
+    may empty it (a cut run's end, sim/engine/cluster.py)."""
 
     def __init__(self, env: simpy.Environment, fn: Callable[[Call], None]):
         self.env = env

@@ -101,10 +101,10 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
         env._now = t
         if isinstance(event, Call):  # the replicas' and the arrivals' events: native fields, never failed
             call_fns = event.callbacks
+            assert call_fns is not None, "a Call scheduled again while pending"  # (as SimPy fails on it)
             event.callbacks = None  # SimPy's processed mark
-            if call_fns is not None:
-                for fn in call_fns:
-                    fn(event)
+            for fn in call_fns:
+                fn(event)
             continue
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]  # SimPy's processed mark
         for callback in callbacks:
@@ -131,7 +131,7 @@ class Replica:
     """One serving-engine instance: a scheduler stepping on simulated GPUs.
 
     The loop (plan a step at now, wait the step's time, apply it, plan again) runs as callbacks
-    of SimPy events rather than as a generator process (a process costs a resume of the
+    of events in SimPy's queue (sim/engine/calls.py ``Call``) rather than as a generator process (a process costs a resume of the
     generator per step): ``_plan`` plans and schedules the step's end, ``_step_end`` applies
     the step and plans again. It schedules the very events such a process does, at the same
     times and priorities and in the same order (the start as ``Initialize``: URGENT; a step's
@@ -226,8 +226,8 @@ class Replica:
     def _cut(self, _event) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
         pending = self._end.callbacks
-        if pending is not None:
-            pending.clear()  # the run's end event will find nothing to resume
+        assert pending is not None, "a cut of a run whose end was processed"
+        pending.clear()  # the run's end event will find nothing to resume
         self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
         start, first, last, k, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
         now: float = self.env._now

@@ -1,8 +1,9 @@
 """Append-only records of a run: one row per engine step (or fast-forwarded run of identical
 decode steps), read back as columns at the end.
 
-Why: appending a tuple per step is the cheapest thing the hot loop can do; all analysis reads
-columns afterwards; its numbers are copied as it comes into float64 values, packed into numpy
+Why: handing a row's numbers over (``StepRows.add``; ``step`` takes them as a tuple) is the
+cheapest thing the hot loop can do; all analysis reads columns afterwards; the numbers are
+copied as they come into float64 values, packed into numpy
 columns and spilled to disk as blocks fill (``ColumnBuffer``: 96 bytes a row instead of ~350
 as a tuple of Python numbers), so a run's memory does not grow with its step rows.
 """
@@ -61,7 +62,7 @@ class Recorder:
         # (fewest, most) scheduled sequences of a step whose engine overhead was taken outside
         # the profile's measured batch range, per replica: ``simsrv_overhead_outside_batch_range``
         self.overhead_outside_seqs: dict[int, tuple[int, int]] = {}
-        self.step = self._steps.append     # the hot loop's one call per step row
+        self.step = self._steps.append     # a step row as a tuple (the replica loop's: step_rows.add)
 
     def count_extrapolated(self, replica: int, num_steps: int) -> None:
         self.extrapolated_steps[replica] = self.extrapolated_steps.get(replica, 0) + num_steps

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from collections.abc import Iterable
+
 from sim.core.request import Request
 from sim.core.ttft import TTFT_PARTS
 from sim.engine import columns as column_store
@@ -26,7 +28,6 @@ INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_pre
                         "prefix_hit_tokens", "decode_rounds_waited", "label"))
 
 
-
 def result_row(r: Request, code: int) -> tuple:
     """``r``'s ``FIELDS``, in order, and its label ``code``: the attributes read one by one
     (compiled, sim/compiled_core.py, native field reads; ``operator.attrgetter`` took a generic
@@ -36,6 +37,7 @@ def result_row(r: Request, code: int) -> tuple:
             r.transfer_end_s, r.decode_wait_s, r.decode_rounds_waited,
             r.ttft_wait_batch_s, r.ttft_wait_kv_s, r.ttft_prefill_s, r.ttft_interference_s,
             r.ttft_overhead_s, r.ttft_preempt_s, r.ttft_kv_transfer_s, r.ttft_decode_s, code)
+
 
 class RequestResults(RowBlock):
     """Append-only sink of finished requests (``add``), kept in request-id order. Every request
@@ -59,7 +61,7 @@ class RequestResults(RowBlock):
     def __len__(self) -> int:
         return len(self._buf) + len(self._waiting) + self._rows
 
-    def add(self, reqs: list[Request]) -> None:
+    def add(self, reqs: Iterable[Request]) -> None:
         codes = self._label_code
         for r in reqs:
             label = (r.status, r.fail_reason)

@@ -20,16 +20,18 @@ RouterFn = Callable[[Request, Sequence[Scheduler]], int]
 
 
 def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
-    """Fewest waiting + running requests; ties go to the lowest index (``list.index`` finds the
-    first replica with the fewest)."""
+    """Fewest waiting + running requests; ties go to the lowest index (the first replica with
+    the fewest)."""
     # each replica's Scheduler.num_outstanding, its sum written out (the default router reads
     # every replica's at every arrival; a property call each was most of its cost), and the
     # first fewest found in one pass (compiled, sim/compiled_core.py, native arithmetic instead
     # of a list, min() and list.index)
-    best, fewest = 0, -1
+    if not replicas:
+        raise ValueError("no replica to route to")
+    best, fewest = 0, 0
     for i, s in enumerate(replicas):
         load = len(s.waiting) + len(s.running) + s.incoming
-        if fewest < 0 or load < fewest:
+        if i == 0 or load < fewest:
             best, fewest = i, load
     return best
 
