@@ -160,8 +160,7 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                # SoloPrefill's key (solo_key, written out)
-                memo = solo_hit((n << 33) + (ctx << 1) + completing if ctx < _BELOW else (n, ctx, completing))
+                memo = solo_hit(solo_key(n, ctx, completing))
                 own: float = memo if memo is not None else solo(n, ctx, completing)
                 if own > compute:
                     own = compute

@@ -6,8 +6,8 @@ topology at its time; with ``max_concurrency`` (vLLM bench ``--max-concurrency``
 also waits for a free client and is sent (its arrival time) when one frees up.
 
 It runs as callbacks of events in SimPy's queue (sim/engine/calls.py ``Call``), not as a
-generator process (a generator resume and a new ``Timeout`` per arrival), and schedules the very events
-that process did, at the same times and priorities and in the same order: its start as
+generator process (a generator resume and a new ``Timeout`` per arrival), and schedules the
+very events that process did, at the same times and priorities and in the same order: its start as
 ``Initialize`` (URGENT, at 0), a wait for the next arrival time as ``Timeout`` (NORMAL, after
 the gap), a wait for a free client as an event that ``release`` succeeds (NORMAL, now). The one
 event it leaves out is the process's end (scheduled when the last request was sent, with no

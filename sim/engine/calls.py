@@ -1,4 +1,5 @@
-"""``Call``: an event in SimPy's queue that calls a function when processed, in place of a process's resume.
+"""``Call``: an event in SimPy's queue that calls a function when processed, in place of a
+process's resume.
 
 Why: a SimPy generator process costs a resume of its generator (and a new ``Timeout`` object)
 for every event it waits on. The replica loop (sim/engine/cluster.py ``Replica``) and the

@@ -131,9 +131,9 @@ class Replica:
     """One serving-engine instance: a scheduler stepping on simulated GPUs.
 
     The loop (plan a step at now, wait the step's time, apply it, plan again) runs as callbacks
-    of events in SimPy's queue (sim/engine/calls.py ``Call``) rather than as a generator process (a process costs a resume of the
-    generator per step): ``_plan`` plans and schedules the step's end, ``_step_end`` applies
-    the step and plans again. It schedules the very events such a process does, at the same
+    of events in SimPy's queue (sim/engine/calls.py ``Call``) rather than as a generator process
+    (a process costs a resume of the generator per step): ``_plan`` plans and schedules the
+    step's end, ``_step_end`` applies the step and plans again. It schedules the very events such a process does, at the same
     times and priorities and in the same order (the start as ``Initialize``: URGENT; a step's
     end as ``Timeout``: NORMAL; an idle replica's wake-up as ``Event.succeed``: NORMAL, now; a
     cut of a run as ``Interruption``: URGENT, now), so a run is event for event the same."""
@@ -147,12 +147,12 @@ class Replica:
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
-        # the step (or run) in flight: its plan and batch, start, first and last step seconds,
+        # the step (or run) in flight: its plan, prompt tokens, start, first and last step seconds,
         # steps, curve (``RunCost``), and the cost model's flags (extrapolated, LM head
         # extrapolated, overhead outside the measured range); fields, not a tuple built per step
         # (compiled, sim/compiled_core.py, they are native: nothing boxed, nothing allocated)
         self._inflight = StepPlan(1, 0, 0, 0)
-        self._batch = Batch()
+        self._prefill_tokens = 0
         self._start_s = self._first_s = self._last_s = self._curve_s = 0.0
         self._steps = 1
         self._extrapolated = self._lm_extrapolated = False
@@ -172,7 +172,7 @@ class Replica:
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        now: float = self.env._now  # (simpy's Environment.now property returns _now; typed: a native float compiled)
+        now: float = self.env._now  # (Environment.now returns _now; typed: native compiled)
         if not self.scheduler.add_request(req, now):
             self.on_finish([req])
             return
@@ -209,7 +209,7 @@ class Replica:
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
             last = first
-        self._inflight, self._batch, self._start_s = plan, batch, now
+        self._inflight, self._prefill_tokens, self._start_s = plan, batch[_PREFILL_TOKENS], now
         self._first_s, self._last_s, self._steps, self._curve_s = first, last, k, curve
         self._extrapolated, self._lm_extrapolated, self._outside = extrapolated, lm_head_extrapolated, outside
         if k > 1:
@@ -260,7 +260,7 @@ class Replica:
         kv_used = kv.num_blocks - kv.num_free  # kv.num_used during the step, before finished requests free theirs
         finished = sched.on_step_done(plan, now, done)
         n = plan.num_decode_seqs
-        rec.step_rows.add(self.index, start, now - start, done, n + len(plan.chunks), self._batch[_PREFILL_TOKENS],
+        rec.step_rows.add(self.index, start, now - start, done, n + len(plan.chunks), self._prefill_tokens,
                           n * done, kv_used, len(sched.waiting), first, last, 0)
         if plan.ready_gaps_s or plan.pause_extras:
             rec.lengthen_gaps(first, plan.ready_gaps_s, plan.pause_extras)

@@ -39,8 +39,9 @@ class StepRows(ColumnBuffer):
                             prefill_tokens, decode_tokens, kv_blocks_used, num_waiting, first_step_duration_s,
                             last_step_duration_s, multi_step)
         except struct.error:  # as append's
-            self._append_slow(n, (replica, start_s, duration_s, num_steps, num_seqs, prefill_tokens, decode_tokens,
-                                  kv_blocks_used, num_waiting, first_step_duration_s, last_step_duration_s, multi_step))
+            self._append_slow(n, (replica, start_s, duration_s, num_steps, num_seqs, prefill_tokens,
+                                  decode_tokens, kv_blocks_used, num_waiting, first_step_duration_s,
+                                  last_step_duration_s, multi_step))
         self._rows = n + 1
         if n + 1 >= self.block_rows:
             self.full()
@@ -48,7 +49,7 @@ class StepRows(ColumnBuffer):
 
 class Recorder:
     def __init__(self) -> None:
-        self._steps = self.step_rows = StepRows(STEP_COLUMNS, _INT)
+        self.step_rows = StepRows(STEP_COLUMNS, _INT)
         # inter-token gaps listed one by one: spanning a recompute, or to the end of a multi-step
         # block (``multi_step`` rows: their tokens come out at the block's end, not step by step)
         self.resume_gaps_s: list[float] = []
@@ -62,7 +63,7 @@ class Recorder:
         # (fewest, most) scheduled sequences of a step whose engine overhead was taken outside
         # the profile's measured batch range, per replica: ``simsrv_overhead_outside_batch_range``
         self.overhead_outside_seqs: dict[int, tuple[int, int]] = {}
-        self.step = self._steps.append     # a step row as a tuple (the replica loop's: step_rows.add)
+        self.step = self.step_rows.append     # a step row as a tuple (the replica loop's: step_rows.add)
 
     def count_extrapolated(self, replica: int, num_steps: int) -> None:
         self.extrapolated_steps[replica] = self.extrapolated_steps.get(replica, 0) + num_steps
@@ -94,9 +95,9 @@ class Recorder:
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """Every step column whole in memory (tests, small runs)."""
-        return self._steps.columns()
+        return self.step_rows.columns()
 
     def step_store(self) -> ColumnBuffer:
         """The step rows, complete (read a column or a slice of rows at a time)."""
-        self._steps.finish()
-        return self._steps
+        self.step_rows.finish()
+        return self.step_rows

@@ -27,6 +27,7 @@ from sim.core.request import Request
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 
+
 class DecodeSet:
     """Sequences past prefill, each producing one token per step."""
 
