@@ -262,14 +262,78 @@ def _calls_beside_a_process(make_call, run):
     return seen
 
 
-def test_calls_and_simpy_events_share_one_order():
+@pytest.mark.parametrize("self_entries", [False, True])
+def test_calls_and_simpy_events_share_one_order(self_entries, monkeypatch):
     """A ``Call`` enters SimPy's queue as SimPy's own events do: at one time and priority, in
     the order scheduled (the environment's event ids), URGENT first; rescheduled after it ran,
-    it runs again; emptied while pending (a cut run's end), it runs nothing."""
+    it runs again; emptied while pending (a cut run's end), it runs nothing. As a tuple (the
+    Python sources) and as its own heap entry beside SimPy's tuples (compiled)."""
+    from sim.engine import calls
     from sim.engine.calls import Call
+    monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)  # (compiled: always its own entry)
     seen = _calls_beside_a_process(Call, lambda env: cluster.run_watched(env, lambda: 0))
     assert seen == _calls_beside_a_process(_SimpyCall, lambda env: env.run())
     assert seen == [("urgent", 1.0), ("a", 1.0), ("process", 1.0), ("a", 1.5), ("process", 1.5)]
+
+
+def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
+    """Calls at equal and distinct times and priorities, beside SimPy's own timeouts, some
+    scheduled from callbacks: processed in one order whether each Call enters the heap as a
+    tuple or as itself (its ``__lt__`` / ``__gt__``)."""
+    from sim.engine import calls
+
+    def order(self_entries: bool) -> list:
+        monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)
+        env, seen = simpy.Environment(), []
+        rng = np.random.default_rng(5)
+
+        def fire(name):
+            def fn(_event):
+                seen.append((name, env.now))
+                if name % 3 == 0 and name < 200:  # reschedule a fresh one from inside the loop
+                    calls.Call(env, fire(name + 1000)).at(float(rng.choice([0.0, 0.25])),
+                                                          int(rng.choice([0, 1])))
+            return fn
+
+        for i in range(120):
+            calls.Call(env, fire(i)).at(float(rng.choice([0.0, 0.5, 1.0, 1.25])), int(rng.choice([0, 1])))
+            if i % 7 == 0:
+                env.timeout(float(rng.choice([0.5, 1.0]))).callbacks.append(lambda e, i=i: seen.append((-i, env.now)))
+        cluster.run_watched(env, lambda: 0)
+        return seen
+
+    tuples = order(False)
+    assert len(tuples) > 150 and order(True) == tuples
+
+
+def test_a_pending_call_is_not_scheduled_again():
+    from sim.engine.calls import Call
+    env = simpy.Environment()
+    c = Call(env, lambda e: None).at(1.0)
+    with pytest.raises(RuntimeError, match="pending"):
+        c.at(2.0)
+    cluster.run_watched(env, lambda: 0)
+    c.at(0.5)  # after it ran: again
+    cluster.run_watched(env, lambda: 0)
+    assert env.now == 1.5
+
+
+@pytest.mark.parametrize("case", ["chunked", "disaggregated"])
+def test_calls_as_heap_entries_change_no_output(case, monkeypatch):
+    """The whole run, Calls as tuples (the Python sources) and as their own heap entries
+    (compiled), beside the SimPy timeouts of a disaggregated cluster's KV transfers."""
+    from sim.engine import calls
+    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+           "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
+    if "disaggregation" in raw:
+        del raw["cluster"]
+    workload = _workload(200, 0.05, 4)
+    runs = []
+    for self_entries in (False, True):
+        monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)
+        runs.append(run_scenario(scenario_from_dict(raw), workload=workload))
+    assert runs[0].steps.height > 200
+    assert runs[0].steps.equals(runs[1].steps) and runs[0].requests.equals(runs[1].requests)
 
 
 def test_a_plans_batch_is_the_general_batch():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappush
-from typing import Final
+from typing import Final, cast
 
 import simpy
 from simpy.events import NORMAL
@@ -37,7 +37,16 @@ class Call:
     The queue and the id counter are the environment's for its whole life: read once here.
     Its callbacks list is one for all its schedulings (``at`` sets ``callbacks`` to it): a
     change to ``call.at(...).callbacks`` lasts, so only an owner that abandons a pending Call
-    may empty it (a cut run's end, sim/engine/cluster.py)."""
+    may empty it (a cut run's end, sim/engine/cluster.py).
+
+    Compiled (sim/compiled_core.py) it enters the heap as itself, not in a tuple: its time,
+    priority and event id are native fields, and its ``__lt__`` / ``__gt__`` order it against
+    other Calls natively (and against SimPy's own (time, priority, id, event) entries as that
+    tuple), where a tuple entry costs a tuple, a boxed time and id, and a generic tuple
+    comparison per sift of the heap (``heappop`` and ``heappush`` were ~10% of a compiled
+    chunked run's instructions: bench/README.md, "Compiled core, fifth round"). The order is
+    the tuple's: time, then priority, then id (ids are unique). With the Python sources the
+    tuple stays (a Python ``__lt__`` costs more than a tuple comparison there)."""
 
     def __init__(self, env: simpy.Environment, fn: Callable[[Call], None]):
         self.env = env
@@ -49,13 +58,52 @@ class Call:
         self.callbacks: list[Callable[[Call], None]] | None = None
         self._ok = True
         self._value: object = None
+        # its place in the queue while pending (compiled: the heap entry is the Call itself)
+        self._t = 0.0
+        self._priority = 0
+        self._eid = 0
 
     def at(self, delay_s: float, priority: int = NORMAL) -> Call:
         if delay_s < 0:  # as Timeout
             raise ValueError(f"Negative delay {delay_s}")
+        if self.callbacks is not None:  # (its heap entry, compiled, is itself: one at a time)
+            raise RuntimeError("a Call scheduled again while pending")
         self.callbacks = self._fns
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
         now: float = self.env._now  # (typed: compiled, the sum below is native)
-        _heappush(self._queue, (now + delay_s, priority, self._next_eid(), self))
+        if _SELF_ENTRIES:
+            self._t, self._priority, self._eid = now + delay_s, priority, self._next_eid()
+            _heappush(self._queue, self)
+        else:
+            _heappush(self._queue, (now + delay_s, priority, self._next_eid(), self))
         return self
+
+    def entry(self) -> tuple[float, int, int, Call]:
+        """Its place in the queue as SimPy's tuple: (time, priority, event id, itself)."""
+        return (self._t, self._priority, self._eid, self)
+
+    # The heap's order (compiled: the queue holds Calls themselves beside SimPy's tuples; a
+    # tuple compared with a Call asks the Call, reflected). Equal times and priorities are
+    # ordered by id, as the tuples are; two entries never share an id.
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, Call):
+            if self._t != other._t:
+                return self._t < other._t
+            if self._priority != other._priority:
+                return self._priority < other._priority
+            return self._eid < other._eid
+        return self.entry() < cast(tuple, other)
+
+    def __gt__(self, other: object) -> bool:
+        if isinstance(other, Call):
+            return other.__lt__(self)
+        return self.entry() > cast(tuple, other)
+
+
+def _probe() -> None:
+    """(compiled by mypyc, a function has no ``__code__``)"""
+
+
+# compiled: a pending Call is its own heap entry (see ``Call``); with the Python sources a tuple
+_SELF_ENTRIES: Final = not hasattr(_probe, "__code__")

@@ -83,9 +83,14 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     queue: list = env._queue
     pop = heappop
     t: float  # (compiled, a native float: the clock's comparisons below are not generic)
+    event: Any  # a Call or any SimPy event
     last_t, same = -1.0, 0
     while queue:
-        t, _, _, event = pop(queue)
+        item = pop(queue)
+        if isinstance(item, Call):  # compiled, a pending Call is its own entry (sim/engine/calls.py)
+            t, event = item._t, item
+        else:  # SimPy's (time, priority, event id, event)
+            t, _, _, event = item
         if t == last_t:
             same += 1
             if same > STALL_EVENTS_BASE:
@@ -101,7 +106,7 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
         env._now = t
         if isinstance(event, Call):  # the replicas' and the arrivals' events: native fields, never failed
             call_fns = event.callbacks
-            assert call_fns is not None, "a Call scheduled again while pending"  # (as SimPy fails on it)
+            assert call_fns is not None, "a Call in the queue twice"  # (Call.at refuses it; as SimPy fails on it)
             event.callbacks = None  # SimPy's processed mark
             for fn in call_fns:
                 fn(event)
