@@ -7,8 +7,12 @@ docstring.
 
 from __future__ import annotations
 
-from sim.cost.shapes import prefill_pairs
+from typing import TYPE_CHECKING
+
 from sim.model_spec import ModelSpec
+
+if TYPE_CHECKING:  # (a type only: compiled, the model's fields are read natively through it)
+    from sim.cost.roofline import RooflineCostModel
 
 
 def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
@@ -72,13 +76,15 @@ def mla_attention(cm, m: ModelSpec, tp: int) -> None:
     cm._prefill_kv_bytes = heads * ((nope + rope) + v) * cm.dtype_bytes
 
 
-def windowed_pairs(cm, c: int, x: int) -> float:
+def windowed_pairs(cm: RooflineCostModel, c: int, x: int) -> float:
     """Causal (query, key) pairs of a chunk of ``c`` new tokens after ``x`` cached ones,
     averaged over layers: on a sliding-window layer the query at position p attends
     min(p + 1, window) keys (FlashAttention's ``window_size`` skips the rest), elsewhere p + 1
     (Dao 2023). Exact sum of min(t, W) for t = x + 1 .. x + c. NOTE: the chunk's K/V bytes
     are still counted over all cached tokens (prefill attention is compute bound)."""
-    full = prefill_pairs(c, x)
+    # prefill_pairs(c, x) for int c and x, written here typed (compiled, sim/compiled_core.py,
+    # native arithmetic; prefill_pairs also takes numpy arrays): the same operations in the same order
+    full = c * (x + (c + 1) / 2.0)
     if cm._slide is None:
         return full
     frac, w = cm._slide

@@ -11,16 +11,11 @@ measured efficiency and are flagged; the cost model counts such steps.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from typing import Final
 from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
-from sim.cost.tables import Curve, Grid2, bracket
-
-# (Final: compiled, sim/compiled_core.py, a constant, not a look-up in the module's dict)
-_bisect_right: Final = bisect_right
+from sim.cost.tables import Curve, Grid2, bisect_floats, bracket
 
 
 class CalibratedOps:
@@ -46,7 +41,8 @@ class CalibratedOps:
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
-        self.prefill_grid = cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None
+        self.prefill_grid: tuple[Grid2, tuple[int, int], float] | None = (
+            cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None)
         self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
         # decode_smooth_end's table nodes, and whether FA2 may split (grouped-query decode only)
         # (typed: compiled, sim/compiled_core.py, decode_smooth_end's arithmetic is native)
@@ -134,7 +130,10 @@ class CalibratedOps:
     # -- attention ----------------------------------------------------------------------------
     def prefill_eff(self, num_chunks: int, equivalent_tokens: float) -> tuple[float, bool]:
         """At the table's batch of equal work (``HeadTables.pick``: batch x KV heads tiles)."""
-        return self.prefill_grid[0].eff(num_chunks * self.prefill_grid[2], max(1.0, equivalent_tokens))
+        pg = self.prefill_grid
+        assert pg is not None  # (typed: compiled, sim/compiled_core.py, the calls and arithmetic are native)
+        grid, _, scale = pg
+        return grid.eff(num_chunks * scale, equivalent_tokens if equivalent_tokens > 1.0 else 1.0)
 
     def _decode_cell(self, num_seqs: float, k: int):
         """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
@@ -222,7 +221,7 @@ class CalibratedOps:
                 e = math.exp(ca) if not cb else math.exp(ca + cb * (math.log(ua * x + ushift) if plain else u(x)))
                 out = cout or x < first or x > last
             else:
-                k = _bisect_right(nodes, x) - 1
+                k = bisect_floats(nodes, x) - 1
                 cell = cells.get(k)
                 if cell is None:
                     cell = cells[k] = self._decode_cell(n_eq, k)
@@ -261,7 +260,7 @@ class CalibratedOps:
         block boundary where the combine kernel starts or stops) lies before it."""
         end = ctx_last
         nodes = self._decode_nodes
-        m = _bisect_right(nodes, ctx_first * kv_scale)
+        m = bisect_floats(nodes, ctx_first * kv_scale)
         if m < len(nodes):
             bound = nodes[m] / kv_scale
             if bound < end:  # min(end, bound), written out (compiled: native)

@@ -353,6 +353,8 @@ class RooflineCostModel:
             # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
             # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
             total, flag, n, cache = 0.0, False, len(chunks), self._chunk_cache
+            cops = self.cops
+            assert cops is not None  # (narrowed: compiled, a native call below)
             for c, x in chunks:
                 key = (n, c, x)
                 hit = cache.get(key)
@@ -361,7 +363,7 @@ class RooflineCostModel:
                     flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
                     bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
                     # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
-                    e, out = self.cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
+                    e, out = cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
                     fb, mb = flops / self.flops_s, bytes_ / self._hbm_bw
                     hit = ((mb if mb > fb else fb) / e, out)  # max(fb, mb), written out (compiled: native)
                     if len(cache) >= self.MAX_CHUNK_SHAPES:

@@ -104,7 +104,7 @@ class Arrivals:
                 now = env._now
                 if t > now:
                     self._j = j
-                    self._timer.at(t - now)
+                    self._timer.at_from(now, t - now)
                     return
             reached = False
             if self._gated:

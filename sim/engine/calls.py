@@ -64,6 +64,12 @@ class Call:
         self._eid = 0
 
     def at(self, delay_s: float, priority: int = NORMAL) -> Call:
+        now: float = self.env._now
+        return self.at_from(now, delay_s, priority)
+
+    def at_from(self, now: float, delay_s: float, priority: int = NORMAL) -> Call:
+        """``at`` by a caller that has read the clock (``now``: the environment's ``_now``)
+        already (compiled, reading it here is a generic attribute look-up per event)."""
         if delay_s < 0:  # as Timeout
             raise ValueError(f"Negative delay {delay_s}")
         if self.callbacks is not None:  # (its heap entry, compiled, is itself: one at a time)
@@ -71,7 +77,6 @@ class Call:
         self.callbacks = self._fns
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
-        now: float = self.env._now  # (typed: compiled, the sum below is native)
         if _SELF_ENTRIES:
             self._t, self._priority, self._eid = now + delay_s, priority, self._next_eid()
             _heappush(self._queue, self)

@@ -219,9 +219,9 @@ class Replica:
         self._extrapolated, self._lm_extrapolated, self._outside = extrapolated, lm_head_extrapolated, outside
         if k > 1:
             self._interruptible = True
-            self._end.at(run_sum_s(k, first, last, k, curve))
+            self._end.at_from(now, run_sum_s(k, first, last, k, curve))
         else:
-            self._end.at(first)
+            self._end.at_from(now, first)
 
     def _step_end(self, _event) -> None:
         """The step (or the whole run) ended."""
