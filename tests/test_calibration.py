@@ -167,7 +167,22 @@ def test_cli_calibrate_prints_tables_and_writes_file(tmp_path):
     assert p.returncode == 0, p.stderr
     for word in ("held-out", "gemm", "attn_prefill", "attn_decode", "overhead", "cross-source", "TP4"):
         assert word in p.stdout
-    assert json.loads(out.read_text()) == json.loads((ROOT / "sim/catalog/calibration/a100-80g.json").read_text())
+    # equal up to the last bits of numpy's exp and log, which may differ between releases and
+    # CPUs (with numpy 2.4.6, on 2026-12-02, elementwise nodes exp(median(log(bytes))) came
+    # out 1-2 ulp off the shipped file's)
+    assert _same_numbers(json.loads(out.read_text()),
+                         json.loads((ROOT / "sim/catalog/calibration/a100-80g.json").read_text()))
+
+
+def _same_numbers(a, b, rel: float = 1e-12) -> bool:
+    """``a == b`` for JSON values, floats within ``rel`` of each other."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_numbers(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_numbers(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == pytest.approx(b, rel=rel, abs=0)
+    return a == b
 
 
 def test_cli_calibrate_gpu_without_rows_exits_2(tmp_path):
