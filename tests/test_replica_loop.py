@@ -336,6 +336,31 @@ def test_calls_as_heap_entries_change_no_output(case, monkeypatch):
     assert runs[0].steps.equals(runs[1].steps) and runs[0].requests.equals(runs[1].requests)
 
 
+def test_the_replica_reads_run_cost_values_unless_run_cost_is_overridden():
+    """``run_cost_values`` is ``run_cost``'s fields; the replica reads it only from a model
+    whose ``run_cost`` is ``RooflineCostModel``'s (an override of ``run_cost`` is obeyed)."""
+    from sim.cost.runs import RunCost
+    from sim.engine.deployment import build_deployment
+    from sim.engine.recorder import Recorder
+    raw = {"name": "rc", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+           "workload": {"synthetic": {"num_requests": 1}}}
+    cost = build_deployment(scenario_from_dict(raw)).cost
+    for b in (Batch(8, 8000, ((300, 0),), 9, 1), Batch(8, 8000, (), 8, 50), Batch(1, 10, (), 1, 1)):
+        rc = cost.run_cost(b)
+        assert type(rc) is RunCost and rc == RunCost(*cost.run_cost_values(b))
+    assert cluster.Replica(simpy.Environment(), 0, None, cost, Recorder(), print)._run_cost == cost.run_cost_values
+
+    class Own:
+        def run_cost(self, batch):
+            return RunCost(1.0, 1.0, 1, False, False)
+
+        def run_cost_values(self, batch):
+            raise AssertionError("not this model's run_cost")
+
+    own = Own()
+    assert cluster.Replica(simpy.Environment(), 0, None, own, Recorder(), print)._run_cost == own.run_cost
+
+
 def test_a_plans_batch_is_the_general_batch():
     from sim.core.request import Request
     from sim.policies.base import StepPlan

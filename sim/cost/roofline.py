@@ -94,28 +94,22 @@ class _Fixed(NamedTuple):
     lm_flag: bool              # the LM head's does
 
 
-class _Step(NamedTuple):
-    """Everything ``run_cost`` needs of a batch shape (decode sequences, sampled positions, prompt
-    chunks) but its decode context: the ``_Fixed`` terms, decode attention as a function of the
-    context, the engine's overhead and the run's step function (``_run_step_fn``)."""
+# Everything ``run_cost`` needs of a batch shape (decode sequences, sampled positions, prompt
+# chunks) but its decode context, as a plain tuple (compiled, sim/compiled_core.py, built and
+# unpacked natively; a NamedTuple is made by a generic ``tuple.__new__`` call): the ``_Fixed``
+# terms (head: the operators before decode attention; elem, ar, lm, sampling: ``_Fixed.after``
+# one by one, summed after decode attention in order; flag, lm_flag), decode attention as a
+# function of the context (``_decode_fn``), the engine's (cpu, launch) seconds (``_host``; None:
+# a step of no tokens), (seqs, seqs) when ``_host`` says outside its range, and the run's step
+# functions (``_run_step_fn`` of a decode-only batch; None: built per call).
+_Step = tuple[float, float, float, float, float, bool, bool, Callable[[float], tuple[float, bool]],
+              tuple[float, float] | None, tuple[int, int] | None, tuple | None]
+# ``run_cost_values``: RunCost's fields as a plain tuple (the same reason)
+RunCostValues = tuple[float, float, int, bool, bool, float, tuple[int, int] | None]
 
-    head: float                # _Fixed.head: the operators before decode attention
-    elem: float                # _Fixed.after, one by one (summed after decode attention, in order)
-    ar: float
-    lm: float
-    sampling: float
-    flag: bool                 # _Fixed.flag
-    lm_flag: bool              # _Fixed.lm_flag
-    decode: Callable[[float], tuple[float, bool]]  # _decode_fn(num_decode_seqs)
-    host: tuple[float, float] | None  # the engine's (cpu, launch) seconds (_host); None: a step of no tokens
-    outside: tuple[int, int] | None                # (seqs, seqs) when _host says outside its range
-    run_fns: tuple | None      # _run_step_fn of a decode-only batch; None: built per call
-
-
-# the tuple classes the per-step path builds, as constants (compiled, a class imported or
+# the tuple class the public ``run_cost`` builds, as a constant (compiled, a class imported or
 # defined at module level is otherwise looked up in the module's dict at each use)
 _RunCost: Final = RunCost
-_StepType: Final = _Step
 
 
 class RooflineCostModel:
@@ -630,7 +624,13 @@ class RooflineCostModel:
         return StepCost(ops)
 
     def run_cost(self, batch: Batch) -> RunCost:
-        """The first ``num_steps`` steps of ``batch`` (all of them, or the longest prefix along
+        """``run_cost_values`` as a ``RunCost``."""
+        return _new(_RunCost, self.run_cost_values(batch))
+
+    def run_cost_values(self, batch: Batch) -> RunCostValues:
+        """``RunCost``'s fields, as a plain tuple: what the replica loop reads by position each
+        step (sim/engine/cluster.py; compiled, making a NamedTuple is a generic call).
+        The first ``num_steps`` steps of ``batch`` (all of them, or the longest prefix along
         which step time follows one smooth curve of the context within ``RUN_REL_TOL``): first
         and last step seconds, their bend (``RunCost.curve_s``), whether the shape lies outside
         a calibrated table, and whether the engine overhead was taken outside the profile's
@@ -658,11 +658,11 @@ class RooflineCostModel:
             else:
                 first = g + (cpu + m - g)
         if num_steps == 1 or not n:
-            return _new(_RunCost, (first, first, 1, flag, lm_flag, 0.0, outside))
+            return first, first, 1, flag, lm_flag, 0.0, outside
         self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
         step_s, kinked = run_fns or self._run_step_fn(batch, self._fixed(batch))
         j, z, q = self._piece(n, context, num_steps, step_s, first, kinked)
-        return _new(_RunCost, (first, z, j, self._flag, lm_flag, q, outside))
+        return first, z, j, self._flag, lm_flag, q, outside
 
     # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
     # shapes with prompt chunks recur as chunk budgets and prompt lengths repeat, and the memo
@@ -706,7 +706,7 @@ class RooflineCostModel:
             if out:
                 outside = (seqs, seqs)
         decode = self._decode_fns.get(n) or self._decode_fn(n)
-        st = _new(_StepType, (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns))
+        st: _Step = (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns)
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()

@@ -24,6 +24,7 @@ import simpy
 from simpy.events import URGENT
 
 from sim.core.batch import Batch
+from sim.cost.roofline import RooflineCostModel, RunCostValues
 from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler, StepPlan
@@ -150,6 +151,12 @@ class Replica:
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
+        # the cost model's RunCost, read by position each step: as a plain tuple where the model
+        # has one (``RooflineCostModel.run_cost_values``, its ``run_cost`` not overridden;
+        # compiled, a NamedTuple made per step was a generic call), else its ``run_cost``
+        values = getattr(cost, "run_cost_values", None)
+        own = getattr(type(cost), "run_cost", None) is RooflineCostModel.run_cost
+        self._run_cost: Callable[[Batch], RunCostValues] = values if values is not None and own else cost.run_cost
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
         # the step (or run) in flight: its plan, prompt tokens, start, first and last step seconds,
@@ -209,8 +216,7 @@ class Replica:
         batch = plan.batch
         # the cost model may cover only the run's first steps (its affine piece): run those,
         # then plan again (the scheduler takes back the rest's KV blocks)
-        rc: RunCost = self.cost.run_cost(batch)
-        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = rc
+        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(batch)
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
             last = first
