@@ -341,14 +341,16 @@ def test_the_replica_reads_run_cost_values_unless_run_cost_is_overridden():
     whose ``run_cost`` is ``RooflineCostModel``'s (an override of ``run_cost`` is obeyed)."""
     from sim.cost.runs import RunCost
     from sim.engine.deployment import build_deployment
-    from sim.engine.recorder import Recorder
     raw = {"name": "rc", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
            "workload": {"synthetic": {"num_requests": 1}}}
     cost = build_deployment(scenario_from_dict(raw)).cost
-    for b in (Batch(8, 8000, ((300, 0),), 9, 1), Batch(8, 8000, (), 8, 50), Batch(1, 10, (), 1, 1)):
+    fresh = build_deployment(scenario_from_dict(raw)).cost  # its memos empty: a plain tuple costed first
+    for b in (Batch(8, 8000, ((300, 0),), 9, 1), Batch(8, 8000, (), 8, 50), Batch(1, 10, (), 1, 1),
+              Batch(3, 900, ((512, 1024), (20, 0)), 4, 1)):
+        assert fresh.run_cost_values(tuple(b)) == cost.run_cost_values(b)  # a batch read by position
         rc = cost.run_cost(b)
         assert type(rc) is RunCost and rc == RunCost(*cost.run_cost_values(b))
-    assert cluster.Replica(simpy.Environment(), 0, None, cost, Recorder(), print)._run_cost == cost.run_cost_values
+    assert cluster.run_cost_reader(cost) == (cost.run_cost_values, True)
 
     class Own:
         def run_cost(self, batch):
@@ -358,7 +360,7 @@ def test_the_replica_reads_run_cost_values_unless_run_cost_is_overridden():
             raise AssertionError("not this model's run_cost")
 
     own = Own()
-    assert cluster.Replica(simpy.Environment(), 0, None, own, Recorder(), print)._run_cost == own.run_cost
+    assert cluster.run_cost_reader(own) == (own.run_cost, False)
 
 
 def test_a_plans_batch_is_the_general_batch():
@@ -368,6 +370,7 @@ def test_a_plans_batch_is_the_general_batch():
     a.prefill_target, b.prefill_target = 900, 300
     plan = StepPlan(3, 40, 40000, 100, chunks=[(a, 400), (b, 300)], chunk_contexts=[500, 0])
     assert plan.batch == Batch(40, 40000, ((400, 500), (300, 0)), 42, 3)  # both complete
+    assert type(plan.batch_values()) is tuple and plan.batch_values() == plan.batch
     assert type(plan.batch) is Batch and type(StepPlan(1, 2, 20, 0).batch) is Batch
     assert plan.batch.prefill_tokens == plan.prefill_tokens == 700
     decode = StepPlan(5, 7, 7000, 10)

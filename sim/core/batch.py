@@ -19,6 +19,11 @@ class _BatchFields(NamedTuple):
     num_tokens: int      # tokens through the GEMMs in one step
 
 
+# a Batch's seven fields as a plain tuple, in its order (what a cost model that reads a batch by
+# position is also given: ``StepPlan.batch_values``)
+BatchValues = tuple[int, int, tuple[tuple[int, int], ...], int, int, int, int]
+
+
 class Batch(_BatchFields):
     """Tokens a step computes.
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from sim.core.batch import Batch
+from sim.core.batch import Batch, BatchValues
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pairs
 from sim.cost.attention_backend import get_backend
 from sim.cost.calibrated import CalibratedOps
@@ -480,17 +480,17 @@ class RooflineCostModel:
         self._tok_cache[tokens] = hit = (elem, ar, flag)
         return hit
 
-    def _fixed(self, b: Batch) -> "_Fixed":
+    def _fixed(self, b: BatchValues) -> "_Fixed":
         """Every operator of ``b``'s steps but decode attention and the engine overhead (fixed
         along a decode run), with their flags; memoised for batches without prompt chunks."""
-        chunks = b.prefill_chunks
-        key = None if chunks else (b.num_tokens, b.num_logits)
+        _, _, chunks, num_logits, _, _, num_tokens = b  # by position (``run_cost_values`` may pass a plain tuple)
+        key = None if chunks else (num_tokens, num_logits)
         if key is not None:
             hit = self._fixed_cache.get(key)
             if hit is not None:
                 return hit
-        qkv, o, up, down, elem, ar, flag = self._token_ops(b.num_tokens)
-        lm, sampling, lm_flag = self._logit_ops(b.num_logits)
+        qkv, o, up, down, elem, ar, flag = self._token_ops(num_tokens)
+        lm, sampling, lm_flag = self._logit_ops(num_logits)
         if chunks:
             prefill, out = self._prefill_attn(chunks)
             flag |= out
@@ -627,7 +627,7 @@ class RooflineCostModel:
         """``run_cost_values`` as a ``RunCost``."""
         return _new(_RunCost, self.run_cost_values(batch))
 
-    def run_cost_values(self, batch: Batch) -> RunCostValues:
+    def run_cost_values(self, batch: BatchValues) -> RunCostValues:
         """``RunCost``'s fields, as a plain tuple: what the replica loop reads by position each
         step (sim/engine/cluster.py; compiled, making a NamedTuple is a generic call).
         The first ``num_steps`` steps of ``batch`` (all of them, or the longest prefix along
@@ -669,7 +669,7 @@ class RooflineCostModel:
     # starts over when full (its entries are pure functions of their key: nothing else changes).
     MAX_STEP_SHAPES = 50_000
 
-    def _step(self, b: Batch, key: int | tuple[int, int, tuple]) -> _Step:
+    def _step(self, b: BatchValues, key: int | tuple[int, int, tuple]) -> _Step:
         """``run_cost``'s terms of ``b``'s shape (what ``_fixed``, ``_decode_fn`` and ``_host``
         give), memoised under ``key`` = (decode sequences, sampled positions, prompt chunks),
         which fix them (the decode sequences alone when they are all and only what the step
@@ -720,14 +720,15 @@ class RooflineCostModel:
         last = batch.decode_context_tokens + (batch.num_steps - 1) * batch.num_decode_seqs
         return sum(parts), self._run_step_fn(batch, self._fixed(batch))[0](last)
 
-    def _run_step_fn(self, b: Batch, fx: _Fixed):
+    def _run_step_fn(self, b: BatchValues, fx: _Fixed):
         """(step seconds of ``b`` as a function of its total decode context, and where that
         function has a kink): every kernel but decode attention is fixed along a run; the
         engine overhead follows the GPU time. The kink test (None: no kink) says whether the
         GPU time at a context has overtaken the engine profile's knee. Memoised for batches
         without prompt chunks (one per decode batch shape)."""
-        n, has_prefill = b.num_decode_seqs, bool(b.prefill_chunks)
-        key = None if has_prefill else (b.num_tokens, b.num_logits)
+        n, _, chunks, num_logits, _, _, num_tokens = b  # by position (``run_cost_values`` may pass a plain tuple)
+        has_prefill = bool(chunks)
+        key = None if has_prefill else (num_tokens, num_logits)
         if key is not None:
             hit = self._run_fns.get(key)
             if hit is not None:

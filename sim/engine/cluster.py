@@ -23,7 +23,7 @@ from typing import Any, Final
 import simpy
 from simpy.events import URGENT
 
-from sim.core.batch import Batch
+from sim.core.batch import Batch, BatchValues
 from sim.cost.roofline import RooflineCostModel, RunCostValues
 from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
@@ -121,6 +121,18 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
             raise exc
 
 
+def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]:
+    """How the replica loop asks ``cost`` for a run's cost each step, and whether it hands it the
+    batch as a plain tuple (``StepPlan.batch_values``) rather than a ``Batch``: the model's
+    ``run_cost_values`` (RunCost's fields as a plain tuple; it reads the batch by position) where
+    its ``run_cost`` is ``RooflineCostModel``'s, not overridden (compiled, sim/compiled_core.py,
+    a NamedTuple made per step is a generic call); else its ``run_cost`` and a ``Batch``."""
+    values = getattr(cost, "run_cost_values", None)
+    if values is not None and getattr(type(cost), "run_cost", None) is RooflineCostModel.run_cost:
+        return values, True
+    return cost.run_cost, False
+
+
 class _BlockState:
     """A multi-step block in progress: its plan and shape, when it began, the steps run so far,
     the first and the last step's seconds, and the cost of the piece running now."""
@@ -151,12 +163,7 @@ class Replica:
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
-        # the cost model's RunCost, read by position each step: as a plain tuple where the model
-        # has one (``RooflineCostModel.run_cost_values``, its ``run_cost`` not overridden;
-        # compiled, a NamedTuple made per step was a generic call), else its ``run_cost``
-        values = getattr(cost, "run_cost_values", None)
-        own = getattr(type(cost), "run_cost", None) is RooflineCostModel.run_cost
-        self._run_cost: Callable[[Batch], RunCostValues] = values if values is not None and own else cost.run_cost
+        self._run_cost, self._plain_batch = run_cost_reader(cost)
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
         # the step (or run) in flight: its plan, prompt tokens, start, first and last step seconds,
@@ -213,14 +220,22 @@ class Replica:
             self._block = _BlockState(plan, plan.batch, now)
             self._block_piece()
             return
-        batch = plan.batch
         # the cost model may cover only the run's first steps (its affine piece): run those,
-        # then plan again (the scheduler takes back the rest's KV blocks)
-        first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(batch)
+        # then plan again (the scheduler takes back the rest's KV blocks). (Two calls, not one
+        # variable for either batch: compiled, it would take the plain tuple's type, and a Batch
+        # would reach a model that reads its fields by name as a plain tuple.)
+        if self._plain_batch:
+            values = plan.batch_values()
+            prefill_tokens = values[_PREFILL_TOKENS]
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(values)
+        else:
+            batch = plan.batch
+            prefill_tokens = batch[_PREFILL_TOKENS]
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(batch)
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
             last = first
-        self._inflight, self._prefill_tokens, self._start_s = plan, batch[_PREFILL_TOKENS], now
+        self._inflight, self._prefill_tokens, self._start_s = plan, prefill_tokens, now
         self._first_s, self._last_s, self._steps, self._curve_s = first, last, k, curve
         self._extrapolated, self._lm_extrapolated, self._outside = extrapolated, lm_head_extrapolated, outside
         if k > 1:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sim.compiled_core import mypyc_attr
-from sim.core.batch import Batch
+from sim.core.batch import Batch, BatchValues
 from sim.core.kv import KVBlockManager
 from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
@@ -124,21 +124,26 @@ class StepPlan:
     @property
     def batch(self) -> Batch:
         """The step's shape: decodes, one (new tokens, cached tokens) chunk per prompt, and a
-        logit per decode and per chunk that completes its prompt. One pass over the chunks
-        sums their tokens too. Built every step, so as ``tuple.__new__`` of ``Batch``'s seven
-        fields in place of ``Batch(...)`` (the same tuple: tests/test_replica_loop.py), whose
-        ``__new__`` is a Python call (one an interpreted frame in the compiled core)."""
+        logit per decode and per chunk that completes its prompt (``batch_values`` as a
+        ``Batch``: ``tuple.__new__`` of its seven fields in place of ``Batch(...)``, the same
+        tuple, tests/test_replica_loop.py, whose ``__new__`` is a Python call)."""
+        return _tuple_new(_Batch, self.batch_values())
+
+    def batch_values(self) -> BatchValues:
+        """``batch``'s seven fields as a plain tuple, in ``Batch``'s order: what the replica
+        loop hands a cost model that reads a batch by position (compiled, sim/compiled_core.py,
+        making a ``Batch`` per step is a generic ``tuple.__new__`` call). One pass over the
+        chunks sums their tokens too."""
         n = self.num_decode_seqs
         if not self.chunks:
-            return _tuple_new(_Batch, (n, self.decode_context_tokens, (), n, self.num_steps, 0, n))
+            return n, self.decode_context_tokens, (), n, self.num_steps, 0, n
         pairs, completing, tokens = [], 0, 0
         for (r, t), c in zip(self.chunks, self.chunk_contexts):
             pairs.append((t, c))
             tokens += t
             if c + t == r.prefill_target:
                 completing += 1
-        return _tuple_new(_Batch, (n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens,
-                                  n + tokens))
+        return n, self.decode_context_tokens, tuple(pairs), n + completing, self.num_steps, tokens, n + tokens
 
     @property
     def prefill_tokens(self) -> int:
