@@ -11,9 +11,9 @@ queue sees the same events in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from heapq import heappush
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import simpy
 from simpy.events import NORMAL
@@ -87,6 +87,15 @@ class Call:
     def entry(self) -> tuple[float, int, int, Call]:
         """Its place in the queue as SimPy's tuple: (time, priority, event id, itself)."""
         return (self._t, self._priority, self._eid, self)
+
+    # SimPy's own loop (``Environment.step``, ``peek``) reads its queue's entries as tuples:
+    # unpacked and indexed, a Call's entry reads as that tuple (``env.run()`` runs Calls too)
+    def __iter__(self) -> Iterator[object]:
+        return iter(self.entry())
+
+    def __getitem__(self, i: Any) -> Any:
+        entry: tuple = self.entry()  # (an object: indexed or sliced generically, as a tuple is)
+        return entry[i]
 
     # The heap's order (compiled: the queue holds Calls themselves beside SimPy's tuples; a
     # tuple compared with a Call asks the Call, reflected). Equal times and priorities are
