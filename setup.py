@@ -1,5 +1,5 @@
 """Build: simsrv as Python; with ``SIMSRV_COMPILE=1`` also its simulation core compiled by
-mypyc, ~2.3x faster (sim/compiled_core.py lists the modules and says when the Python sources
+mypyc, ~3x faster (sim/compiled_core.py lists the modules and says when the Python sources
 run instead; README.md, "Compiled core"). Everything else is in pyproject.toml.
 
 The compiled core is opt-in: it needs mypy in the installing environment

@@ -3,8 +3,8 @@ process runs them or their Python sources.
 
 Why: the per-step work (scheduler, KV manager, cost model, replica loop, TTFT accounting,
 results) is many small exact calls; compiled by mypyc (setup.py, opt-in with
-``SIMSRV_COMPILE=1`` at install) the same code runs ~2.3x faster (bench/README.md,
-"Compiled core, fourth round"). The compiled modules are built from, and must
+``SIMSRV_COMPILE=1`` at install) the same code runs ~3x faster (bench/README.md,
+"Compiled core, fifth round"). The compiled modules are built from, and must
 behave exactly as, the ``.py`` files beside them; the test suite checks the two byte for byte
 (tests/test_compiled_core.py).
 
