@@ -141,13 +141,19 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_callback_loop_is_the_process_loop_event_for_event(case, monkeypatch):
+def _case_raw(case: str) -> dict:
+    """Two replicas of Llama-3-8B on H100 with ``CASES[case]``'s keys in place of the defaults
+    (a disaggregated case sizes its own pools: no ``cluster``)."""
     raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
            "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
-    # (each case's keys replace the defaults')
     if "disaggregation" in raw:
         del raw["cluster"]
+    return raw
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_callback_loop_is_the_process_loop_event_for_event(case, monkeypatch):
+    raw = _case_raw(case)
     workload = _workload(300, 0.05, 1)
     new = run_scenario(scenario_from_dict(raw), workload=workload)
     monkeypatch.setattr(cluster, "Replica", ProcessReplica)
@@ -324,10 +330,7 @@ def test_calls_as_heap_entries_change_no_output(case, monkeypatch):
     """The whole run, Calls as tuples (the Python sources) and as their own heap entries
     (compiled), beside the SimPy timeouts of a disaggregated cluster's KV transfers."""
     from sim.engine import calls
-    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
-           "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
-    if "disaggregation" in raw:
-        del raw["cluster"]
+    raw = _case_raw(case)
     workload = _workload(200, 0.05, 4)
     runs = []
     for self_entries in (False, True):
@@ -381,8 +384,7 @@ def test_a_plans_batch_is_the_general_batch():
 @pytest.mark.parametrize("case", ["chunked", "multi-step"])
 def test_cost_flags_are_the_process_loops(case, monkeypatch):
     """The cost model's flags reach the recorder as the process loop passed them."""
-    raw = {"name": "loop", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
-           "cluster": {"replicas": 2}, "workload": {"synthetic": {"num_requests": 1}}, **CASES[case]}
+    raw = _case_raw(case)
     workload = _workload(200, 0.05, 3)
     new = run_scenario(scenario_from_dict(raw), workload=workload)
     monkeypatch.setattr(cluster, "Replica", ProcessReplica)
