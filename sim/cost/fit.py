@@ -72,6 +72,11 @@ def wave_factor(m, n, sms: int, tile) -> np.ndarray | float:
     return waves * sms * tm * tn / (m * n)
 
 
+# (SMs, block) -> {(batch, heads, KV heads, KV length): fa2_split_kv's answer}: the term selection
+# asks the same rows' shapes once per fold and candidate
+_SPLIT_KV: dict[tuple[int, int], dict[tuple[int, int, int, int], bool]] = {}
+
+
 def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:
     """Seconds added to a row's time outside the efficiency: the FA2 split-KV combine kernel of
     decode rows that split (``terms["decode_split"]``), else 0."""
@@ -84,7 +89,7 @@ def extra_s(df: pl.DataFrame, terms: dict | None) -> np.ndarray:
         return out
     f = lambda c: df[c].fill_null(0).to_numpy()[idx].astype(int).tolist()  # noqa: E731
     kv_len = [c + s for c, s in zip(f("context_tokens"), f("seq_tokens"))]
-    cache = {}
+    cache = _SPLIT_KV.setdefault((ds["sms"], ds["block"]), {})
     for i, key in zip(idx, zip(f("batch"), f("num_heads"), f("num_kv_heads"), kv_len)):
         hit = cache.get(key)
         if hit is None:
@@ -342,9 +347,10 @@ def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
             out[i] = c.eff(m)[0]
     elif op in ("attn_prefill", "attn_decode"):
         tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode
+        picked: dict = {}  # (heads, KV heads) -> tab.pick's answer: rows share a few head configurations
         for i, (b, s, x, h, kvh) in enumerate(rows.select("batch", "seq_tokens", "context_tokens", "num_heads",
                                                           "num_kv_heads").iter_rows()):
-            grid, _, scale = tab.pick(h, kvh)
+            grid, _, scale = picked.get((h, kvh)) or picked.setdefault((h, kvh), tab.pick(h, kvh))
             b = b * scale
             shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if op == "attn_prefill" else x + s
             out[i] = grid.eff(b, float(shape))[0]
