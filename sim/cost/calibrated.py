@@ -26,8 +26,10 @@ class CalibratedOps:
         self.cal = cal
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
-        self.gemm_curves = None
-        self.wave = None
+        # (typed: compiled, sim/compiled_core.py, ``linear_s`` reads them natively: a curve's
+        # lookup, the wave term's arithmetic)
+        self.gemm_curves: dict[str, tuple[Curve, bool, float]] | None = None
+        self.wave: tuple[int, int, int] | None = None
         if cal.gemm is not None:
             # (out, in) of the cost model's (in, out): the table is x[m,k] @ W[k,n].
             self.gemm_curves = {name: (*cal.gemm.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
@@ -60,6 +62,7 @@ class CalibratedOps:
         # bytes takes (equal roofline bound), so the launch-latency floor stays the measured
         # one and the streaming regime scales with bandwidth.
         self.elem_scale = 1.0
+        self.embed: tuple[Curve, int] | None = None  # (the embedding lookup's curve and bytes per token)
         src = cal
         if not cal.elementwise and elem_donor is not None and elem_donor.elementwise:
             src = elem_donor
@@ -76,11 +79,16 @@ class CalibratedOps:
     def linear_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
         """Raw bound over the measured efficiency; with the wave term the FLOPs are those of the
         padded waves of output tiles (``sim.cost.fit.wave_factor``), as in the fit."""
-        curve, out, n = self.gemm_curves[name]
-        if self.wave is not None and tokens >= 1:
-            sms, tm, tn = self.wave
+        curves, wave = self.gemm_curves, self.wave
+        assert curves is not None  # (the cost model calls this only with GEMM tables)
+        curve, out, n = curves[name]
+        if wave is not None and tokens >= 1:
+            sms, tm, tn = wave
             tiles = math.ceil(tokens / tm) * math.ceil(n / tn)
-            waves = max(1.0, tiles / sms) if tokens < tm else math.ceil(tiles / sms)  # as fit.wave_factor
+            # as fit.wave_factor: max(1, tiles / sms) below one tile row, else whole waves
+            # (max written out: the same value)
+            w = tiles / sms
+            waves: float = (w if w > 1.0 else 1.0) if tokens < tm else math.ceil(w)
             flops *= waves * sms * tm * tn / (tokens * n)
         e, out_m = curve.eff(tokens)
         b = flops / self.peak
@@ -107,9 +115,10 @@ class CalibratedOps:
             total += nb / self.bw / e
             flag |= out
         total *= self.L
-        if self.embed is not None:
-            eb = self.embed[1] * tokens  # (a name of its own: an int, where nb above is a float; mypyc)
-            e, out = self.embed[0].eff(eb * sc)
+        embed = self.embed
+        if embed is not None:
+            eb = embed[1] * tokens  # (a name of its own: an int, where nb above is a float; mypyc)
+            e, out = embed[0].eff(eb * sc)
             total += eb / self.bw / e
             flag |= out
         return total, flag
@@ -121,10 +130,16 @@ class CalibratedOps:
         if tokens <= 0:
             return 0.0, False
         size = tokens * self.hidden * self.dtype_bytes
+        # (the curves narrowed: compiled, sim/compiled_core.py, native calls; the cost model asks
+        # only where the table was measured)
         if custom:
-            e, out = self.custom_curve.eff(size)
+            cc = self.custom_curve
+            assert cc is not None
+            e, out = cc.eff(size)
             return 2 * self.L * float(custom_allreduce_link_bytes(self.tp, size)) / self.link / e, out
-        e, out = self.allreduce_curve.eff(size)
+        ac = self.allreduce_curve
+        assert ac is not None
+        e, out = ac.eff(size)
         return 2 * self.L * (2.0 * (self.tp - 1) / self.tp * size / self.link) / e, out
 
     # -- attention ----------------------------------------------------------------------------

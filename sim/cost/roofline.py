@@ -268,8 +268,11 @@ class RooflineCostModel:
         if self._fp8_cal and name != "lm":
             # fp8 W8A8 with a measured fp8 GEMM table: 1-byte activations in and weights, bf16 out
             b8 = fin * fout * weight_reads + tokens * (fin + 2 * fout) * flop_mult
-            t, out = self.cops.linear_fp8_s(name, tokens, flops, b8)
-            self._flag |= out
+            cops = self.cops
+            assert cops is not None  # (_fp8_cal; typed: compiled, a native call)
+            t, out = cops.linear_fp8_s(name, tokens, flops, b8)
+            if out:
+                self._flag = True
             return t
         act_bytes = tokens * (fin + fout) * flop_mult * self.dtype_bytes
         bytes_ = fin * fout * weight_reads * self.dtype_bytes + act_bytes
@@ -277,8 +280,11 @@ class RooflineCostModel:
             # Calibrated: the raw bound (vendor peaks) over the efficiency measured at this
             # weight shape and token count. NOTE: an MoE expert GEMM uses the efficiency of
             # the whole batch's token count.
-            t, out = self.cops.linear_s(name, tokens, flops, bytes_)
-            self._flag |= out
+            cops = self.cops
+            assert cops is not None  # (_gemm_cal; typed: compiled, a native call)
+            t, out = cops.linear_s(name, tokens, flops, bytes_)
+            if out:
+                self._flag = True
         else:
             t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
         if name != "lm" and self.quant is not None:
