@@ -128,7 +128,8 @@ def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]
     its ``run_cost`` is ``RooflineCostModel``'s, not overridden (compiled, sim/compiled_core.py,
     a NamedTuple made per step is a generic call); else its ``run_cost`` and a ``Batch``."""
     values = getattr(cost, "run_cost_values", None)
-    if values is not None and getattr(type(cost), "run_cost", None) is RooflineCostModel.run_cost:
+    if (isinstance(cost, RooflineCostModel) and values is not None
+            and getattr(type(cost), "run_cost", None) is RooflineCostModel.run_cost):
         return values, True
     return cost.run_cost, False
 
@@ -163,7 +164,10 @@ class Replica:
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
-        self._run_cost, self._plain_batch = run_cost_reader(cost)
+        self._run_cost, plain = run_cost_reader(cost)
+        # the model the loop asks for run_cost_values, where it reads them (typed: compiled,
+        # sim/compiled_core.py, a native call that takes and returns the tuples unboxed)
+        self._roofline: RooflineCostModel | None = cost if plain else None
         self._idle = False           # the last round planned nothing: notify() wakes the loop
         self._interruptible = False  # a run of k > 1 decode steps is in flight: notify() cuts it
         # the step (or run) in flight: its plan, prompt tokens, start, first and last step seconds,
@@ -224,10 +228,11 @@ class Replica:
         # then plan again (the scheduler takes back the rest's KV blocks). (Two calls, not one
         # variable for either batch: compiled, it would take the plain tuple's type, and a Batch
         # would reach a model that reads its fields by name as a plain tuple.)
-        if self._plain_batch:
+        roofline = self._roofline
+        if roofline is not None:
             values = plan.batch_values()
-            prefill_tokens = values[_PREFILL_TOKENS]
-            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(values)
+            prefill_tokens = values[5]  # _PREFILL_TOKENS (a literal: compiled, an item of the unboxed tuple)
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = roofline.run_cost_values(values)
         else:
             batch = plan.batch
             prefill_tokens = batch[_PREFILL_TOKENS]
