@@ -347,10 +347,9 @@ def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
             out[i] = c.eff(m)[0]
     elif op in ("attn_prefill", "attn_decode"):
         tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode
-        picked: dict = {}  # (heads, KV heads) -> tab.pick's answer: rows share a few head configurations
         for i, (b, s, x, h, kvh) in enumerate(rows.select("batch", "seq_tokens", "context_tokens", "num_heads",
                                                           "num_kv_heads").iter_rows()):
-            grid, _, scale = picked.get((h, kvh)) or picked.setdefault((h, kvh), tab.pick(h, kvh))
+            grid, _, scale = tab.pick(h, kvh)
             b = b * scale
             shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if op == "attn_prefill" else x + s
             out[i] = grid.eff(b, float(shape))[0]
