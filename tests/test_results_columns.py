@@ -49,6 +49,33 @@ def test_a_result_row_is_every_field_in_order():
     assert len(set(result_row(r, 3))) == len(FIELDS) + 1
 
 
+def test_results_add_writes_what_append_writes_of_the_result_row():
+    """``RequestResults.add`` hands a request's fields to ``pack_into`` one by one, not as
+    ``result_row``'s tuple: the same row (every field distinct, a label code too), the first
+    (packed by the slow path: no room yet) and across blocks, NaN included."""
+    from sim.engine.results import FIELDS, result_row
+    reqs = []
+    for k in range(7):
+        r = Request(k, 1.5 + k, 900, 300)
+        for i, f in enumerate(FIELDS[1:], 1):
+            setattr(r, f, 100 * k + i if isinstance(getattr(r, f), int) else 0.25 + i + k)
+        r.status, r.fail_reason = ("failed", f"reason {k % 3}") if k % 2 else ("finished", "")
+        reqs.append(r)
+    reqs[4].first_token_s = float("nan")
+    added, appended = RequestResults(block_rows=3), RequestResults(block_rows=3)
+    added.add(reqs)
+    codes = {}
+    for r in reqs:
+        appended.append(result_row(r, codes.setdefault((r.status, r.fail_reason), len(codes))))
+    appended._label_code = codes
+    added.sent = appended.sent = len(reqs)
+    a, b = added.columns(), appended.columns()
+    assert a.keys() == b.keys() and len(a["request_id"]) == 7
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name], equal_nan=a[name].dtype != object), name
+    assert np.isnan(a["first_token_s"][4]) and a["fail_reason"].tolist()[1] == "reason 1"
+
+
 def test_a_request_recorded_twice_or_never_is_an_error():
     a, b = Request(0, 0.0, 5, 5), Request(1, 0.1, 5, 5)
     res = RequestResults()
@@ -76,29 +103,41 @@ def test_column_buffer_packs_and_orders_exactly():
 
 
 def test_appended_rows_keep_numpys_conversion():
-    """Rows are written as float64 as they are appended (``struct.pack_into``, faster than
-    packing the tuples later): the same float64 values as ``np.array(rows, dtype=np.float64)``, ints,
-    bools, numpy scalars, NaN, None (-> NaN) and numeric strings included, in step rows and in
-    results alike; a row of another length is refused, as numpy refuses it, and leaves the
-    rows before it as they were."""
+    """Rows are written as they are appended (``struct.pack_into``, faster than packing the
+    tuples later): in a float column the same float64 values as ``np.array(rows,
+    dtype=np.float64)``; in an integer column a Python or numpy int exactly (beyond 2**53 too),
+    anything else numpy's float64 cast to int64 (as ``astype``); ints, bools, numpy scalars,
+    NaN, None (-> NaN) and numeric strings included, in step rows and in results alike; a row of
+    another length is refused, as numpy refuses it, and leaves the rows before it as they were."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     field = st.one_of(st.integers(-2**53, 2**53), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
                       st.none(), st.integers(0, 10**6).map(np.int64), st.floats(0, 1).map(np.float64),
-                      st.sampled_from(["1.5", "-2", "nan"]))
+                      st.sampled_from(["1.5", "-2", "nan"]), st.integers(2**53, 2**62))
 
-    @settings(max_examples=200, deadline=None)
+    def as_int(v):
+        if isinstance(v, (int, np.integer)):  # bools too
+            return int(v)
+        with np.errstate(invalid="ignore"):
+            return int(np.array([v], dtype=np.float64).astype(np.int64)[0])
+
+    @settings(max_examples=300, deadline=None)
     @given(width=st.integers(1, 6), block_rows=st.integers(1, 25), data=st.data())
     def check(width, block_rows, data):
         rows = data.draw(st.lists(st.tuples(*[field] * width), min_size=1, max_size=20))
+        is_int = data.draw(st.lists(st.booleans(), min_size=width, max_size=width))
         names = tuple(f"c{i}" for i in range(width))
-        buf = ColumnBuffer(names, block_rows=block_rows)
+        buf = ColumnBuffer(names, {n for n, integer in zip(names, is_int) if integer}, block_rows=block_rows)
         for r in rows:
             buf.append(r)
-        got, want = np.column_stack([buf.column(n) for n in names]), np.array(rows, dtype=np.float64)
-        assert got.shape == want.shape and got.dtype == np.float64
-        assert np.array_equal(got, want, equal_nan=True)
+        for i, (n, integer) in enumerate(zip(names, is_int)):
+            got = buf.column(n)
+            if integer:
+                assert got.dtype == np.int64 and got.tolist() == [as_int(r[i]) for r in rows]
+            else:
+                want = np.array([r[i] for r in rows], dtype=np.float64)
+                assert got.dtype == np.float64 and np.array_equal(got, want, equal_nan=True)
 
     check()
     buf = ColumnBuffer(("a", "b"))

@@ -3,9 +3,9 @@ decode steps), read back as columns at the end.
 
 Why: handing a row's numbers over (``StepRows.add``; ``step`` takes them as a tuple) is the
 cheapest thing the hot loop can do; all analysis reads columns afterwards; the numbers are
-copied as they come into float64 values, packed into numpy
-columns and spilled to disk as blocks fill (``ColumnBuffer``: 96 bytes a row instead of ~350
-as a tuple of Python numbers), so a run's memory does not grow with its step rows.
+copied as they come into native float64 and int64 values, packed into numpy columns and
+spilled to disk as blocks fill (``ColumnBuffer``: 96 bytes a row instead of ~350 as a tuple of
+Python numbers), so a run's memory does not grow with its step rows.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ grows with the requests in flight, not with those already served.
 
 from __future__ import annotations
 
-import numpy as np
-
+import struct
 from collections.abc import Iterable
+
+import numpy as np
 
 from sim.core.request import Request
 from sim.core.ttft import TTFT_PARTS
@@ -51,7 +52,8 @@ class RequestResults(RowBlock):
     def __init__(self, block_rows: int | None = None) -> None:
         block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 23 fields: 184 bytes a row meanwhile
         self._names = (*FIELDS, "label")
-        super().__init__(len(self._names), block_rows)  # the rows added since the last release
+        # the rows added since the last release (integer fields packed as int64)
+        super().__init__(len(self._names), block_rows, [n in INT_FIELDS for n in self._names])
         self.sent = 0
         self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
         self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
@@ -68,7 +70,22 @@ class RequestResults(RowBlock):
             code = codes.get(label)
             if code is None:
                 code = codes[label] = len(codes)
-            self.append(result_row(r, code))
+            # ``append(result_row(r, code))`` without the row's tuple (compiled,
+            # sim/compiled_core.py, ``pack_into(..., *row)`` copies the row into a list and a
+            # tuple again and makes a keyword dict; here the fields go straight to ``pack_into``)
+            n = self._rows
+            try:
+                self._pack_into(self._data, n * self._row_bytes, r.request_id, r.arrival_s, r.first_scheduled_s,
+                                r.first_token_s, r.finish_s, r.prompt_tokens, r.output_tokens, r.num_preemptions,
+                                r.replica, r.prefix_hit_tokens, r.transfer_start_s, r.transfer_end_s,
+                                r.decode_wait_s, r.decode_rounds_waited, r.ttft_wait_batch_s, r.ttft_wait_kv_s,
+                                r.ttft_prefill_s, r.ttft_interference_s, r.ttft_overhead_s, r.ttft_preempt_s,
+                                r.ttft_kv_transfer_s, r.ttft_decode_s, code)
+            except struct.error:  # as append's: no room yet, or a value struct refuses
+                self._append_slow(n, result_row(r, code))
+            self._rows = n + 1
+            if n + 1 >= self.block_rows:
+                self.full()
 
     def full(self) -> None:
         self._release()
@@ -77,7 +94,7 @@ class RequestResults(RowBlock):
         """Merge the new rows with those waiting; pass on the consecutive ids from the next due."""
         if not self._rows:
             return
-        block = self.take().copy()  # (what waits below is kept past the next row)
+        block = self.take().copy()  # float64 (what waits below is kept past the next row)
         rows = np.concatenate([self._waiting, block]) if len(self._waiting) else block
         ids = rows[:, 0]
         if len(ids) > 1 and (np.diff(ids) < 0).any():
