@@ -40,7 +40,7 @@ CORE_MODULES = (
     "sim/core/request.py", "sim/core/kv.py", "sim/core/ttft.py",
     "sim/policies/decode_set.py", "sim/policies/admission.py", "sim/policies/base.py",
     "sim/policies/chunked.py", "sim/policies/continuous.py",
-    "sim/cost/runs.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
+    "sim/cost/runs.py", "sim/cost/decode_attention.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
     "sim/engine/results.py", "sim/engine/cluster.py",
     "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
     "sim/engine/arrivals.py", "sim/cost/tables.py", "sim/cost/arch.py", "sim/cost/calibrated.py",

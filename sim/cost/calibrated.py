@@ -14,8 +14,9 @@ import math
 from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
+from sim.cost.decode_attention import DecodeAttention
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
-from sim.cost.tables import Curve, Grid2, bisect_floats, bracket
+from sim.cost.tables import Axis, Curve, Grid2, bisect_floats, bracket
 
 
 class CalibratedOps:
@@ -150,7 +151,7 @@ class CalibratedOps:
         grid, _, scale = pg
         return grid.eff(num_chunks * scale, equivalent_tokens if equivalent_tokens > 1.0 else 1.0)
 
-    def _decode_cell(self, num_seqs: float, k: int):
+    def _decode_cell(self, num_seqs: float, k: int) -> tuple[float, float, bool] | bool:
         """(a, b, batch outside the table): log eff = a + b u in cell k of the decode table
         (k = -1 below its first context, len - 1 at or beyond its last: clamped, b = 0)."""
         grid = self.decode_grid[0]
@@ -175,89 +176,12 @@ class CalibratedOps:
 
     def decode_attn_fn(self, num_seqs: int, *, num_layers: int, flops_per_token: float, kv_bytes: float,
                        kv_reads: float, q_bytes: float, kv_scale: float,
-                       window: Callable[[float], float] | None = None) -> Callable[[float], tuple[float, bool]]:
-        """Decode attention of ``num_seqs`` sequences as a function of their total context:
-        context_tokens -> (seconds over ``num_layers`` layers, outside the table); built once per
-        batch size. Per layer: the raw bound max(FLOPs / peak, bytes / bandwidth) over the
-        efficiency measured at this batch size and the context per sequence (looked up at
-        ``kv_scale`` times it: equal bytes), plus FA2's split-KV combine kernel when the step
-        splits (the calibration's ``split_kv``; NOTE: the mean context stands for FA2's
-        max_seqlen_k, which sets the number of KV blocks). ``window``: the context that
-        sliding-window layers read (sim/cost/arch.py).
-
-        The efficiency is ``Grid2.eff`` of the decode table in closed form per table cell:
-        between two measured contexts log(efficiency) is linear in the axis coordinate u
-        (piecewise-linear rows, blended linearly in log batch), so a cell is two numbers
-        (``_decode_cell``), and a step costs one log and one exp; a cubic row has no closed form
-        and goes through ``Grid2.eff``. NOTE: this runs for every decode step costed (several
-        times per run), so it is one closure, with two exact shortcuts: the cell of the last call
-        is kept with its bounds (nodes[k] <= x < nodes[k + 1] is what ``bisect_right(nodes, x) -
-        1 == k`` means), and so is the last KV-block count nb with its bounds (nb - 1 < q <= nb
-        is what ``ceil(q) == nb`` means): the steps of a run lie in one cell
-        (``decode_smooth_end`` cuts runs there) and mostly in one block count."""
-        n = num_seqs
-        L, peak, bw = num_layers, self.peak, self.bw
-        # (typed, and math.exp, math.log and math.ceil called by name: compiled,
-        # sim/compiled_core.py, the closure below is arithmetic on native floats and calls of the
-        # C functions; untyped, or through local aliases, each operation would be a generic call)
-        grid: Grid2 = self.decode_grid[0]
-        n_eq = num_seqs * self.decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
-        nodes: list[float] = grid.b_nodes
-        first, last = nodes[0], nodes[-1]
-        axis = grid.rows[0].axis
-        u, inf = axis.u, math.inf
-        # the decode table's axis is log(a x + shift) (no max, no r term): written out below,
-        # the same operations as ``Axis.u`` without its call
-        plain, ua, ushift = not (axis.c or axis.r), axis.a, axis.shift
-        cells: dict[int, tuple | bool] = {}  # _decode_cell by cell index
-        ds = self.decode_split
-        combine_s: float = ds["combine_s"] if ds else 0.0
-        block: float = ds["block"] if ds else 1.0
-        # the last cell: x in [lo, hi) has log eff = ca + cb u(x) (``_decode_cell``); empty at first
-        lo = hi = 0.0
-        ca = cb = 0.0
-        cout = False
-        # the last KV-block count: q = ctx / block in (qlo, qhi] takes ``comb`` seconds
-        qlo = qhi = 0.0
-        comb = 0.0
-
-        def attn(context_tokens: float) -> tuple[float, bool]:
-            nonlocal lo, hi, ca, cb, cout, qlo, qhi, comb
-            if window is not None:
-                context_tokens = window(context_tokens)
-            flops = flops_per_token * context_tokens
-            bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
-            ctx = context_tokens / n
-            # the efficiency at ctx * kv_scale
-            x = ctx * kv_scale
-            if not x > 1.0:
-                x = 1.0
-            if lo <= x < hi:
-                e = math.exp(ca) if not cb else math.exp(ca + cb * (math.log(ua * x + ushift) if plain else u(x)))
-                out = cout or x < first or x > last
-            else:
-                k = bisect_floats(nodes, x) - 1
-                cell = cells.get(k)
-                if cell is None:
-                    cell = cells[k] = self._decode_cell(n_eq, k)
-                if cell is False:  # a cubic row: no closed form
-                    e, out = grid.eff(n_eq, x)
-                else:
-                    ca, cb, cout = cell
-                    lo = nodes[k] if k >= 0 else -inf
-                    hi = nodes[k + 1] if k + 1 < len(nodes) else inf
-                    e = math.exp(ca) if not cb else math.exp(ca + cb * (math.log(ua * x + ushift) if plain else u(x)))
-                    out = cout or x < first or x > last
-            # FA2's combine kernel: by KV blocks per sequence
-            if ds:
-                q = (ctx if ctx > 1.0 else 1.0) / block
-                if not qlo < q <= qhi:
-                    nb = math.ceil(q)
-                    qlo, qhi = float(nb - 1), float(nb)  # floats, as declared (the same comparisons; mypyc)
-                    comb = combine_s if self._splits(n, nb) else 0.0
-            fb, mb = flops / peak, bytes_ / bw
-            return L * ((mb if mb > fb else fb) / e + comb), out
-        return attn
+                       window: Callable[[float], float] | None = None) -> CalibratedDecodeAttention:
+        """Decode attention of ``num_seqs`` sequences as a function of their total context
+        (``CalibratedDecodeAttention``); built once per batch size."""
+        return CalibratedDecodeAttention(self, num_seqs, num_layers=num_layers, flops_per_token=flops_per_token,
+                                         kv_bytes=kv_bytes, kv_reads=kv_reads, q_bytes=q_bytes, kv_scale=kv_scale,
+                                         window=window)
 
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
         ds = self.decode_split
@@ -296,3 +220,102 @@ class CalibratedOps:
             "attn_prefill_heads_table": list(self.prefill_grid[1]) if self.prefill_grid else None,
             "attn_decode_heads_table": list(self.decode_grid[1]) if self.decode_grid else None,
         }
+
+
+class CalibratedDecodeAttention(DecodeAttention):
+    """Decode attention of ``num_seqs`` sequences as a function of their total context:
+    context_tokens -> (seconds over ``num_layers`` layers, outside the table). Per layer: the
+    raw bound max(FLOPs / peak, bytes / bandwidth) over the efficiency measured at this batch
+    size and the context per sequence (looked up at ``kv_scale`` times it: equal bytes), plus
+    FA2's split-KV combine kernel when the step splits (the calibration's ``split_kv``; NOTE:
+    the mean context stands for FA2's max_seqlen_k, which sets the number of KV blocks).
+    ``window``: the context that sliding-window layers read (sim/cost/arch.py).
+
+    The efficiency is ``Grid2.eff`` of the decode table in closed form per table cell: between
+    two measured contexts log(efficiency) is linear in the axis coordinate u (piecewise-linear
+    rows, blended linearly in log batch), so a cell is two numbers (``CalibratedOps._decode_cell``),
+    and a step costs one log and one exp; a cubic row has no closed form and goes through
+    ``Grid2.eff``. NOTE: this runs for every decode step costed (several times per run), with
+    two exact shortcuts: the cell of the last call is kept with its bounds (nodes[k] <= x <
+    nodes[k + 1] is what ``bisect_right(nodes, x) - 1 == k`` means), and so is the last
+    KV-block count nb with its bounds (nb - 1 < q <= nb is what ``ceil(q) == nb`` means): the
+    steps of a run lie in one cell (``decode_smooth_end`` cuts runs there) and mostly in one
+    block count. (Typed, and math.exp, math.log and math.ceil called by name: compiled,
+    sim/compiled_core.py, ``at`` is arithmetic on native floats and calls of the C functions.)"""
+
+    def __init__(self, ops: CalibratedOps, num_seqs: int, *, num_layers: int, flops_per_token: float,
+                 kv_bytes: float, kv_reads: float, q_bytes: float, kv_scale: float,
+                 window: Callable[[float], float] | None = None) -> None:
+        decode_grid = ops.decode_grid
+        assert decode_grid is not None  # (the cost model builds this only with a decode table)
+        self.ops = ops
+        self.n = num_seqs
+        self.L, self.peak, self.bw = num_layers, ops.peak, ops.bw
+        self.flops_per_token, self.kv_bytes, self.kv_reads, self.q_bytes = flops_per_token, kv_bytes, kv_reads, q_bytes
+        self.kv_scale = kv_scale
+        self.window = window
+        self.grid: Grid2 = decode_grid[0]
+        self.n_eq = num_seqs * decode_grid[2]  # the table's batch of equal work (HeadTables.pick)
+        self.nodes: list[float] = self.grid.b_nodes
+        self.first, self.last = self.nodes[0], self.nodes[-1]
+        self.axis: Axis = self.grid.rows[0].axis
+        # the decode table's axis is log(a x + shift) (no max, no r term): written out in
+        # ``at``, the same operations as ``Axis.u`` without its call
+        self.plain = not (self.axis.c or self.axis.r)
+        self.ua, self.ushift = self.axis.a, self.axis.shift
+        self.cells: dict[int, tuple[float, float, bool] | bool] = {}  # _decode_cell by cell index
+        ds = ops.decode_split
+        self.split = bool(ds)
+        self.combine_s: float = ds["combine_s"] if ds else 0.0
+        self.block: float = ds["block"] if ds else 1.0
+        # the last cell: x in [lo, hi) has log eff = ca + cb u(x) (``_decode_cell``); empty at first
+        self.lo = self.hi = 0.0
+        self.ca = self.cb = 0.0
+        self.cout = False
+        # the last KV-block count: q = ctx / block in (qlo, qhi] takes ``comb`` seconds
+        self.qlo = self.qhi = 0.0
+        self.comb = 0.0
+
+    def at(self, context_tokens: float) -> tuple[float, bool]:
+        window = self.window
+        if window is not None:
+            context_tokens = window(context_tokens)
+        flops = self.flops_per_token * context_tokens
+        bytes_ = context_tokens * self.kv_bytes * self.kv_reads + self.q_bytes
+        ctx = context_tokens / self.n
+        # the efficiency at ctx * kv_scale
+        x = ctx * self.kv_scale
+        if not x > 1.0:
+            x = 1.0
+        e: float
+        out: bool
+        if self.lo <= x < self.hi:
+            cb = self.cb
+            e = math.exp(self.ca) if not cb else math.exp(
+                self.ca + cb * (math.log(self.ua * x + self.ushift) if self.plain else self.axis.u(x)))
+            out = self.cout or x < self.first or x > self.last
+        else:
+            nodes = self.nodes
+            k = bisect_floats(nodes, x) - 1
+            cell = self.cells.get(k)
+            if cell is None:
+                cell = self.cells[k] = self.ops._decode_cell(self.n_eq, k)
+            if isinstance(cell, bool):  # False: a cubic row, no closed form
+                e, out = self.grid.eff(self.n_eq, x)
+            else:
+                ca, cb, cout = cell
+                self.ca, self.cb, self.cout = ca, cb, cout
+                self.lo = nodes[k] if k >= 0 else -math.inf
+                self.hi = nodes[k + 1] if k + 1 < len(nodes) else math.inf
+                e = math.exp(ca) if not cb else math.exp(
+                    ca + cb * (math.log(self.ua * x + self.ushift) if self.plain else self.axis.u(x)))
+                out = cout or x < self.first or x > self.last
+        # FA2's combine kernel: by KV blocks per sequence
+        if self.split:
+            q = (ctx if ctx > 1.0 else 1.0) / self.block
+            if not self.qlo < q <= self.qhi:
+                nb = math.ceil(q)
+                self.qlo, self.qhi = float(nb - 1), float(nb)  # floats, as declared (the same comparisons)
+                self.comb = self.combine_s if self.ops._splits(self.n, nb) else 0.0
+        fb, mb = flops / self.peak, bytes_ / self.bw
+        return self.L * ((mb if mb > fb else fb) / e + self.comb), out

@@ -24,6 +24,7 @@ from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pai
 from sim.cost.attention_backend import get_backend
 from sim.cost.calibrated import CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
+from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecodeAttention
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import RunCost, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
@@ -102,7 +103,7 @@ class _Fixed(NamedTuple):
 # function of the context (``_decode_fn``), the engine's (cpu, launch) seconds (``_host``; None:
 # a step of no tokens), (seqs, seqs) when ``_host`` says outside its range, and the run's step
 # functions (``_run_step_fn`` of a decode-only batch; None: built per call).
-_Step = tuple[float, float, float, float, float, bool, bool, Callable[[float], tuple[float, bool]],
+_Step = tuple[float, float, float, float, float, bool, bool, DecodeAttention,
               tuple[float, float] | None, tuple[int, int] | None, tuple | None]
 # ``run_cost_values``: RunCost's fields as a plain tuple (the same reason)
 RunCostValues = tuple[float, float, int, bool, bool, float, tuple[int, int] | None]
@@ -223,7 +224,7 @@ class RooflineCostModel:
         self._token_cache: dict[int, tuple[float, float, float, float, float, float, bool]] = {}
         self._logit_cache: dict[int, tuple[float, float, bool]] = {}
         self._run_fns: dict[tuple[int, int], tuple] = {}
-        self._decode_fns: dict[int, Callable[[float], tuple[float, bool]]] = {}
+        self._decode_fns: dict[int, DecodeAttention] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
         # run_cost's, per batch shape: (decodes, sampled positions, chunks), or for a decode-only
         # batch sampling every sequence the number of decodes alone (an int: cheaper to hash and
@@ -382,30 +383,32 @@ class RooflineCostModel:
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Seconds of decode attention of ``num_seqs`` sequences over ``context_tokens`` cached
         tokens in all (``_decode_fn``); notes a shape outside a calibrated table."""
-        t, out = self._decode_fn(num_seqs)(context_tokens)
+        t, out = self._decode_fn(num_seqs).at(context_tokens)
         self._flag |= out
         return t
 
-    def _decode_fn(self, num_seqs: int) -> Callable[[float], tuple[float, bool]]:
-        """Decode attention of ``num_seqs`` sequences as a function of their total context:
-        context_tokens -> (seconds, outside a calibrated table); built once per batch size
-        with the terms the batch fixes, so a step alone and every step of a fast-forwarded run
-        evaluate the same expression (``run_cost``).
+    def _decode_fn(self, num_seqs: int) -> DecodeAttention:
+        """Decode attention of ``num_seqs`` sequences as a function of their total context
+        (``DecodeAttention.at``: context_tokens -> (seconds, outside a calibrated table));
+        built once per batch size with the terms the batch fixes, so a step alone and every
+        step of a fast-forwarded run evaluate the same expression (``run_cost``).
 
         Decode attention reads every cached K and V of the batch: bandwidth bound. With a
         calibration: the raw bound over the efficiency measured at this batch size and this
-        step's own mean context per sequence (closed form per table cell, ``CalibratedOps.decode_attn_fn``),
-        plus FA2's split-KV combine kernel when the step splits."""
+        step's own mean context per sequence (closed form per table cell,
+        ``CalibratedDecodeAttention``), plus FA2's split-KV combine kernel when the step splits."""
         fn = self._decode_fns.get(num_seqs)
         if fn is None:
             fn = self._decode_fns[num_seqs] = self._make_decode_fn(num_seqs)
         return fn
 
-    def _make_decode_fn(self, n: int) -> Callable[[float], tuple[float, bool]]:
+    def _make_decode_fn(self, n: int) -> DecodeAttention:
         if not n:
-            return lambda context_tokens: (0.0, False)
+            return NoDecodes()
         L = self.model.num_layers
         slide = self._slide  # sliding-window layers read at most the window (sim/cost/arch.py)
+        window: Callable[[float], float] | None = \
+            None if slide is None else (lambda context_tokens: windowed_context(self, n, context_tokens))
         flops_per_token = self._decode_pair_flops  # per cached token (sim/cost/arch.py for MLA)
         kv_bytes, kv_reads = self.kv_layer_bytes, self.decode_kv_reads
         q_bytes = 2 * n * self.q_dim * self.dtype_bytes  # the queries read, the outputs written
@@ -417,19 +420,10 @@ class RooflineCostModel:
             # (CalibratedOps' peak and bandwidth are this model's flops_s and the GPU's HBM bandwidth)
             return self.cops.decode_attn_fn(
                 n, num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes, kv_reads=kv_reads,
-                q_bytes=q_bytes, kv_scale=self._kv_scale,
-                window=None if slide is None else (lambda context_tokens: windowed_context(self, n, context_tokens)))
-        peak, bw, floor = self.flops_s * self.eff.attn_compute, self.mem_bw, self.eff.kernel_floor_s
-
-        def roofline(context_tokens: float) -> tuple[float, bool]:
-            if slide is not None:
-                context_tokens = windowed_context(self, n, context_tokens)
-            flops = flops_per_token * context_tokens
-            bytes_ = context_tokens * kv_bytes * kv_reads + q_bytes
-            # NOTE: latency + streaming (Hockney's alpha-beta form), not max(): a decode step stays
-            # affine in the growing context, so fast-forwarded runs stay exact.
-            return L * (max(flops / peak, bytes_ / bw) + floor), False
-        return roofline
+                q_bytes=q_bytes, kv_scale=self._kv_scale, window=window)
+        return RooflineDecodeAttention(num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes,
+                                       kv_reads=kv_reads, q_bytes=q_bytes, peak_flops_per_s=self.flops_s * self.eff.attn_compute,
+                                       bw_bytes_per_s=self.mem_bw, floor_s=self.eff.kernel_floor_s, window=window)
 
     def _uses_custom_ar(self, tokens: int) -> bool:
         return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
@@ -651,7 +645,7 @@ class RooflineCostModel:
         if st is None:
             st = self._step(batch, key)
         head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns = st
-        d, out = decode(context)
+        d, out = decode.at(context)
         flag = out or flag
         g = head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
         if host is None:
@@ -747,7 +741,7 @@ class RooflineCostModel:
         # and for a serial one
         if self._overlap_cpu:
             def step_s(context_tokens: int) -> float:
-                t, out = attn(context_tokens)
+                t, out = attn.at(context_tokens)
                 if out:
                     self._flag = True
                 g = rest + t
@@ -755,14 +749,14 @@ class RooflineCostModel:
                 return g + ((cpu if cpu > m else m) - g)
         else:
             def step_s(context_tokens: int) -> float:
-                t, out = attn(context_tokens)
+                t, out = attn.at(context_tokens)
                 if out:
                     self._flag = True
                 g = rest + t
                 return g + (cpu + (launch if launch > g else g) - g)
 
         def kinked(context_tokens: int) -> bool:
-            t, out = attn(context_tokens)
+            t, out = attn.at(context_tokens)
             if out:
                 self._flag = True
             return rest + t >= knee
