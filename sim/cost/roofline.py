@@ -95,16 +95,32 @@ class _Fixed(NamedTuple):
     lm_flag: bool              # the LM head's does
 
 
-# Everything ``run_cost`` needs of a batch shape (decode sequences, sampled positions, prompt
-# chunks) but its decode context, as a plain tuple (compiled, sim/compiled_core.py, built and
-# unpacked natively; a NamedTuple is made by a generic ``tuple.__new__`` call): the ``_Fixed``
-# terms (head: the operators before decode attention; elem, ar, lm, sampling: ``_Fixed.after``
-# one by one, summed after decode attention in order; flag, lm_flag), decode attention as a
-# function of the context (``_decode_fn``), the engine's (cpu, launch) seconds (``_host``; None:
-# a step of no tokens), (seqs, seqs) when ``_host`` says outside its range, and the run's step
-# functions (``_run_step_fn`` of a decode-only batch; None: built per call).
-_Step = tuple[float, float, float, float, float, bool, bool, DecodeAttention,
-              tuple[float, float] | None, tuple[int, int] | None, tuple | None]
+class _Step:
+    """Everything ``run_cost`` needs of a batch shape (decode sequences, sampled positions,
+    prompt chunks) but its decode context: the ``_Fixed`` terms (head: the operators before
+    decode attention; elem, ar, lm, sampling: ``_Fixed.after`` one by one, summed after decode
+    attention in order; flag, lm_flag), decode attention as a function of the context
+    (``_decode_fn``), the engine's (cpu, launch) seconds (``_host``; ``has_host`` False: a step
+    of no tokens), (seqs, seqs) when ``_host`` says outside its range, and the run's step
+    functions (``_run_step_fn`` of a decode-only batch; None: built per call). An object with
+    typed fields, not a tuple (compiled, sim/compiled_core.py, the per-step read of a memoised
+    shape is a field read each, where a tuple's items were unboxed and type-checked one by one)."""
+
+    __slots__ = ("head", "elem", "ar", "lm", "sampling", "flag", "lm_flag", "decode", "has_host", "cpu", "launch",
+                 "outside", "run_fns")
+
+    def __init__(self, head: float, elem: float, ar: float, lm: float, sampling: float, flag: bool, lm_flag: bool,
+                 decode: DecodeAttention, host: tuple[float, float] | None, outside: tuple[int, int] | None,
+                 run_fns: tuple | None) -> None:
+        self.head, self.elem, self.ar, self.lm, self.sampling = head, elem, ar, lm, sampling
+        self.flag, self.lm_flag = flag, lm_flag
+        self.decode = decode
+        self.has_host = host is not None
+        self.cpu, self.launch = host if host is not None else (0.0, 0.0)
+        self.outside = outside
+        self.run_fns = run_fns
+
+
 # ``run_cost_values``: RunCost's fields as a plain tuple (the same reason)
 RunCostValues = tuple[float, float, int, bool, bool, float, tuple[int, int] | None]
 
@@ -232,9 +248,11 @@ class RooflineCostModel:
         self._step_cache: dict[int | tuple[int, int, tuple], _Step] = {}
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
         self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
-        # _piece's cut at the decode table's nodes and FA2's split changes (None: no decode table)
-        self._smooth_end = (self.cops.decode_smooth_end if self.cops is not None and self.cops.decode_grid is not None
-                            else None)
+        # _piece's cut at the decode table's nodes and FA2's split changes (``decode_smooth_end``
+        # of these ops; None: no decode table). (The ops, not their bound method: compiled, a
+        # native call.)
+        self._smooth_ops: CalibratedOps | None = \
+            self.cops if self.cops is not None and self.cops.decode_grid is not None else None
 
     @classmethod
     def ideal(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
@@ -644,14 +662,14 @@ class RooflineCostModel:
         st = self._step_cache.get(key)
         if st is None:
             st = self._step(batch, key)
-        head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns = st
-        d, out = decode.at(context)
-        flag = out or flag
-        g = head + d + elem + ar + lm + sampling  # sum(parts) of _components, term by term
-        if host is None:
+        d, out = st.decode.at(context)
+        flag = out or st.flag
+        lm_flag, outside = st.lm_flag, st.outside
+        g = st.head + d + st.elem + st.ar + st.lm + st.sampling  # sum(parts) of _components, term by term
+        if not st.has_host:
             first = g + 0.0
         else:  # g + overhead_fn(g) of _host, written out (_PLUS_OVERHEAD)
-            cpu, launch = host
+            cpu, launch = st.cpu, st.launch
             m = launch if launch > g else g
             if self._overlap_cpu:
                 first = g + ((cpu if cpu > m else m) - g)
@@ -660,7 +678,7 @@ class RooflineCostModel:
         if num_steps == 1 or not n:
             return first, first, 1, flag, lm_flag, 0.0, outside
         self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
-        step_s, kinked = run_fns or self._run_step_fn(batch, self._fixed(batch))
+        step_s, kinked = st.run_fns or self._run_step_fn(batch, self._fixed(batch))
         j, z, q = self._piece(n, context, num_steps, step_s, first, kinked)
         return first, z, j, self._flag, lm_flag, q, outside
 
@@ -706,7 +724,7 @@ class RooflineCostModel:
             if out:
                 outside = (seqs, seqs)
         decode = self._decode_fns.get(n) or self._decode_fn(n)
-        st: _Step = (head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns)
+        st = _Step(head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns)
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
             cache.clear()
@@ -790,9 +808,10 @@ class RooflineCostModel:
         GPU time overtakes the host's), and within one its steps deviate from the straight
         line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
         j = left
-        if self._smooth_end is not None:
+        smooth = self._smooth_ops
+        if smooth is not None:
             x0 = c / n
-            end = self._smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
+            end = smooth.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
             j = min(left, int(end - x0 + 1e-9) + 1)
         if kinked is not None and j > 1:
             side = kinked(c)
