@@ -73,20 +73,21 @@ class SoloPrefill:
     def __init__(self, cost):
         self.cost = cost
         # keyed by ``solo_key``: one int, hashed and compared at a fraction of the cost of an
-        # (n, ctx, completing) tuple (this is looked up once per prompt chunk)
-        self._cache: dict[int | tuple[int, int, bool], float] = {}
-        # the memoised seconds of a key, or None: read first on the hot path
-        # (TTFTAccounting.on_step), which calls this object only on a miss
-        self.lookup = self._cache.get
+        # (n, ctx, completing) tuple (this is looked up once per prompt chunk). Read in place
+        # first on the hot path (TTFTAccounting.on_step), which calls ``computed`` on a miss.
+        self.cache: dict[int | tuple[int, int, bool], float] = {}
 
     def __call__(self, n: int, ctx: int, completing: bool) -> float:
         key = solo_key(n, ctx, completing)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self.cost.prefill_alone_s(n, ctx, completing)
-            if len(self._cache) < self.MAX_ENTRIES:
-                self._cache[key] = hit
-        return hit
+        hit = self.cache.get(key)
+        return hit if hit is not None else self.computed(key, n, ctx, completing)
+
+    def computed(self, key: int | tuple[int, int, bool], n: int, ctx: int, completing: bool) -> float:
+        """The seconds of a chunk not in the memo (``key``: its ``solo_key``), memoised."""
+        own: float = self.cost.prefill_alone_s(n, ctx, completing)
+        if len(self.cache) < self.MAX_ENTRIES:
+            self.cache[key] = own
+        return own
 
 
 class TTFTAccounting:
@@ -151,7 +152,9 @@ class TTFTAccounting:
             overhead: float = hit
             compute = elapsed_s - overhead
             solo = self.solo
-            solo_hit = solo.lookup  # SoloPrefill.__call__'s memo, read here first (once per chunk)
+            # SoloPrefill's memo, read here first (once per chunk; compiled, sim/compiled_core.py,
+            # a native dict look-up and, on a miss, a native call of ``computed``)
+            solo_cache = solo.cache
             for (req, n), ctx in zip(chunks, plan.chunk_contexts):
                 if req.num_generated:
                     continue  # not before a first token
@@ -160,8 +163,9 @@ class TTFTAccounting:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
                     continue
-                memo = solo_hit(solo_key(n, ctx, completing))
-                own: float = memo if memo is not None else solo(n, ctx, completing)
+                key = solo_key(n, ctx, completing)
+                memo = solo_cache.get(key)
+                own: float = memo if memo is not None else solo.computed(key, n, ctx, completing)
                 if own > compute:
                     own = compute
                 req.ttft_prefill_s += own
