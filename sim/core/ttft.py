@@ -84,9 +84,14 @@ class SoloPrefill:
 
     def computed(self, key: int | tuple[int, int, bool], n: int, ctx: int, completing: bool) -> float:
         """The seconds of a chunk not in the memo (``key``: its ``solo_key``), memoised."""
-        own: float = self.cost.prefill_alone_s(n, ctx, completing)
+        own = self.alone_s(n, ctx, completing)
         if len(self.cache) < self.MAX_ENTRIES:
             self.cache[key] = own
+        return own
+
+    def alone_s(self, n: int, ctx: int, completing: bool) -> float:
+        """The cost model's seconds of the chunk alone (``prefill_alone_s``), not memoised."""
+        own: float = self.cost.prefill_alone_s(n, ctx, completing)
         return own
 
 

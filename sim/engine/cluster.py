@@ -34,7 +34,7 @@ from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.core.request import Request
 from sim.engine.router import RouterFn
-from sim.core.ttft import TTFTAccounting
+from sim.core.ttft import SoloPrefill, TTFTAccounting
 from sim.workload.arrays import RequestArrays
 
 
@@ -134,6 +134,17 @@ def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]
     return cost.run_cost, False
 
 
+class RooflineSolo(SoloPrefill):
+    """``SoloPrefill`` of a ``RooflineCostModel``: asks it through a typed reference (compiled,
+    sim/compiled_core.py, a native call; the base class's untyped model is asked by a generic
+    method call with boxed arguments)."""
+
+    def alone_s(self, n: int, ctx: int, completing: bool) -> float:
+        cost = self.cost
+        assert isinstance(cost, RooflineCostModel)  # (made only for one; narrowed: a native call)
+        return cost.prefill_alone_s(n, ctx, completing)
+
+
 class _BlockState:
     """A multi-step block in progress: its plan and shape, when it began, the steps run so far,
     the first and the last step's seconds, and the cost of the piece running now."""
@@ -163,7 +174,8 @@ class Replica:
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
-        self.ttft = TTFTAccounting(cost)  # observes the scheduler's plans and the steps' times
+        # observes the scheduler's plans and the steps' times
+        self.ttft = TTFTAccounting(cost, RooflineSolo(cost) if isinstance(cost, RooflineCostModel) else None)
         self._run_cost, plain = run_cost_reader(cost)
         # the model the loop asks for run_cost_values, where it reads them (typed: compiled,
         # sim/compiled_core.py, a native call that takes and returns the tuples unboxed)
