@@ -597,7 +597,10 @@ class RooflineCostModel:
         if tokens:
             # _gemms and _per_tokens through their per-token-count memo (``_token_ops``: the
             # same floats; it also records the GEMMs' extrapolation, as every other caller does)
-            qkv, o, up, down, elem, ar, _ = self._token_cache.get(tokens) or self._token_ops(tokens)
+            ops = self._token_cache.get(tokens)
+            if ops is None:
+                ops = self._token_ops(tokens)
+            qkv, o, up, down, elem, ar, _ = ops
         else:  # _token_ops has a step of no tokens cost nothing; a chunk of none still runs its kernels
             qkv, o, up, down = self._gemms(tokens)
             elem, ar, _ = self._per_tokens(tokens)
@@ -699,12 +702,22 @@ class RooflineCostModel:
             # (chunked 512; 83% of those bring a chunk never costed: its cached context moves on
             # with every chunk of its prompt) and 62% (continuous; two thirds of those a prompt
             # seen before beside another number of decodes). So the memos below are read in
-            # place first: each
-            # ``cache.get(key) or method(key)`` is what the method returns (they are non-empty
-            # tuples and functions), the method running on a miss.
-            qkv, o, up, down, elem, ar, flag = self._token_cache.get(num_tokens) or self._token_ops(num_tokens)
-            lm, sampling, lm_flag = self._logit_cache.get(num_logits) or self._logit_ops(num_logits)
-            hit = self._chunk_cache.get((1, *chunks[0])) if self._prefill_cal and len(chunks) == 1 else None
+            # place first, the method running on a miss (written as ``if hit is None``, not
+            # ``cache.get(key) or method(key)``: compiled, sim/compiled_core.py, the ``or``
+            # boxed the unboxed tuple into a new one and unboxed it again).
+            ops = self._token_cache.get(num_tokens)
+            if ops is None:
+                ops = self._token_ops(num_tokens)
+            qkv, o, up, down, elem, ar, flag = ops
+            logit = self._logit_cache.get(num_logits)
+            if logit is None:
+                logit = self._logit_ops(num_logits)
+            lm, sampling, lm_flag = logit
+            if self._prefill_cal and len(chunks) == 1:
+                c, x = chunks[0]
+                hit = self._chunk_cache.get((1, c, x))
+            else:
+                hit = None
             if hit is not None:  # _prefill_attn of one chunk: L * (0.0 + its memoised seconds), as there
                 prefill, out = self._num_layers * hit[0], hit[1]
             else:
@@ -720,10 +733,15 @@ class RooflineCostModel:
         host, outside = None, None
         if num_tokens:
             seqs = n + len(chunks)
-            _, _, out, host = self._host_cache.get((seqs, bool(chunks))) or self._host(seqs, bool(chunks))
+            terms = self._host_cache.get((seqs, bool(chunks)))
+            if terms is None:
+                terms = self._host(seqs, bool(chunks))
+            _, _, out, host = terms
             if out:
                 outside = (seqs, seqs)
-        decode = self._decode_fns.get(n) or self._decode_fn(n)
+        decode = self._decode_fns.get(n)
+        if decode is None:
+            decode = self._decode_fn(n)
         st = _Step(head, elem, ar, lm, sampling, flag, lm_flag, decode, host, outside, run_fns)
         cache = self._step_cache
         if len(cache) >= self.MAX_STEP_SHAPES:
