@@ -177,7 +177,10 @@ class Grid2:
 
     def __init__(self, a_vals, b_vals, log_eff, axis_b: Axis = LOG, cubic: bool = False):
         self.la: list[float] = [math.log(a) for a in a_vals]
-        self.b_nodes = sorted(b_vals)  # where the interpolant along b may bend (cost/runs.py)
+        # where the interpolant along b may bend (cost/runs.py); as floats (the tables' shapes
+        # are ints: compiled, sim/compiled_core.py, each read of an int as a float made a
+        # new float object; the same values and comparisons)
+        self.b_nodes: list[float] = sorted(float(b) for b in b_vals)
         rows = []
         for row in log_eff:
             c = Curve(b_vals, row, axis_b)
