@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from sim.core.request import Request
 
@@ -118,9 +117,6 @@ def prefix_keys(req: Request, block_size: int) -> list:
                 keys.append((chain[last // h], last % h))
         req.prefix_keys = keys
     return req.prefix_keys
-
-
-_next: Final = next  # (compiled: a constant, not a look-up among the builtins at each call)
 
 
 class Block:
@@ -259,13 +255,18 @@ class KVBlockManager:
         q = self._queue
         # (isinstance, not type() is: the same test, as neither class has subclasses; it types
         # ``entry`` for mypy, and compiled, sim/compiled_core.py, its fields are read natively)
-        entry = _next(iter(q))
+        # the head (``next(iter(q))`` as a loop: compiled, sim/compiled_core.py, the iterator's
+        # C calls, where ``next`` is a generic call of the builtin; the queue is not empty: n
+        # <= num_free blocks are in it)
+        for entry in q:
+            break
         if isinstance(entry, Run) and entry.owner is None and entry.count > n:
             # the common case, the loop below in one pass: a plain run at the head covers them
             entry.count -= n
             n = 0
         while n:
-            entry = _next(iter(q))
+            for entry in q:  # the head (as above)
+                break
             if isinstance(entry, Block):
                 del q[entry]
                 same = self._cached[entry.key]
@@ -294,7 +295,8 @@ class KVBlockManager:
     def _append_plain(self, n: int) -> None:
         q = self._queue
         if q:
-            last = _next(reversed(q))
+            for last in reversed(q):  # the tail (``next(reversed(q))``, as in _take)
+                break
             if isinstance(last, Run) and last.owner is None:
                 last.count += n
                 return

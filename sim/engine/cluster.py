@@ -49,19 +49,17 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_
     ``last_s``, bent by ``curve_s``) reaches ``elapsed_s``: the step running at ``elapsed_s``
     is allowed to finish. The straight line's root is the first guess."""
     slope = (last_s - first_s) / (k - 1) if k > 1 else 0.0
-
-    def cum(j: int) -> float:
-        return run_sum_s(j, first_s, last_s, k, curve_s)
-
+    # (run_sum_s called by name below, not through a local closure: compiled,
+    # sim/compiled_core.py, a closure is made per call and called generically)
     if slope > 1e-18:
         a, b = slope / 2.0, first_s - slope / 2.0
         j = int(math.ceil((-b + math.sqrt(b * b + 4 * a * elapsed_s)) / (2 * a)))
     else:
         j = int(math.ceil(elapsed_s / first_s)) if first_s > 0 else 1
     j = min(max(j, 1), k)
-    while j > 1 and cum(j - 1) >= elapsed_s:
+    while j > 1 and run_sum_s(j - 1, first_s, last_s, k, curve_s) >= elapsed_s:
         j -= 1
-    while j < k and cum(j) < elapsed_s:
+    while j < k and run_sum_s(j, first_s, last_s, k, curve_s) < elapsed_s:
         j += 1
     return j
 
