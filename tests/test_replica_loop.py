@@ -282,6 +282,21 @@ def test_calls_and_simpy_events_share_one_order(self_entries, monkeypatch):
     assert seen == [("urgent", 1.0), ("a", 1.0), ("process", 1.0), ("a", 1.5), ("process", 1.5)]
 
 
+def test_event_ids_go_on_from_the_environments_counter():
+    """``event_ids`` puts an ``EventIds`` in place of SimPy's counter: the ids go on from the
+    one the counter would have given next, for SimPy's own events (``next``) and for Calls
+    (its field) alike, one sequence; installed once."""
+    from sim.engine.calls import EventIds, event_ids
+    env = simpy.Environment()
+    env.timeout(1.0)
+    env.timeout(1.0)  # ids 0 and 1
+    ids = event_ids(env)
+    assert isinstance(env._eid, EventIds) and ids.next_id == 2 and event_ids(env) is ids
+    env.timeout(1.0)  # SimPy's own event: id 2
+    assert ids.next_id == 3 and [entry[2] for entry in sorted(env._queue)] == [0, 1, 2]
+    assert next(iter(ids)) == 3 and ids.next_id == 4
+
+
 def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
     """Calls at equal and distinct times and priorities, beside SimPy's own timeouts, some
     scheduled from callbacks: processed in one order whether each Call enters the heap as a

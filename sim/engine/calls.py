@@ -54,7 +54,10 @@ class Call:
         # ``callbacks`` to None, not the list; emptied only when its owner abandons it pending)
         self._fns = [fn]
         self._queue: list = env._queue
-        self._next_eid: Callable[[], int] = env._eid.__next__
+        # compiled: the environment's counter as an ``EventIds`` (installed once), whose next id
+        # a Call takes natively (``next`` of itertools.count is a generic call per event)
+        self._ids: EventIds | None = event_ids(env) if _SELF_ENTRIES else None
+        self._next_eid: Callable[[], int] = env._eid.__next__  # (with the Python sources)
         self.callbacks: list[Callable[[Call], None]] | None = None
         self._ok = True
         self._value: object = None
@@ -77,8 +80,11 @@ class Call:
         self.callbacks = self._fns
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
-        if _SELF_ENTRIES:
-            self._t, self._priority, self._eid = now + delay_s, priority, self._next_eid()
+        ids = self._ids
+        if ids is not None:  # compiled (_SELF_ENTRIES)
+            eid = ids.next_id
+            ids.next_id = eid + 1
+            self._t, self._priority, self._eid = now + delay_s, priority, eid
             _heappush(self._queue, self)
         else:
             _heappush(self._queue, (now + delay_s, priority, self._next_eid(), self))
@@ -113,6 +119,35 @@ class Call:
         if isinstance(other, Call):
             return other.__lt__(self)
         return self.entry() > cast(tuple, other)
+
+
+class EventIds:
+    """SimPy's event-id counter (``Environment._eid``: ``itertools.count()``, drawn by ``next``
+    for every event scheduled) as an object whose next id is a field: SimPy's own events draw
+    from it as before (``__next__``), and a ``Call`` reads and advances the field (compiled, a
+    native read and write)."""
+
+    def __init__(self, next_id: int) -> None:
+        self.next_id = next_id
+
+    def __iter__(self) -> EventIds:
+        return self
+
+    def __next__(self) -> object:  # (object: mypyc's iterator slot returns an object, not a native int)
+        eid = self.next_id
+        self.next_id = eid + 1
+        return eid
+
+
+def event_ids(env: simpy.Environment) -> EventIds:
+    """``env``'s event-id counter as ``EventIds``, installed in its place on first use: it goes
+    on from the id the counter would have given next (the same ids, in the same order)."""
+    ids = env._eid
+    if isinstance(ids, EventIds):
+        return ids
+    new = EventIds(next(ids))  # (the id drawn here is the first one it gives)
+    env._eid = new  # type: ignore[assignment]
+    return new
 
 
 def _probe() -> None:
