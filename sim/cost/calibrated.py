@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 
 from sim.cost.calibration import Calibration
-from sim.cost.decode_attention import DecodeAttention
+from sim.cost.decode_attention import DecodeAttention, decode_work
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
 from sim.cost.tables import Axis, Curve, Grid2, bisect_floats, bracket
 
@@ -277,11 +277,8 @@ class CalibratedDecodeAttention(DecodeAttention):
         self.comb = 0.0
 
     def at(self, context_tokens: float) -> tuple[float, bool]:
-        window = self.window
-        if window is not None:
-            context_tokens = window(context_tokens)
-        flops = self.flops_per_token * context_tokens
-        bytes_ = context_tokens * self.kv_bytes * self.kv_reads + self.q_bytes
+        context_tokens, flops, bytes_ = decode_work(context_tokens, self.flops_per_token, self.kv_bytes,
+                                                    self.kv_reads, self.q_bytes, self.window)
         ctx = context_tokens / self.n
         # the efficiency at ctx * kv_scale
         x = ctx * self.kv_scale

@@ -18,6 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def decode_work(context_tokens: float, flops_per_token: float, kv_bytes: float, kv_reads: float, q_bytes: float,
+                window: Callable[[float], float] | None) -> tuple[float, float, float]:
+    """(the context the layers read: ``window`` of it with sliding-window layers, its FLOPs,
+    its bytes: K and V of every cached token read ``kv_reads`` times per layer, the queries
+    read and the outputs written)."""
+    if window is not None:
+        context_tokens = window(context_tokens)
+    return context_tokens, flops_per_token * context_tokens, context_tokens * kv_bytes * kv_reads + q_bytes
+
+
 class DecodeAttention:
     """context_tokens -> (seconds of decode attention over all layers, whether the shape lies
     outside a calibrated table)."""
@@ -51,9 +61,6 @@ class RooflineDecodeAttention(DecodeAttention):
         self.window = window
 
     def at(self, context_tokens: float) -> tuple[float, bool]:
-        window = self.window
-        if window is not None:
-            context_tokens = window(context_tokens)
-        flops = self.flops_per_token * context_tokens
-        bytes_ = context_tokens * self.kv_bytes * self.kv_reads + self.q_bytes
+        _, flops, bytes_ = decode_work(context_tokens, self.flops_per_token, self.kv_bytes, self.kv_reads,
+                                       self.q_bytes, self.window)
         return self.L * (max(flops / self.peak, bytes_ / self.bw) + self.floor), False
