@@ -123,7 +123,7 @@ def test_decode_attention_does_not_depend_on_the_context_costed_before(over):
         contexts += sorted(contexts, reverse=True)  # every cell and block count left downwards too
         warm = cm._make_decode_fn(n)
         for c in contexts:
-            assert warm(c) == cm._make_decode_fn(n)(c), (n, c)
+            assert warm.at(c) == cm._make_decode_fn(n).at(c), (n, c)
 
 
 def _alone_by_operator(cm, tokens: int, ctx: int, completing: bool) -> float:

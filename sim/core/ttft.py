@@ -77,11 +77,6 @@ class SoloPrefill:
         # first on the hot path (TTFTAccounting.on_step), which calls ``computed`` on a miss.
         self.cache: dict[int | tuple[int, int, bool], float] = {}
 
-    def __call__(self, n: int, ctx: int, completing: bool) -> float:
-        key = solo_key(n, ctx, completing)
-        hit = self.cache.get(key)
-        return hit if hit is not None else self.computed(key, n, ctx, completing)
-
     def computed(self, key: int | tuple[int, int, bool], n: int, ctx: int, completing: bool) -> float:
         """The seconds of a chunk not in the memo (``key``: its ``solo_key``), memoised."""
         own = self.alone_s(n, ctx, completing)

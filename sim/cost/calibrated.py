@@ -174,15 +174,6 @@ class CalibratedOps:
             b += w * rb
         return a, b, oa
 
-    def decode_attn_fn(self, num_seqs: int, *, num_layers: int, flops_per_token: float, kv_bytes: float,
-                       kv_reads: float, q_bytes: float, kv_scale: float,
-                       window: Callable[[float], float] | None = None) -> CalibratedDecodeAttention:
-        """Decode attention of ``num_seqs`` sequences as a function of their total context
-        (``CalibratedDecodeAttention``); built once per batch size."""
-        return CalibratedDecodeAttention(self, num_seqs, num_layers=num_layers, flops_per_token=flops_per_token,
-                                         kv_bytes=kv_bytes, kv_reads=kv_reads, q_bytes=q_bytes, kv_scale=kv_scale,
-                                         window=window)
-
     def _splits(self, num_seqs: int, num_blocks: int) -> bool:
         ds = self.decode_split
         key = (num_seqs, num_blocks)

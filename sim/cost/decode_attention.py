@@ -35,9 +35,6 @@ class DecodeAttention:
     def at(self, context_tokens: float) -> tuple[float, bool]:
         raise NotImplementedError
 
-    def __call__(self, context_tokens: float) -> tuple[float, bool]:
-        return self.at(context_tokens)
-
 
 class NoDecodes(DecodeAttention):
     """A batch without decode sequences: no decode attention."""

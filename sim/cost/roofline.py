@@ -22,7 +22,7 @@ from typing import Final, NamedTuple
 from sim.core.batch import Batch, BatchValues
 from sim.cost.arch import arch_shapes, moe_mlp_s, windowed_context, windowed_pairs
 from sim.cost.attention_backend import get_backend
-from sim.cost.calibrated import CalibratedOps
+from sim.cost.calibrated import CalibratedDecodeAttention, CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecodeAttention
 from sim.cost.engine_profile import EngineProfile, get_profile
@@ -436,8 +436,8 @@ class RooflineCostModel:
             # (at short contexts, latency-bound, its step then costs what a bf16 step does).
             # FA2's split decision counts KV blocks of tokens, whatever their dtype.
             # (CalibratedOps' peak and bandwidth are this model's flops_s and the GPU's HBM bandwidth)
-            return self.cops.decode_attn_fn(
-                n, num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes, kv_reads=kv_reads,
+            return CalibratedDecodeAttention(
+                self.cops, n, num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes, kv_reads=kv_reads,
                 q_bytes=q_bytes, kv_scale=self._kv_scale, window=window)
         return RooflineDecodeAttention(num_layers=L, flops_per_token=flops_per_token, kv_bytes=kv_bytes,
                                        kv_reads=kv_reads, q_bytes=q_bytes, peak_flops_per_s=self.flops_s * self.eff.attn_compute,

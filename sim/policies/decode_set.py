@@ -141,10 +141,9 @@ class DecodeSet:
         rounds, rem = divmod(num_steps, self.block_size)
         if not self.num_filling and self.w_full == 1:  # one block per opening (no sliding windows filling)
             # sum(counts[(q0 - r) % bs] for r in range(rem)), q0 the class at offset 0: the
-            # classes q0, q0 - 1, ... wrap below 0 to the end of the list, so two slices
-            # the rem phases from q0 down: counts[q0 + 1 - rem : q0 + 1], wrapping below 0 to
-            # the end (summed in a loop, not as slices: compiled, sim/compiled_core.py, native
-            # reads and additions, where a slice is a new list and sum() a generic call)
+            # classes q0, q0 - 1, ... wrap below 0 to the end of the list, as negative indices
+            # do (a loop, not two slices: compiled, sim/compiled_core.py, native reads and
+            # additions, where a slice is a new list and sum() a generic call)
             counts, q0 = self.phase_count, -self.steps % self.block_size
             total = rounds * self.num_seqs
             for i in range(q0 + 1 - rem, q0 + 1):
