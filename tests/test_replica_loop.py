@@ -34,6 +34,9 @@ class ProcessReplica(cluster.Replica):
         self.process = env.process(self._loop())
 
     def notify(self):
+        self._notify_at(self.env.now)
+
+    def _notify_at(self, now):
         if self._wake is not None:
             if not self._wake.triggered:
                 self._wake.succeed()

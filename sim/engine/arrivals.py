@@ -17,6 +17,7 @@ callbacks: nothing waits on it); it only counted towards the stall watchdog's ev
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import simpy
 from simpy.events import URGENT
@@ -31,7 +32,13 @@ ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a 
 _NO_WAIT, _WAITING, _WOKEN = 0, 1, 2
 
 
-def _slices(chunks: Iterable[RequestArrays]) -> Iterator[tuple]:
+# a slice: (arrival seconds, prompt tokens, output tokens, hash ids or None, offset, hash block
+# size); typed: compiled (sim/compiled_core.py), its lists' items are read natively, not by a
+# generic subscript of an object
+_Slice = tuple[list[float], list[int], list[int], Any, int, int]
+
+
+def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
     """Consecutive slices of the workload as Python lists: (arrival seconds, prompt tokens,
     output tokens, the chunk's hash ids or None, the slice's offset in its chunk, hash block size).
     A stream is read only when the previous chunk's last request has been sent."""
@@ -59,7 +66,7 @@ class Arrivals:
         self._wait = _NO_WAIT
         self._slices = _slices(chunks)
         # the slice being sent (``_slices``) and the index in it of the next request
-        self._slice: tuple = ([], [], [], None, 0, 16)
+        self._slice: _Slice = ([], [], [], None, 0, 16)
         self._j = 0
         self._timer = Call(env, self._time_reached)  # the wait for the next arrival time (one at a time)
         Call(env, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
@@ -69,28 +76,29 @@ class Arrivals:
         self.free += n
         if self._wait == _WAITING:
             self._wait = _WOKEN
-            Call(self.env, self._woken).at(0.0)  # the wait's event succeeding now
+            Call(self.env, self._woken, self._timer).at(0.0)  # the wait's event succeeding now
 
-    def _start(self, _event) -> None:
-        self._send(False)
+    def _start(self, event: Call) -> None:
+        self._send(False, event._t)
 
-    def _time_reached(self, _event) -> None:
-        self._send(True)
+    def _time_reached(self, event: Call) -> None:
+        self._send(True, event._t)
 
-    def _woken(self, _event) -> None:
+    def _woken(self, event: Call) -> None:
         self._wait = _NO_WAIT
-        self._send(True)
+        self._send(True, event._t)
 
-    def _send(self, reached: bool) -> None:
+    def _send(self, reached: bool, now: float) -> None:
         """Send requests from the next one on until one must wait (for its arrival time or,
         with ``max_concurrency``, a free client) or the workload ends. ``reached``: the next
         one's arrival time has come (the wait for it just ended: its time is not compared
-        with the clock again, as the process went on after its timeout)."""
-        env, submit, requests = self.env, self._submit, self.requests
+        with the clock again, as the process went on after its timeout). ``now``: the clock
+        (the event's time; compiled, sim/compiled_core.py, read natively from the event, where
+        the environment's ``_now`` is a generic look-up)."""
+        submit, requests = self._submit, self.requests
         arrival, inp, out, hash_ids, lo, block_size = self._slice
         j = self._j
         t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
-        now: float
         while True:
             if j == len(arrival):
                 nxt = next(self._slices, None)
@@ -101,7 +109,6 @@ class Arrivals:
                 j = 0
             t = arrival[j]
             if not reached:
-                now = env._now
                 if t > now:
                     self._j = j
                     self._timer.at_from(now, t - now)
@@ -113,7 +120,7 @@ class Arrivals:
                     self._wait = _WAITING
                     return
                 self.free -= 1
-                t = env._now  # sent now
+                t = now  # sent now
             req = Request(self.sent, t, inp[j], out[j])
             if hash_ids is not None:
                 req.hash_ids = hash_ids[lo + j]

@@ -48,16 +48,25 @@ class Call:
     the tuple's: time, then priority, then id (ids are unique). With the Python sources the
     tuple stays (a Python ``__lt__`` costs more than a tuple comparison there)."""
 
-    def __init__(self, env: simpy.Environment, fn: Callable[[Call], None]):
+    def __init__(self, env: simpy.Environment, fn: Callable[[Call], None], like: Call | None = None):
+        """``like``: a Call of the same environment, whose queue and id counter this one takes
+        (compiled, sim/compiled_core.py, read natively from it, where reading them from the
+        environment is a generic attribute look-up each)."""
         self.env = env
         # the callbacks it runs, one list for all its schedulings (SimPy's processed mark sets
         # ``callbacks`` to None, not the list; emptied only when its owner abandons it pending)
         self._fns = [fn]
-        self._queue: list = env._queue
-        # compiled: the environment's counter as an ``EventIds`` (installed once), whose next id
-        # a Call takes natively (``next`` of itertools.count is a generic call per event)
-        self._ids: EventIds | None = event_ids(env) if _SELF_ENTRIES else None
-        self._next_eid: Callable[[], int] = env._eid.__next__  # (with the Python sources)
+        self._queue: list
+        self._ids: EventIds | None
+        self._next_eid: Callable[[], int]
+        if like is not None:
+            self._queue, self._ids, self._next_eid = like._queue, like._ids, like._next_eid
+        else:
+            self._queue = env._queue
+            # compiled: the environment's counter as an ``EventIds`` (installed once), whose
+            # next id a Call takes natively (``next`` of itertools.count is a generic call per event)
+            self._ids = event_ids(env) if _SELF_ENTRIES else None
+            self._next_eid = env._eid.__next__  # (with the Python sources)
         self.callbacks: list[Callable[[Call], None]] | None = None
         self._ok = True
         self._value: object = None
@@ -86,8 +95,10 @@ class Call:
             ids.next_id = eid + 1
             self._t, self._priority, self._eid = now + delay_s, priority, eid
             _heappush(self._queue, self)
-        else:
-            _heappush(self._queue, (now + delay_s, priority, self._next_eid(), self))
+        else:  # (its fields too: its time is what its callbacks read as the clock's)
+            t, eid = now + delay_s, self._next_eid()
+            self._t, self._priority, self._eid = t, priority, eid
+            _heappush(self._queue, (t, priority, eid, self))
         return self
 
     def entry(self) -> tuple[float, int, int, Call]:

@@ -82,14 +82,17 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     queue: list = env._queue
     pop = heappop
     t: float  # (compiled, a native float: the clock's comparisons below are not generic)
-    event: Any  # a Call or any SimPy event
+    event: Any  # a SimPy event
+    call: Call | None  # or a Call (typed: compiled, its fields are read and written natively)
     last_t, same = -1.0, 0
     while queue:
         item = pop(queue)
         if isinstance(item, Call):  # compiled, a pending Call is its own entry (sim/engine/calls.py)
-            t, event = item._t, item
+            call = item
+            t = call._t
         else:  # SimPy's (time, priority, event id, event)
             t, _, _, event = item
+            call = event if isinstance(event, Call) else None  # (with the Python sources a Call is in a tuple)
         if t == last_t:
             same += 1
             if same > STALL_EVENTS_BASE:
@@ -103,12 +106,12 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
                 return
             last_t, same = t, 0
         env._now = t
-        if isinstance(event, Call):  # the replicas' and the arrivals' events: native fields, never failed
-            call_fns = event.callbacks
+        if call is not None:  # the replicas' and the arrivals' events: native fields, never failed
+            call_fns = call.callbacks
             assert call_fns is not None, "a Call in the queue twice"  # (Call.at refuses it; as SimPy fails on it)
-            event.callbacks = None  # SimPy's processed mark
+            call.callbacks = None  # SimPy's processed mark
             for fn in call_fns:
-                fn(event)
+                fn(call)
             continue
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]  # SimPy's processed mark
         for callback in callbacks:
@@ -195,13 +198,13 @@ class Replica:
         self._end = Call(env, self._step_end)
         # the wake-up, the cut and the cut run's end: one object each, scheduled again each time
         # (each is pending at most once: an idle replica has no step in flight; a run is cut once)
-        self._wake = Call(env, self._plan)
-        self._cut_call = Call(env, self._cut)
-        self._cut_end_call = Call(env, self._cut_end)
+        self._wake = Call(env, self._plan, self._end)
+        self._cut_call = Call(env, self._cut, self._end)
+        self._cut_end_call = Call(env, self._cut_end, self._end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
-        Call(env, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
+        Call(env, self._plan, self._end).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
@@ -210,21 +213,33 @@ class Replica:
             self.on_finish([req])
             return
         self.ttft.on_arrival(req, now)
-        self.notify()
+        self._notify_at(now)
 
     def notify(self) -> None:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
+        if self._idle or self._interruptible:
+            now: float = self.env._now
+            self._notify_at(now)
+
+    def _notify_at(self, now: float) -> None:
+        """``notify`` by a caller that has read the clock (``now``)."""
         if self._idle:
             self._idle = False
-            self._wake.at(0.0)  # a wake-up event succeeding now
+            self._wake.at_from(now, 0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            self._cut_call.at(0.0, _URGENT)  # an interruption
+            self._cut_call.at_from(now, 0.0, _URGENT)  # an interruption
 
-    def _plan(self, _event=None) -> None:
-        """The loop's top: plan a step at now and start it, or stay idle until ``notify``."""
-        env, sched = self.env, self.scheduler
-        now: float = env._now
+    def _plan(self, event: Call) -> None:
+        """The loop's start, or a wake-up (``notify``)."""
+        self._plan_at(event._t)
+
+    def _plan_at(self, now: float) -> None:
+        """The loop's top: plan a step at ``now`` (the clock's time; the events that call it
+        know it: compiled, sim/compiled_core.py, a native read of the event's time, where the
+        environment's ``_now`` is a generic attribute look-up) and start it, or stay idle until
+        ``notify``."""
+        sched = self.scheduler
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
         if not (plan.num_decode_seqs or plan.chunks):  # plan.idle, inline (a property call per round)
@@ -259,40 +274,44 @@ class Replica:
         else:
             self._end.at_from(now, first)
 
-    def _step_end(self, _event) -> None:
+    def _step_end(self, event: Call) -> None:
         """The step (or the whole run) ended."""
         self._interruptible = False
-        self._apply(self._steps, self._last_s)
+        self._apply(self._steps, self._last_s, event._t)
 
-    def _cut(self, _event) -> None:
+    def _cut(self, event: Call) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
-        pending = self._end.callbacks
+        end_call = self._end
+        pending = end_call.callbacks
         assert pending is not None, "a cut of a run whose end was processed"
         pending.clear()  # the run's end event will find nothing to resume
-        self._end = Call(self.env, self._step_end)  # (it stays in the queue until its time)
+        self._end = Call(self.env, self._step_end, end_call)  # (it stays in the queue until its time)
         start, first, last, k, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
-        now: float = self.env._now
+        now = event._t
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
         if end > now:
-            self._cut_end_call.at(end - now)
+            self._cut_end_call.at_from(now, end - now)
         else:
-            self._cut_end(None)
+            self._cut_end_at(now)
 
-    def _cut_end(self, _event) -> None:
-        """A cut run's last step ended."""
+    def _cut_end(self, event: Call) -> None:
+        self._cut_end_at(event._t)
+
+    def _cut_end_at(self, now: float) -> None:
+        """A cut run's last step ended (now)."""
         first, last, k, curve = self._first_s, self._last_s, self._steps, self._curve_s
         done = self._cut_steps
-        self._apply(done, run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve))
+        self._apply(done, run_sum_s(done, first, last, k, curve) - run_sum_s(done - 1, first, last, k, curve), now)
 
-    def _apply(self, done: int, last: float) -> None:
-        """``done`` steps of the plan in flight ended now (the last took ``last`` seconds): the
-        observers see them, the scheduler applies them, the step log gets its row; plan again."""
+    def _apply(self, done: int, last: float, now: float) -> None:
+        """``done`` steps of the plan in flight ended ``now`` (the last took ``last`` seconds):
+        the observers see them, the scheduler applies them, the step log gets its row; plan
+        again."""
         plan, start, first, outside = self._inflight, self._start_s, self._first_s, self._outside
         extrapolated, lm_head_extrapolated = self._extrapolated, self._lm_extrapolated
         sched, rec = self.scheduler, self.recorder
-        now: float = self.env._now
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
             self.ttft.on_step(plan, now, now - start)
         if extrapolated or lm_head_extrapolated or outside is not None:
@@ -310,7 +329,7 @@ class Replica:
         self.last_step_s = now - start
         if self.on_step is not None:
             self.on_step(self)
-        self._plan()
+        self._plan_at(now)
 
     # -- multi-step blocks ------------------------------------------------------------------------
     def _block_piece(self) -> None:
@@ -356,7 +375,7 @@ class Replica:
         self._block = None
         if self.on_step is not None:
             self.on_step(self)
-        self._plan()
+        self._plan_at(now)
 
 
 class Colocated:
