@@ -201,7 +201,7 @@ class KVBlockManager:
         ``num_tokens`` (negative: blocks that left its sliding windows go back):
         ``blocks_of(req, num_tokens, computed) - blocks_held(req)`` in one call (it runs for
         every chunk of every step); ``grow`` takes them."""
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         if self._plain:
             new = -(-num_tokens // self.block_size)
         else:
@@ -214,19 +214,19 @@ class KVBlockManager:
         """``allocate(req, num_tokens, computed=computed)`` for a running prompt's chunk (no
         cache hits to take) whose ``chunk_blocks`` delta ``new`` the caller has computed and
         checked to be free: a negative one gives back the blocks that left a sliding window."""
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         if new < 0:
             self.trim(req, t.num_blocks + new)
             return
         if t is None:
-            t = self.tables[req.request_id] = Table(req.request_id)
+            t = self.tables[req.key] = Table(req.request_id)
         if new:
             t.num_blocks += new
             self._take(new)
 
     def blocks_held(self, req: Request) -> int:
         """Blocks ``req`` holds here (0 while it is in the decode set: see ``decode_blocks``)."""
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         return t.num_blocks if t is not None else 0
 
     @property
@@ -239,9 +239,9 @@ class KVBlockManager:
         return sum(len(v) for v in self._cached.values())
 
     def table(self, req: Request) -> Table:
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         if t is None:
-            t = self.tables[req.request_id] = Table(req.request_id)
+            t = self.tables[req.key] = Table(req.request_id)
         return t
 
     # -- free queue -----------------------------------------------------------------------------
@@ -321,7 +321,7 @@ class KVBlockManager:
     # -- the decode set's blocks, host copies, held blocks -----------------------------------------
     def to_decode(self, req: Request) -> None:
         """``req`` joins the aggregate decode set: its blocks are counted with the set's."""
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         if t is not None:
             self.decode_blocks += t.num_blocks
             t.num_blocks = 0
@@ -334,9 +334,9 @@ class KVBlockManager:
         else:
             n = self.groups.blocks(num_tokens, self.block_size, None, req.kv_hit_blocks)
         self.decode_blocks -= n
-        t = self.tables.get(req.request_id)  # self.table(req), inline
+        t = self.tables.get(req.key)  # self.table(req), inline
         if t is None:
-            t = self.tables[req.request_id] = Table(req.request_id)
+            t = self.tables[req.key] = Table(req.request_id)
         t.num_blocks = n
 
     def swap_out(self, req: Request) -> int:
@@ -380,7 +380,7 @@ class KVBlockManager:
             if not same:
                 return hits, 0
             hits.append(same[0])
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         own = 0
         if t is not None and t.freed is not None and len(hits) == len(keys):
             own = min(t.freed.count, cap - len(hits))
@@ -397,7 +397,7 @@ class KVBlockManager:
         groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
         shared = num_hit if num_hit else req.kv_hit_blocks
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         held = t.num_blocks if t is not None else 0
         if self._plain:  # blocks_for
             new = -(-num_tokens // self.block_size) - held - num_hit
@@ -410,7 +410,7 @@ class KVBlockManager:
         if new + evictable > self.num_free:
             return False
         if t is None:
-            t = self.tables[req.request_id] = Table(req.request_id)
+            t = self.tables[req.key] = Table(req.request_id)
         if num_hit:
             req.kv_hit_blocks = num_hit
             q = self._queue
@@ -442,7 +442,7 @@ class KVBlockManager:
     def trim(self, req: Request, num_blocks: int) -> None:
         """Give back ``req``'s blocks beyond ``num_blocks``: sliding-window blocks a long chunk
         held that left the window (uncached ones, to the queue's tail)."""
-        t = self.tables.get(req.request_id)
+        t = self.tables.get(req.key)
         k = t.num_blocks - num_blocks if t is not None else 0
         if k > 0:
             t.num_blocks = num_blocks
@@ -453,9 +453,9 @@ class KVBlockManager:
         """Publish the request's full blocks among its first ``num_tokens`` tokens."""
         if not self.prefix_caching:
             return
-        t = self.tables.get(req.request_id)  # self.table(req), inline: this runs for every chunk
+        t = self.tables.get(req.key)  # self.table(req), inline: this runs for every chunk
         if t is None:
-            t = self.tables[req.request_id] = Table(req.request_id)
+            t = self.tables[req.key] = Table(req.request_id)
         full = num_tokens // self.block_size
         done = len(t.shared) + t.num_own_cached
         if full <= done:
@@ -481,9 +481,12 @@ class KVBlockManager:
         """Release a request's blocks, tail first; cached ones stay resident, evictable.
         ``forget``: then ``forget(req)`` (done here for good), in one pass."""
         req.kv_hit_blocks = 0
-        t = self.tables.pop(req.request_id, None)
+        # ``tables.pop(req.key, None)`` as a look-up and a ``del`` (compiled, sim/compiled_core.py,
+        # both native; ``pop`` with a default is a generic method call)
+        t = self.tables.get(req.key)
         if t is None:
             return
+        del self.tables[req.key]
         plain = t.num_blocks - len(t.shared) - t.num_own_cached
         if t.held:
             self.num_held -= t.num_blocks
@@ -506,7 +509,7 @@ class KVBlockManager:
             self._queue[run] = None
             freed += t.num_own_cached
             t.num_own_cached = 0
-            self.tables[req.request_id] = t  # kept for the run: a resumed request may hit it
+            self.tables[req.key] = t  # kept for the run: a resumed request may hit it
         q = self._queue
         for b in reversed(t.shared):
             b.ref -= 1
@@ -518,7 +521,7 @@ class KVBlockManager:
 
     def forget(self, req: Request) -> None:
         """The request is done here for good: its own freed blocks can never be hit."""
-        t = self.tables.pop(req.request_id, None)
+        t = self.tables.pop(req.key, None)
         if t is not None and t.freed is not None:
             t.freed.owner = None
 

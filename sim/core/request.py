@@ -19,8 +19,9 @@ class Request:
     """One request. Times are simulated seconds; ``nan`` means "not yet"."""
 
     __slots__ = (
-        # what was asked
-        "request_id", "arrival_s", "prompt_tokens", "output_tokens",
+        # what was asked; ``key``: the id as one object, the key of the schedulers' and the KV
+        # manager's dicts by request
+        "request_id", "key", "arrival_s", "prompt_tokens", "output_tokens",
         # lifecycle (the scheduler's)
         "status", "fail_reason", "replica", "num_preemptions",
         "num_generated", "num_computed", "prefill_target", "kv_ready",
@@ -39,6 +40,9 @@ class Request:
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
         # what was asked
         self.request_id = request_id
+        # (typed Any: compiled, sim/compiled_core.py, the id is boxed once here, where each
+        # ``d[req.request_id]`` made a new int object, which the dict then compared by value)
+        self.key: Any = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens

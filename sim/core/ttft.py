@@ -101,15 +101,17 @@ class TTFTAccounting:
         self.cost = cost
         self.solo = solo if solo is not None else SoloPrefill(cost)  # ranks of one replica share one
         self.clocks = WaitClocks()
-        self._marks: dict[int, tuple[float, float]] = {}  # request id -> clocks when it began to wait
         self._preempted_at: dict[int, float] = {}  # request id -> its preemption before a first token
         self._overhead_s: dict[int, float] = {}  # sequences in a step -> cost.overhead_s of it (pure)
 
     def on_arrival(self, req: Request, now: float) -> None:
-        """``req`` starts waiting now."""
+        """``req`` starts waiting now: until it is first scheduled, its two wait parts hold the
+        clocks' readings now (``on_schedule`` turns them into the waits; a dict of marks by
+        request id cost a tuple, a boxed id and two boxed floats per request)."""
         clocks = self.clocks
         clocks.advance(now)
-        self._marks[req.request_id] = (clocks.batch_s, clocks.kv_s)
+        req.ttft_wait_batch_s = clocks.batch_s
+        req.ttft_wait_kv_s = clocks.kv_s
 
     def on_schedule(self, plan: StepPlan, now: float) -> None:
         """Waiting up to ``now`` accrues to the reason the last round stopped admitting; the
@@ -121,14 +123,13 @@ class TTFTAccounting:
         else:
             clocks.batch_s += now - clocks.t_s
         clocks.t_s = now
-        for req in plan.new_reqs:
-            batch_s, kv_s = self._marks.pop(req.request_id)
-            req.ttft_wait_batch_s = clocks.batch_s - batch_s
-            req.ttft_wait_kv_s = clocks.kv_s - kv_s
+        for req in plan.new_reqs:  # (their wait parts hold the clocks' readings at arrival)
+            req.ttft_wait_batch_s = clocks.batch_s - req.ttft_wait_batch_s
+            req.ttft_wait_kv_s = clocks.kv_s - req.ttft_wait_kv_s
         clocks.kv_blocked = plan.kv_blocked
         for req in plan.preempted:
-            if not req.num_generated and req.request_id not in self._preempted_at:
-                self._preempted_at[req.request_id] = now
+            if not req.num_generated and req.key not in self._preempted_at:
+                self._preempted_at[req.key] = now
 
     @staticmethod
     def concerns(plan: StepPlan) -> bool:
@@ -159,9 +160,9 @@ class TTFTAccounting:
                 if req.num_generated:
                     continue  # not before a first token
                 completing = ctx + n == req.prefill_target
-                if req.request_id in preempted_at:  # counted as preemption, up to the first token
+                if req.key in preempted_at:  # counted as preemption, up to the first token
                     if completing:
-                        req.ttft_preempt_s = now - preempted_at.pop(req.request_id)
+                        req.ttft_preempt_s = now - preempted_at.pop(req.key)
                     continue
                 key = solo_key(n, ctx, completing)
                 memo = solo_cache.get(key)
@@ -173,7 +174,7 @@ class TTFTAccounting:
                 req.ttft_overhead_s += overhead
         if plan.prompts_skipped:
             for req in plan.prompts_skipped:
-                if req.num_generated or req.request_id in preempted_at:
+                if req.num_generated or req.key in preempted_at:
                     continue
                 req.ttft_wait_batch_s += elapsed_s
         if plan.kv_ready:

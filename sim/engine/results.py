@@ -58,6 +58,11 @@ class RequestResults(RowBlock):
         self._buf = ColumnBuffer(self._names, INT_FIELDS, block_rows=block_rows)
         self._waiting = np.zeros((0, len(self._names)))   # ended ahead of an earlier id
         self._label_code: dict[tuple[str, str], int] = {}
+        # the last label looked up and its code: most requests end as the one before did (the
+        # same status and reason objects), and then ``add`` makes and hashes no label tuple
+        self._last_status: str | None = None
+        self._last_reason: str | None = None
+        self._last_code = -1
         self._finished = False
 
     def __len__(self) -> int:
@@ -66,10 +71,16 @@ class RequestResults(RowBlock):
     def add(self, reqs: Iterable[Request]) -> None:
         codes = self._label_code
         for r in reqs:
-            label = (r.status, r.fail_reason)
-            code = codes.get(label)
-            if code is None:
-                code = codes[label] = len(codes)
+            status, reason = r.status, r.fail_reason
+            if status is self._last_status and reason is self._last_reason:
+                code = self._last_code
+            else:
+                label = (status, reason)
+                hit = codes.get(label)
+                if hit is None:
+                    hit = codes[label] = len(codes)
+                code = hit
+                self._last_status, self._last_reason, self._last_code = status, reason, code
             # ``append(result_row(r, code))`` without the row's tuple (compiled,
             # sim/compiled_core.py, ``pack_into(..., *row)`` copies the row into a list and a
             # tuple again and makes a keyword dict; here the fields go straight to ``pack_into``)

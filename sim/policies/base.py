@@ -289,8 +289,8 @@ class Scheduler:
             plan.kv_blocked = True
         chunks = plan.chunks
         if len(self.prefilling) > len(chunks):
-            in_step = {req.request_id for req, _ in chunks}
-            plan.prompts_skipped = [r for r in self.prefilling.values() if r.request_id not in in_step]
+            in_step = {req.key for req, _ in chunks}
+            plan.prompts_skipped = [r for r in self.prefilling.values() if r.key not in in_step]
         if self._hooks and not (plan.num_decode_seqs or chunks):
             self._admission.on_idle()  # sglang: an idle round resets new_token_ratio
         return plan
@@ -546,7 +546,7 @@ class Scheduler:
             req.first_scheduled_s = now
         self._swap_blocks += kv.swap_in(req)
         self._on_kv_admitted(req, now)
-        self.running[req.request_id] = req
+        self.running[req.key] = req
         ds.add(req)
         opened = kv.blocks_of(req, n + 1) - kv.blocks_of(req, n)
         if opened:  # its first decode step opens a block
@@ -615,8 +615,8 @@ class Scheduler:
             if plan.new_reqs is _NONE:  # the plan's first: its list (StepPlan)
                 plan.new_reqs = []
             plan.new_reqs.append(req)
-        self.running[req.request_id] = req
-        self.prefilling[req.request_id] = req
+        self.running[req.key] = req
+        self.prefilling[req.key] = req
         if plan.chunks is _NONE:  # the plan's first chunk: its lists (StepPlan)
             plan.chunks, plan.chunk_contexts = [], []
         plan.chunks.append((req, num_tokens))
@@ -672,7 +672,7 @@ class Scheduler:
             req.num_computed += n
             if req.num_computed < req.prefill_target:
                 continue
-            del self.prefilling[req.request_id]
+            del self.prefilling[req.key]
             if req.num_generated:  # resumed after preemption: the gap spans it
                 self.resume_gaps_s.append(now - req.last_token_s)
             else:
@@ -716,7 +716,7 @@ class Scheduler:
             self.reserved_blocks -= self._full_blocks(req)
         kv.cache(req, req.prompt_tokens + req.num_generated - 1)  # its generated blocks too
         kv.free(req, forget=True)
-        del self.running[req.request_id]
+        del self.running[req.key]
         finished.append(req)
 
     def _preempt(self, req: Request, now: float) -> None:
@@ -726,7 +726,7 @@ class Scheduler:
         ``preemption_mode: swap`` instead copies a decode-phase request's KV to host memory over
         PCIe and back. NOTE: vLLM V1 only recomputes; swap is vLLM V0's option. A prefill in
         progress is always recomputed, and host memory is assumed large enough."""
-        del self.running[req.request_id]
+        del self.running[req.key]
         if self._no_evict:
             self.reserved_blocks -= self._full_blocks(req)
         swap = False
@@ -736,7 +736,7 @@ class Scheduler:
             req.last_token_s = now
             swap = self._swap
         else:
-            del self.prefilling[req.request_id]
+            del self.prefilling[req.key]
         if swap:
             self._swap_blocks += self.kv.swap_out(req)
             self.num_swaps += 1
