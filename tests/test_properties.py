@@ -58,7 +58,7 @@ def _check(w, reqs, rec, scheds, capacity):
         assert s.kv.decode_blocks == 0 and s.kv.num_held == 0 and not s.kv._host_blocks
         assert all(not t.num_blocks and not t.held for t in s.kv.tables.values())
         # the free queue holds every block again, cached ones among them
-        assert sum(e.count for e in s.kv._queue) == s.kv.num_free == cap and s.kv.num_cached <= cap
+        assert sum(e.count for e in s.kv.free_queue()) == s.kv.num_free == cap and s.kv.num_cached <= cap
     assert (steps["kv_blocks_used"] <= max(capacity)).all()
     # output tokens produced equal those requested by completed requests
     done = [r for r in reqs if r.status == "completed"]

@@ -21,7 +21,7 @@ def _state(kv: KVBlockManager):
     block, head first (a run of n blocks as n entries: how runs are split does not matter),
     the counters, the cache and the block tables."""
     queue = []
-    for e in kv._queue:
+    for e in kv.free_queue():
         if type(e) is Block:
             queue.append(("cached", e.key))
         else:

@@ -174,7 +174,15 @@ class KVBlockManager:
         self.prefix_caching = enable_prefix_caching and groups.caches_prefixes
         self.num_free = num_blocks   # blocks an allocation can get: never used, or cached but unreferenced
         self.peak_used = 0
-        self._queue: OrderedDict[Run | Block, None] = OrderedDict({Run(num_blocks): None})  # free queue, head first
+        # The free queue, head first: ``_front`` plain blocks (nothing to hit: which ones does not
+        # matter), then ``_queue``'s entries (plain runs, freed requests' own cached runs,
+        # cached blocks) in order. The blocks given back to the head (``release_blocks``) and
+        # a plain run reaching the head join the front, so most takes only count it down (the
+        # head of an OrderedDict is a generic iteration, compiled: sim/compiled_core.py).
+        # ``_tail``: the last entry when it is a plain run that blocks freed next can join.
+        self._front = num_blocks
+        self._queue: OrderedDict[Run | Block, None] = OrderedDict()
+        self._tail: Run | None = None
         self._cached: dict = {}      # key -> blocks holding it (V1 keeps duplicates), first used
         self.tables: dict[int, Table] = {}  # request id -> block table
         self.decode_blocks = 0       # blocks of the requests in the aggregate decode set
@@ -252,39 +260,47 @@ class KVBlockManager:
         if not n:  # nothing popped; peak_used already counts every block in use (each take updated it)
             return
         self.num_free -= n
-        q = self._queue
-        # (isinstance, not type() is: the same test, as neither class has subclasses; it types
-        # ``entry`` for mypy, and compiled, sim/compiled_core.py, its fields are read natively)
-        # the head (``next(iter(q))`` as a loop: compiled, sim/compiled_core.py, the iterator's
-        # C calls, where ``next`` is a generic call of the builtin; the queue is not empty: n
-        # <= num_free blocks are in it)
-        for entry in q:
-            break
-        if isinstance(entry, Run) and entry.owner is None and entry.count > n:
-            # the common case, the loop below in one pass: a plain run at the head covers them
-            entry.count -= n
-            n = 0
-        while n:
-            for entry in q:  # the head (as above)
-                break
-            if isinstance(entry, Block):
-                del q[entry]
-                same = self._cached[entry.key]
-                same.remove(entry)
-                if not same:
-                    del self._cached[entry.key]
-                self.num_evicted += 1
-                n -= 1
-                continue
-            k = min(n, entry.count)
-            entry.count -= k
-            n -= k
-            if entry.owner is not None:
-                self.num_evicted += k
-            if not entry.count:
-                del q[entry]
+        front = self._front
+        if front >= n:  # the common case: the plain blocks at the head cover them
+            self._front = front - n
+        else:
+            n -= front
+            self._front = 0
+            q = self._queue
+            while n:
+                # the head (``next(iter(q))`` as a loop: compiled, sim/compiled_core.py, the
+                # iterator's C calls, where ``next`` is a generic call of the builtin; the queue is
+                # not empty: n <= num_free blocks are in it). (isinstance, not type() is: the same
+                # test, as neither class has subclasses; it types ``entry`` for mypy, and compiled
+                # its fields are read natively)
+                for entry in q:
+                    break
+                if isinstance(entry, Block):
+                    del q[entry]
+                    same = self._cached[entry.key]
+                    same.remove(entry)
+                    if not same:
+                        del self._cached[entry.key]
+                    self.num_evicted += 1
+                    n -= 1
+                    continue
                 owner = entry.owner
-                if owner is not None:
+                if owner is None:  # plain blocks: the run joins the front, which gives the rest
+                    del q[entry]
+                    if entry is self._tail:
+                        self._tail = None
+                    if entry.count > n:
+                        self._front = entry.count - n
+                        n = 0
+                    else:
+                        n -= entry.count
+                    continue
+                k = min(n, entry.count)  # a freed request's own cached blocks: evicted
+                entry.count -= k
+                n -= k
+                self.num_evicted += k
+                if not entry.count:
+                    del q[entry]
                     owner.freed = None
                     if not owner.shared and not owner.num_own_cached and not owner.num_blocks:
                         self.tables.pop(owner.request_id, None)  # nothing left to remember
@@ -293,14 +309,27 @@ class KVBlockManager:
             self.peak_used = used
 
     def _append_plain(self, n: int) -> None:
-        q = self._queue
-        if q:
-            for last in reversed(q):  # the tail (``next(reversed(q))``, as in _take)
-                break
-            if isinstance(last, Run) and last.owner is None:
-                last.count += n
-                return
-        q[Run(n)] = None
+        """``n`` plain blocks join the free queue's tail."""
+        tail = self._tail
+        if tail is not None:  # the last entry is a plain run: they join it
+            tail.count += n
+        elif not self._queue:  # the front is the whole queue
+            self._front += n
+        else:
+            tail = self._tail = Run(n)
+            self._queue[tail] = None
+
+    def _append(self, entry: Run | Block) -> None:
+        """A freed request's own cached run, or a cached block, joins the free queue's tail."""
+        self._queue[entry] = None
+        self._tail = None
+
+    def free_queue(self) -> list[Run | Block]:
+        """The free queue's entries, head first (the front's plain blocks as one run; for
+        inspection and tests, not the hot path)."""
+        entries: list[Run | Block] = [Run(self._front)] if self._front else []
+        entries.extend(self._queue)
+        return entries
 
     def allocate_blocks(self, n: int) -> None:
         """Take ``n`` blocks for the aggregate decode set (the caller checked they are free)."""
@@ -314,9 +343,7 @@ class KVBlockManager:
         if n:
             self.decode_blocks -= n
             self.num_free += n
-            run = Run(n)
-            self._queue[run] = None
-            self._queue.move_to_end(run, last=False)
+            self._front += n
 
     # -- the decode set's blocks, host copies, held blocks -----------------------------------------
     def to_decode(self, req: Request) -> None:
@@ -506,15 +533,14 @@ class KVBlockManager:
         if t.num_own_cached:
             run = Run(t.num_own_cached, t)
             t.freed = run
-            self._queue[run] = None
+            self._append(run)
             freed += t.num_own_cached
             t.num_own_cached = 0
             self.tables[req.key] = t  # kept for the run: a resumed request may hit it
-        q = self._queue
         for b in reversed(t.shared):
             b.ref -= 1
             if b.ref == 0:
-                q[b] = None
+                self._append(b)
                 freed += 1
         t.shared = []
         self.num_free += freed
