@@ -33,7 +33,7 @@ from sim.engine.calls import Call
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.core.request import Request
-from sim.engine.router import RouterFn
+from sim.engine.router import RouterFn, least_outstanding
 from sim.core.ttft import SoloPrefill, TTFTAccounting
 from sim.workload.arrays import RequestArrays
 
@@ -385,11 +385,18 @@ class Colocated:
                  recorder: Recorder, on_finish: Callable[[list[Request]], None], swap_s_per_block: float = 0.0):
         self.schedulers = schedulers
         self.router = router
+        # the default router, called natively (compiled, sim/compiled_core.py; calling the
+        # attribute is a generic call per arrival)
+        self._least_outstanding = router is least_outstanding
         self.replicas = [Replica(env, i, s, c, recorder, on_finish, swap_s_per_block)
                          for i, (s, c) in enumerate(zip(schedulers, costs))]
 
     def submit(self, req: Request) -> None:
-        self.replicas[self.router(req, self.schedulers)].submit(req)
+        if self._least_outstanding:
+            i = least_outstanding(req, self.schedulers)
+        else:
+            i = self.router(req, self.schedulers)
+        self.replicas[i].submit(req)
 
 
 TopologyFactory = Callable[[simpy.Environment, Recorder, Callable[[list[Request]], None]], object]

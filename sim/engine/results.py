@@ -10,7 +10,6 @@ grows with the requests in flight, not with those already served.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -68,7 +67,7 @@ class RequestResults(RowBlock):
     def __len__(self) -> int:
         return len(self._buf) + len(self._waiting) + self._rows
 
-    def add(self, reqs: Iterable[Request]) -> None:
+    def add(self, reqs: list[Request]) -> None:
         codes = self._label_code
         for r in reqs:
             status, reason = r.status, r.fail_reason

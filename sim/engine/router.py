@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sim.policies.base import Scheduler
 from sim.core.request import Request
 from sim.scenario import CacheAwareRouting
 
-RouterFn = Callable[[Request, Sequence[Scheduler]], int]
+RouterFn = Callable[[Request, list[Scheduler]], int]
 
 
-def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
+def least_outstanding(req: Request, replicas: list[Scheduler]) -> int:
     """Fewest waiting + running requests; ties go to the lowest index (the first replica with
     the fewest)."""
     # each replica's Scheduler.num_outstanding, its sum written out (the default router reads
@@ -36,7 +36,7 @@ def least_outstanding(req: Request, replicas: Sequence[Scheduler]) -> int:
     return best
 
 
-def least_kv(req: Request, replicas: Sequence[Scheduler]) -> int:
+def least_kv(req: Request, replicas: list[Scheduler]) -> int:
     """Most free KV blocks (NOTE: blocks reserved for a running fast-forwarded decode run count as
     used, as a router polling engine metrics mid-run would see them a few steps early)."""
     best = 0
@@ -48,7 +48,7 @@ def least_kv(req: Request, replicas: Sequence[Scheduler]) -> int:
     return best
 
 
-def prefix_affinity(req: Request, replicas: Sequence[Scheduler]) -> int:
+def prefix_affinity(req: Request, replicas: list[Scheduler]) -> int:
     """The replica whose prefix cache holds the longest prefix of the prompt, whatever its
     load; with no cached prefix anywhere, or a tie, fewest outstanding. NOTE: it reads the
     engines' true caches and ignores load: an upper bound on hit rate, not a real router
@@ -68,7 +68,7 @@ class RandomRouter:
     def __init__(self, seed: int):
         self._rng = random.Random(seed)
 
-    def __call__(self, req: Request, replicas: Sequence[Scheduler]) -> int:
+    def __call__(self, req: Request, replicas: list[Scheduler]) -> int:
         return self._rng.randrange(len(replicas))
 
 
@@ -76,7 +76,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def __call__(self, req: Request, replicas: Sequence[Scheduler]) -> int:
+    def __call__(self, req: Request, replicas: list[Scheduler]) -> int:
         i = self._next % len(replicas)
         self._next += 1
         return i
@@ -177,7 +177,7 @@ class CacheAware:
         self.num_balanced = 0   # decisions taken by the load fallback
         self.num_cache_hits = 0  # decisions taken by the prefix match
 
-    def __call__(self, req: Request, replicas: Sequence[Scheduler]) -> int:
+    def __call__(self, req: Request, replicas: list[Scheduler]) -> int:
         loads = [s.num_outstanding for s in replicas]
         chain = _chain(req)
         h = req.hash_block_size
