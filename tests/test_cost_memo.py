@@ -222,3 +222,17 @@ def test_solo_prefill_keys_are_one_to_one():
     solos = [(n, c, b) for n in (0, 1, 2, 2 ** 40) for c in (0, 1, big - 1, big) for b in (False, True)]
     assert len({solo_key(*s) for s in solos}) == len(solos)
     assert isinstance(solo_key(1, big, True), tuple) and isinstance(solo_key(1, big - 1, True), int)
+
+
+def test_replicas_sharing_a_cost_model_share_its_solo_memo():
+    """The TTFT split's chunk-alone seconds are memoised in the cost model: a second replica's
+    ``RooflineSolo`` finds what the first computed, the same float the model gives."""
+    from sim.core.ttft import solo_key
+    from sim.engine.cluster import RooflineSolo
+
+    cost = _cost()
+    first, second = RooflineSolo(cost), RooflineSolo(cost)
+    key = solo_key(300, 128, True)
+    assert key not in second.cache
+    own = first.computed(key, 300, 128, True)
+    assert second.cache[key] == own == cost.prefill_alone_s(300, 128, True)

@@ -232,6 +232,10 @@ class RooflineCostModel:
         self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
+        # the TTFT split's memo of chunks' seconds alone (``prefill_alone_s``, by
+        # sim/core/ttft.py ``solo_key``), shared by every replica that shares this model
+        # (sim/engine/cluster.py ``RooflineSolo``): its entries are pure functions of the key
+        self.solo_cache: dict[int | tuple[int, int, bool], float] = {}
         self._lm_cache: dict[int, tuple[float, bool]] = {}
         # Memoised per batch shape (the per-step path, sim/engine/cluster.py): everything but
         # decode attention and the overhead (``_fixed``), decode attention as a function of the

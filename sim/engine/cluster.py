@@ -138,7 +138,14 @@ def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]
 class RooflineSolo(SoloPrefill):
     """``SoloPrefill`` of a ``RooflineCostModel``: asks it through a typed reference (compiled,
     sim/compiled_core.py, a native call; the base class's untyped model is asked by a generic
-    method call with boxed arguments)."""
+    method call with boxed arguments), and keeps its memo in the model (``solo_cache``), so
+    the replicas sharing a model share it (the same chunk shapes recur on every replica)."""
+
+    def __init__(self, cost: RooflineCostModel) -> None:
+        # (SoloPrefill.__init__'s fields, set here: compiled, a subclass's call of a base
+        # class's __init__ in another module is one mypyc does not build)
+        self.cost = cost
+        self.cache = cost.solo_cache
 
     def alone_s(self, n: int, ctx: int, completing: bool) -> float:
         cost = self.cost
