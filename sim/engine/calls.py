@@ -35,6 +35,8 @@ class Call:
     nothing waits on it (no process yields it), so it needs none of Event's machinery, and
     compiled (sim/compiled_core.py) its attributes are native fields instead of a ``__dict__``.
     The queue and the id counter are the environment's for its whole life: read once here.
+    Its time ``_t`` (when it is processed, the clock's time) is what its callbacks read as now
+    (compiled, a native field, where the environment's ``_now`` is a generic look-up).
     Its callbacks list is one for all its schedulings (``at`` sets ``callbacks`` to it): a
     change to ``call.at(...).callbacks`` lasts, so only an owner that abandons a pending Call
     may empty it (a cut run's end, sim/engine/cluster.py).
