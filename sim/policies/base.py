@@ -135,8 +135,14 @@ class StepPlan:
         making a ``Batch`` per step is a generic ``tuple.__new__`` call). One pass over the
         chunks sums their tokens too."""
         n = self.num_decode_seqs
-        if not self.chunks:
+        chunks = self.chunks
+        if not chunks:
             return n, self.decode_context_tokens, (), n, self.num_steps, 0, n
+        if len(chunks) == 1:  # the loop below for one chunk (most steps with a prompt: no list)
+            r, t = chunks[0]
+            c = self.chunk_contexts[0]
+            one = 1 if c + t == r.prefill_target else 0
+            return n, self.decode_context_tokens, ((t, c),), n + one, self.num_steps, t, n + t
         pairs, completing, tokens = [], 0, 0
         for (r, t), c in zip(self.chunks, self.chunk_contexts):
             pairs.append((t, c))

@@ -26,6 +26,8 @@ from sim.core.request import Request
 # at each call otherwise)
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
+# ``advance``'s answer when no sequence finishes (shared: its callers only read it)
+_NO_REQUESTS: Final[list[Request]] = []
 
 
 class DecodeSet:
@@ -198,7 +200,8 @@ class DecodeSet:
 
     # -- progress -----------------------------------------------------------------------------
     def advance(self, num_steps: int) -> list[Request]:
-        """Run ``num_steps`` decode steps (the caller allocated their blocks); return finishers."""
+        """Run ``num_steps`` decode steps (the caller allocated their blocks); return finishers
+        (a shared empty list when none: read it, do not change it)."""
         self.steps = steps = self.steps + num_steps
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
@@ -208,6 +211,8 @@ class DecodeSet:
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
         heap = self._heap
+        if not heap or heap[0][0] > steps:
+            return _NO_REQUESTS  # (most steps: no list made)
         done = []
         while heap and heap[0][0] <= steps:
             _, _, epoch, req = _heappop(heap)
