@@ -225,13 +225,20 @@ def test_solo_prefill_keys_are_one_to_one():
 
 
 def test_replicas_sharing_a_cost_model_share_its_solo_memo():
-    """The TTFT split's chunk-alone seconds are memoised in the cost model: a second replica's
-    ``RooflineSolo`` finds what the first computed, the same float the model gives."""
-    from sim.core.ttft import solo_key
-    from sim.engine.cluster import RooflineSolo
+    """The TTFT split's chunk-alone seconds are memoised in the cost model: every replica of a
+    deployment reads one memo, and a second replica finds what the first computed, the same
+    float the model gives."""
+    import simpy
 
-    cost = _cost()
-    first, second = RooflineSolo(cost), RooflineSolo(cost)
+    from sim.core.ttft import solo_key
+    from sim.engine.recorder import Recorder
+    from sim.engine.topology import ColocatedLayout
+
+    layout = ColocatedLayout(scenario_from_dict(small_scenario(cluster={"replicas": 3})))
+    topo = layout.build()(simpy.Environment(), Recorder(), lambda reqs: None)
+    cost = layout.deployment.cost
+    first, second, third = (r.ttft.solo for r in topo.replicas)
+    assert first.cache is second.cache is third.cache is cost.solo_cache
     key = solo_key(300, 128, True)
     assert key not in second.cache
     own = first.computed(key, 300, 128, True)

@@ -70,12 +70,14 @@ class SoloPrefill:
 
     MAX_ENTRIES = 200_000
 
-    def __init__(self, cost):
+    def __init__(self, cost, cache: dict[int | tuple[int, int, bool], float] | None = None):
+        """``cache``: a memo to share (others asking the same model: its entries are pure
+        functions of the key); a new one when None."""
         self.cost = cost
         # keyed by ``solo_key``: one int, hashed and compared at a fraction of the cost of an
         # (n, ctx, completing) tuple (this is looked up once per prompt chunk). Read in place
         # first on the hot path (TTFTAccounting.on_step), which calls ``computed`` on a miss.
-        self.cache: dict[int | tuple[int, int, bool], float] = {}
+        self.cache: dict[int | tuple[int, int, bool], float] = cache if cache is not None else {}
 
     def computed(self, key: int | tuple[int, int, bool], n: int, ctx: int, completing: bool) -> float:
         """The seconds of a chunk not in the memo (``key``: its ``solo_key``), memoised."""

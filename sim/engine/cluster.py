@@ -138,14 +138,7 @@ def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]
 class RooflineSolo(SoloPrefill):
     """``SoloPrefill`` of a ``RooflineCostModel``: asks it through a typed reference (compiled,
     sim/compiled_core.py, a native call; the base class's untyped model is asked by a generic
-    method call with boxed arguments), and keeps its memo in the model (``solo_cache``), so
-    the replicas sharing a model share it (the same chunk shapes recur on every replica)."""
-
-    def __init__(self, cost: RooflineCostModel) -> None:
-        # (SoloPrefill.__init__'s fields, set here: compiled, a subclass's call of a base
-        # class's __init__ in another module is one mypyc does not build)
-        self.cost = cost
-        self.cache = cost.solo_cache
+    method call with boxed arguments)."""
 
     def alone_s(self, n: int, ctx: int, completing: bool) -> float:
         cost = self.cost
@@ -183,7 +176,10 @@ class Replica:
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         # observes the scheduler's plans and the steps' times
-        self.ttft = TTFTAccounting(cost, RooflineSolo(cost) if isinstance(cost, RooflineCostModel) else None)
+        # (a RooflineCostModel's memo of chunks alone is the model's ``solo_cache``: the replicas
+        # sharing a model share it, as the same chunk shapes recur on every replica)
+        self.ttft = TTFTAccounting(cost, RooflineSolo(cost, cost.solo_cache) if isinstance(cost, RooflineCostModel)
+                                   else None)
         self._run_cost, plain = run_cost_reader(cost)
         # the model the loop asks for run_cost_values, where it reads them (typed: compiled,
         # sim/compiled_core.py, a native call that takes and returns the tuples unboxed)

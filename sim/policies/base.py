@@ -144,7 +144,7 @@ class StepPlan:
             one = 1 if c + t == r.prefill_target else 0
             return n, self.decode_context_tokens, ((t, c),), n + one, self.num_steps, t, n + t
         pairs, completing, tokens = [], 0, 0
-        for (r, t), c in zip(self.chunks, self.chunk_contexts):
+        for (r, t), c in zip(chunks, self.chunk_contexts):
             pairs.append((t, c))
             tokens += t
             if c + t == r.prefill_target:
@@ -481,7 +481,7 @@ class Scheduler:
             if req.in_decode:
                 n = 1
                 need = ds.blocks_at_next_step(req)  # its blocks are full
-            elif req.request_id in self.prefilling:
+            elif req.key in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
                 need = kv.chunk_blocks(req, req.num_computed + n, req.num_computed)  # may be < 0
             else:

@@ -49,7 +49,7 @@ class PrefillScheduler(ContinuousScheduler):
     first_token_on_decode = False
 
     def _on_prefill_done(self, req: Request, now: float) -> None:
-        del self.running[req.request_id]
+        del self.running[req.key]
         self.kv.hold(req)  # its blocks stay in kv.num_used until released
         if self.first_token_on_decode:  # the prefill's token is discarded: decode emits token 1
             req.num_generated = 0
