@@ -209,36 +209,67 @@ def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str,
     """mean/median/std/p50/p90/p99 of the multiset, as numpy's linear method gives on the
     expanded array (percentiles exact; mean and std from closed forms per piece). ``tail``
     adds ``p99.9`` (rank 0.999 (n - 1), interpolated) and ``max``."""
-    return pieces_stats(lambda: iter((samples,)), tail)
+    return pieces_stats(PieceSets(lambda: iter((samples,)), len(samples.first_s)), tail)
+
+
+class PieceSets:
+    """Piece sets read afresh at each call (``sets()``: a fresh iterator; ``pieces_stats`` reads
+    them three times, one set in memory at a time), and at least as many pieces as they hold
+    (``max_pieces``: the size of the per-piece arrays allocated before the first read)."""
+
+    __slots__ = ("sets", "max_pieces")
+
+    def __init__(self, sets, max_pieces: int):
+        self.sets, self.max_pieces = sets, max_pieces
+
+    def __call__(self):
+        return self.sets()
 
 
 def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[str, float]:
     """``run_length_stats`` of the union of the piece sets that ``pieces()`` yields (a fresh
-    iterator each call: they are read several times, one set in memory at a time, so a run's
+    iterator each call: they are read three times, one set in memory at a time, so a run's
     step log is summarised from disk in bounded memory). Also gives ``n``, the sample count.
+    ``pieces`` may carry ``max_pieces`` (``PieceSets``); without it a first pass counts them.
 
     Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
-    a histogram of the pieces' ends brackets each rank's value (``_brackets``), then only the
-    pieces that reach into the bracket are kept and searched (``_select``). ``extra_sum_s``
-    is added to the values' sum before the mean is taken (the ITL's ``itl_bend_s``)."""
-    sizes, n = [], 0
+    a histogram of the pieces' ends brackets each rank's value (``_EndHistogram``), then only
+    the pieces that reach into the bracket are kept and searched (``_select``). ``extra_sum_s``
+    is added to the values' sum before the mean is taken (the ITL's ``itl_bend_s``).
+    Pass 1: the sample count, each piece's sum terms and the range of the pieces' ends; pass
+    2: each piece's squared deviations from the mean and the histograms of the ends; pass 3:
+    the pieces in each rank's bracket (``_values_at``)."""
+    bound = getattr(pieces, "max_pieces", None)
+    if bound is None:
+        bound = sum(len(p.first_s) for p in pieces())
+    terms = np.empty(bound)
+    n, size, ends = 0, 0, _EndHistogram()
     for p in pieces():
-        sizes.append(len(p.first_s))
-        n += p.num_samples
+        w = p._weights()
+        n += int(w.sum())
+        t = p._sum_terms()
+        terms[size:size + len(t)] = t
+        size += len(t)
+        ends.add_range(p, w)
+    terms = terms[:size]  # (a view: np.sum reads the same contiguous values as over a copy)
     keys = ("p99.9", "max") if tail else ()
     if n == 0:
         return {"n": 0, **{k: float("nan") for k in (*STAT_KEYS, *keys)}}
     ranks = [r for p in PCTS for r in _ranks(n, p / 100.0 * (n - 1))]
     if tail:
         ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
-    terms = np.empty(sum(sizes))
-    _fill(terms, pieces(), lambda p: p._sum_terms())
     mean = (float(np.sum(terms)) + extra_sum_s) / n
-    _fill(terms, pieces(), lambda p: p._sq_dev_terms(mean))
+    ends.open_bins()
+    size = 0
+    for p in pieces():
+        t = p._sq_dev_terms(mean)
+        terms[size:size + len(t)] = t
+        size += len(t)
+        ends.add_counts(p)
     std = float(np.sqrt(max(float(np.sum(terms)) / n, 0.0)))
     del terms
-    at = _values_at(pieces, ranks)
+    at = _values_at(pieces, ranks, ends)
     out = {"n": n, "mean": mean, "std": std, "median": _percentile(n, 50, at)}
     out.update({f"p{p}": _percentile(n, p, at) for p in PCTS})
     if tail:
@@ -247,14 +278,6 @@ def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[s
         out["p99.9"] = at[lo] + (at[hi] - at[lo]) * (pos - lo)
         out["max"] = at[n - 1]
     return out
-
-
-def _fill(out: np.ndarray, pieces, terms) -> None:
-    start = 0
-    for p in pieces:
-        t = terms(p)
-        out[start:start + len(t)] = t
-        start += len(t)
 
 
 _BINS = 1 << 20  # histogram bins over the range of the pieces' ends (8 MB each for low and high ends)
@@ -266,17 +289,17 @@ def _order_key(v: np.ndarray) -> np.ndarray:
     return (b ^ ((b >> 63) & 0x7FFF_FFFF_FFFF_FFFF)).view(np.uint64) ^ np.uint64(1 << 63)
 
 
-def _values_at(pieces, ranks) -> dict[int, float]:
+def _values_at(pieces, ranks, ends: "_EndHistogram") -> dict[int, float]:
     """{rank: value at that 0-based rank of the multiset}, exactly (``RunLengthSamples.values_at``)
-    over every piece set ``pieces()`` yields, holding at most one set and the pieces that
-    reach into a rank's bracket."""
+    over every piece set ``pieces()`` yields (``ends``: their histogram, filled), holding at
+    most one set and the pieces that reach into a rank's bracket."""
     groups: list[list[int]] = []
     for r in sorted(set(int(r) for r in ranks)):
         if groups and r - groups[-1][-1] <= 1:
             groups[-1].append(r)
         else:
             groups.append([r])
-    windows = _brackets(pieces, groups)
+    windows = ends.brackets(groups)
     below = [0] * len(groups)
     kept: list[list[RunLengthSamples]] = [[] for _ in groups]
     for p in pieces():
@@ -297,40 +320,53 @@ def _values_at(pieces, ranks) -> dict[int, float]:
     return out
 
 
-def _brackets(pieces, groups: list[list[int]]) -> list[tuple[np.uint64, np.uint64]]:
-    """Per group of consecutive ranks, (low, high) order keys between which their values lie.
+class _EndHistogram:
+    """Histograms of the pieces' low and high ends (as order keys), from which ``brackets`` reads,
+    per group of consecutive ranks, (low, high) order keys between which their values lie.
     A piece's values lie between its ends, so count(<= x) <= the positive weight of pieces
     whose low end is <= x, and >= the positive weight of those whose high end is <= x less
-    every removal (negative counts: points); read at the edges of histogram bins."""
-    k_min, k_max, num_pieces = None, None, 0
-    for p in pieces():
-        num_pieces += len(p.first_s)
+    every removal (negative counts: points); read at the edges of histogram bins.
+    Filled in two passes over the piece sets: ``add_range`` (the ends' range), ``open_bins``,
+    then ``add_counts``."""
+
+    def __init__(self):
+        self.k_min, self.k_max, self.num_pieces, self.removed = None, None, 0, 0
+
+    def add_range(self, p: RunLengthSamples, w: np.ndarray) -> None:
+        self.num_pieces += len(p.first_s)
         if len(p.first_s):
             lo, hi = p._ends()
             a, b = _order_key(lo).min(), _order_key(hi).max()
-            k_min = a if k_min is None else min(k_min, a)
-            k_max = b if k_max is None else max(k_max, b)
-    # about 4 bins a piece, so a small run does not pay for a million bins (any count is exact:
-    # fewer bins only widen the brackets)
-    bins = min(_BINS, max(1 << 10, 1 << (4 * num_pieces).bit_length()))
-    shift = max(int(k_max - k_min).bit_length() - bins.bit_length() + 1, 0)
-    h_lo, h_hi, removed = np.zeros(bins), np.zeros(bins), 0
-    for p in pieces():
+            self.k_min = a if self.k_min is None else min(self.k_min, a)
+            self.k_max = b if self.k_max is None else max(self.k_max, b)
+        self.removed -= int(w[w < 0].sum())
+
+    def open_bins(self) -> None:
+        # about 4 bins a piece, so a small run does not pay for a million bins (any count is
+        # exact: fewer bins only widen the brackets)
+        self.bins = bins = min(_BINS, max(1 << 10, 1 << (4 * self.num_pieces).bit_length()))
+        self.shift = max(int(self.k_max - self.k_min).bit_length() - bins.bit_length() + 1, 0)
+        self.h_lo, self.h_hi = np.zeros(bins), np.zeros(bins)
+
+    def add_counts(self, p: RunLengthSamples) -> None:
         lo, hi = p._ends()
         w = p._weights()
         pos = np.where(w > 0, w, 0).astype(np.float64)  # exact: integers below 2**53
-        h_lo += np.bincount(((_order_key(lo) - k_min) >> np.uint64(shift)).astype(np.int64), pos, bins)
-        h_hi += np.bincount(((_order_key(hi) - k_min) >> np.uint64(shift)).astype(np.int64), pos, bins)
-        removed -= int(w[w < 0].sum())
-    c_lo, c_hi = np.cumsum(h_lo), np.cumsum(h_hi)
-    out = []
-    for g in groups:
-        b_lo = int(np.searchsorted(c_lo, g[0] + 1))
-        b_hi = int(np.searchsorted(c_hi, g[-1] + 1 + removed))
-        x_lo = k_min + np.uint64(b_lo << shift)
-        x_hi = k_max if b_hi >= bins else min(k_max, k_min + np.uint64(((b_hi + 1) << shift) - 1))
-        out.append((x_lo, x_hi))
-    return out
+        k_min, shift, bins = self.k_min, np.uint64(self.shift), self.bins
+        self.h_lo += np.bincount(((_order_key(lo) - k_min) >> shift).astype(np.int64), pos, bins)
+        self.h_hi += np.bincount(((_order_key(hi) - k_min) >> shift).astype(np.int64), pos, bins)
+
+    def brackets(self, groups: list[list[int]]) -> list[tuple[np.uint64, np.uint64]]:
+        c_lo, c_hi = np.cumsum(self.h_lo), np.cumsum(self.h_hi)
+        k_min, k_max, shift, bins = self.k_min, self.k_max, self.shift, self.bins
+        out = []
+        for g in groups:
+            b_lo = int(np.searchsorted(c_lo, g[0] + 1))
+            b_hi = int(np.searchsorted(c_hi, g[-1] + 1 + self.removed))
+            x_lo = k_min + np.uint64(b_lo << shift)
+            x_hi = k_max if b_hi >= bins else min(k_max, k_min + np.uint64(((b_hi + 1) << shift) - 1))
+            out.append((x_lo, x_hi))
+        return out
 
 
 def plain_stats(values: np.ndarray) -> dict[str, float]:
@@ -420,10 +456,11 @@ def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: lis
     points; the same pieces in the same order, never all in memory."""
     points, old = _point_pieces(resume_gaps_s, adjust)
 
-    def pieces():
+    def sets():
         for start in range(0, num_rows, chunk_rows):
             yield step_pieces(read_rows(start, min(start + chunk_rows, num_rows)))
         yield points
+    pieces = PieceSets(sets, num_rows + len(points.first_s))  # (a row holds at most one piece)
     if len(old):
         _check_removals(pieces, old)
     return pieces
