@@ -5,6 +5,7 @@ by arrivals on a coarse time grid, where arrivals and step ends coincide; multi-
 swap preemption; disaggregation's hooks and wake-ups) must give identical step logs and
 request records. Also: the watched event loop is ``env.run()`` event for event."""
 
+import heapq
 import math
 
 import numpy as np
@@ -279,7 +280,8 @@ def test_calls_and_simpy_events_share_one_order(self_entries, monkeypatch):
     Python sources) and as its own heap entry beside SimPy's tuples (compiled)."""
     from sim.engine import calls
     from sim.engine.calls import Call
-    monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)  # (compiled: always its own entry)
+    monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)  # (compiled: always its own entry)
+    monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)  # (its pop: the queue's own heap)
     seen = _calls_beside_a_process(Call, lambda env: cluster.run_watched(env, lambda: 0))
     assert seen == _calls_beside_a_process(_SimpyCall, lambda env: env.run())
     assert seen == [("urgent", 1.0), ("a", 1.0), ("process", 1.0), ("a", 1.5), ("process", 1.5)]
@@ -307,7 +309,8 @@ def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
     from sim.engine import calls
 
     def order(self_entries: bool, run=lambda env: cluster.run_watched(env, lambda: 0)) -> list:
-        monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)
+        monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)
+        monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)
         env, seen = simpy.Environment(), []
         rng = np.random.default_rng(5)
 
@@ -331,6 +334,36 @@ def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
     assert order(True, run=lambda env: env.run()) == tuples  # SimPy's own loop reads a Call's entry as the tuple
 
 
+def test_the_queues_heap_is_heapqs_entry_for_entry():
+    """The event queue's ``push`` / ``pop`` (``QUEUE_ORDER``, sim/core/heap.py) leave the heap
+    heapq's push and pop leave, entry for entry
+    (Calls at equal and distinct times, priorities and ids beside SimPy's tuples), and pop the
+    same entries."""
+    from sim.engine.calls import QUEUE_ORDER, Call
+    queue_pop, queue_push = QUEUE_ORDER.pop, QUEUE_ORDER.push
+    env = simpy.Environment()
+    rng = np.random.default_rng(11)
+    ours: list = []
+    theirs: list = []
+    for eid in range(600):
+        if len(ours) and rng.random() < 0.45:
+            got = queue_pop(ours)
+            assert got is heapq.heappop(theirs)
+        else:
+            t, priority = float(rng.choice([0.0, 0.5, 1.0, 2.0])), int(rng.choice([0, 1]))
+            if rng.random() < 0.3:
+                entry = (t, priority, eid, object())  # SimPy's own event
+            else:
+                entry = Call(env, lambda e: None)
+                entry._t, entry._priority, entry._eid = t, priority, eid
+            queue_push(ours, entry)
+            heapq.heappush(theirs, entry)
+        assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs))
+    while theirs:
+        assert queue_pop(ours) is heapq.heappop(theirs)
+    assert not ours
+
+
 def test_a_pending_call_is_not_scheduled_again():
     from sim.engine.calls import Call
     env = simpy.Environment()
@@ -352,7 +385,8 @@ def test_calls_as_heap_entries_change_no_output(case, monkeypatch):
     workload = _workload(200, 0.05, 4)
     runs = []
     for self_entries in (False, True):
-        monkeypatch.setattr(calls, "_SELF_ENTRIES", self_entries)
+        monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)
+        monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)
         runs.append(run_scenario(scenario_from_dict(raw), workload=workload))
     assert runs[0].steps.height > 200
     assert runs[0].steps.equals(runs[1].steps) and runs[0].requests.equals(runs[1].requests)

@@ -18,6 +18,8 @@ from typing import Any, Final, cast
 import simpy
 from simpy.events import NORMAL
 
+from sim.core.heap import HeapOrder
+
 _heappush: Final = heappush  # (compiled: a constant, not a look-up in the module's dict)
 
 
@@ -67,7 +69,7 @@ class Call:
             self._queue = env._queue
             # compiled: the environment's counter as an ``EventIds`` (installed once), whose
             # next id a Call takes natively (``next`` of itertools.count is a generic call per event)
-            self._ids = event_ids(env) if _SELF_ENTRIES else None
+            self._ids = event_ids(env) if SELF_ENTRIES else None
             self._next_eid = env._eid.__next__  # (with the Python sources)
         self.callbacks: list[Callable[[Call], None]] | None = None
         self._ok = True
@@ -92,11 +94,11 @@ class Call:
         # env.schedule(self, priority, delay_s) written out (simpy 4.1's Environment.schedule:
         # the queue is a heap of (time, priority, event id, event)): one call less per event
         ids = self._ids
-        if ids is not None:  # compiled (_SELF_ENTRIES)
+        if ids is not None:  # compiled (SELF_ENTRIES)
             eid = ids.next_id
             ids.next_id = eid + 1
             self._t, self._priority, self._eid = now + delay_s, priority, eid
-            _heappush(self._queue, self)
+            QUEUE_ORDER.push(self._queue, self)
         else:  # (its fields too: its time is what its callbacks read as the clock's)
             t, eid = now + delay_s, self._next_eid()
             self._t, self._priority, self._eid = t, priority, eid
@@ -134,6 +136,26 @@ class Call:
         return self.entry() > cast(tuple, other)
 
 
+class _QueueOrder(HeapOrder):
+    """The event queue's order (sim/core/heap.py): two Calls by their native fields (time,
+    priority, id, as their tuples); a pair with one of SimPy's own (time, priority, id, event)
+    tuples generically, as heapq compares them. Compiled, heapq reached ``Call.__lt__`` through
+    its Python slot: ~800 instructions a pop and ~400 a push (bench/README.md, "Compiled core,
+    ninth round"). Any valid heap pops in one order: the entries' order is total (unique ids)."""
+
+    def before(self, a: object, b: object) -> bool:
+        if isinstance(a, Call) and isinstance(b, Call):
+            if a._t != b._t:
+                return a._t < b._t
+            if a._priority != b._priority:
+                return a._priority < b._priority
+            return a._eid < b._eid
+        return bool(a < b)  # type: ignore[operator]
+
+
+QUEUE_ORDER: Final = _QueueOrder()
+
+
 class EventIds:
     """SimPy's event-id counter (``Environment._eid``: ``itertools.count()``, drawn by ``next``
     for every event scheduled) as an object whose next id is a field: SimPy's own events draw
@@ -168,4 +190,4 @@ def _probe() -> None:
 
 
 # compiled: a pending Call is its own heap entry (see ``Call``); with the Python sources a tuple
-_SELF_ENTRIES: Final = not hasattr(_probe, "__code__")
+SELF_ENTRIES: Final = not hasattr(_probe, "__code__")

@@ -29,7 +29,7 @@ from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler, StepPlan
 from sim.engine.arrivals import Arrivals
-from sim.engine.calls import Call
+from sim.engine.calls import QUEUE_ORDER, SELF_ENTRIES, Call
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.core.request import Request
@@ -80,13 +80,13 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     # event's callbacks and raises the exception of a failed event that no one defused): the
     # loop runs once per event, and a call per event was a tenth of its cost.
     queue: list = env._queue
-    pop = heappop
     t: float  # (compiled, a native float: the clock's comparisons below are not generic)
     event: Any  # a SimPy event
     call: Call | None  # or a Call (typed: compiled, its fields are read and written natively)
     last_t, same = -1.0, 0
     while queue:
-        item = pop(queue)
+        # compiled, the queue's heap natively (sim/engine/calls.py); heapq's with the Python sources
+        item = QUEUE_ORDER.pop(queue) if SELF_ENTRIES else heappop(queue)
         if isinstance(item, Call):  # compiled, a pending Call is its own entry (sim/engine/calls.py)
             call = item
             t = call._t

@@ -16,8 +16,9 @@ each stops ends a run there, so the weights stay constant along a run.
 from __future__ import annotations
 
 import heapq
-from typing import Final
+from typing import Final, cast
 
+from sim.core.heap import COMPILED, HeapOrder
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 
@@ -26,6 +27,40 @@ from sim.core.request import Request
 # at each call otherwise)
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
+
+
+class _DueOrder(HeapOrder):
+    """The finish heaps' order (sim/core/heap.py): entries (step, request id, epoch, request)
+    by (step, id, epoch), natively, as heapq's tuple comparison orders them (no two entries
+    share all three: a request's epoch changes whenever it leaves the set). Compiled, heapq's
+    generic tuple comparisons were ~3% of a chunked run (bench/README.md, "Compiled core, ninth
+    round")."""
+
+    def before(self, a: object, b: object) -> bool:
+        # read as plain tuples, field by field (compiled: a cast to tuple[int, int, int, Request]
+        # unboxes all four fields and checks each, twice the instructions)
+        x, y = cast(tuple, a), cast(tuple, b)
+        i: int = x[0]
+        j: int = y[0]
+        if i != j:
+            return i < j
+        i = x[1]
+        j = y[1]
+        if i != j:
+            return i < j
+        i = x[2]
+        j = y[2]
+        return i < j
+
+
+_DUE: Final = _DueOrder()
+
+
+def _pop_due(heap: list[tuple[int, int, int, Request]]) -> tuple[int, int, int, Request]:
+    """``heapq.heappop`` of a finish heap (compiled: its order natively, ``_DueOrder``)."""
+    if COMPILED:
+        return cast(tuple[int, int, int, Request], _DUE.pop(heap))
+    return _heappop(heap)
 # ``advance``'s answer when no sequence finishes (shared: its callers only read it)
 _NO_REQUESTS: Final[list[Request]] = []
 
@@ -65,14 +100,21 @@ class DecodeSet:
         self.kv.to_decode(req)
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
-        _heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        if COMPILED:
+            _DUE.push(self._heap, (finish_step, req.request_id, req.epoch, req))
+        else:
+            _heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
         if not self._sliding:  # _slide_last is -1: nothing to fill
             return
         last = self._slide_last(req)
         if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
             self.filling_count[req.phase] += 1
-            _heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
+            entry = (self.steps + last - n + 1, req.request_id, req.epoch, req)
+            if COMPILED:
+                _DUE.push(self._fill_heap, entry)
+            else:
+                _heappush(self._fill_heap, entry)
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish, preemption, a step without it), writing back its tokens;
@@ -182,7 +224,7 @@ class DecodeSet:
         """Steps until the earliest sequence emits its last token (>= 1)."""
         heap = self._heap
         while heap and heap[0][2] != heap[0][3].epoch:
-            _heappop(heap)
+            _pop_due(heap)
         if not heap:
             return 1 << 62
         return heap[0][0] - self.steps
@@ -193,7 +235,7 @@ class DecodeSet:
         k = self.steps_to_next_finish()
         heap = self._fill_heap
         while heap and heap[0][2] != heap[0][3].epoch:
-            _heappop(heap)
+            _pop_due(heap)
         if heap:
             k = min(k, heap[0][0] - self.steps)
         return k
@@ -206,7 +248,7 @@ class DecodeSet:
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
         while fill and fill[0][0] <= steps:
-            _, _, epoch, req = _heappop(fill)
+            _, _, epoch, req = _pop_due(fill)
             if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
@@ -215,7 +257,7 @@ class DecodeSet:
             return _NO_REQUESTS  # (most steps: no list made)
         done = []
         while heap and heap[0][0] <= steps:
-            _, _, epoch, req = _heappop(heap)
+            _, _, epoch, req = _pop_due(heap)
             if epoch == req.epoch:
                 done.append(req)
         return done
