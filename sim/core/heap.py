@@ -28,7 +28,11 @@ class HeapOrder:
     def push(self, heap: list, item: object) -> None:
         """``heapq.heappush(heap, item)``."""
         heap.append(item)
-        pos = len(heap) - 1
+        self._sift_up(heap, len(heap) - 1, item)
+
+    def _sift_up(self, heap: list, pos: int, item: object) -> None:
+        """Put ``item`` at ``pos`` or higher: each ancestor it comes before moves down a level
+        (heapq's ``_siftdown``)."""
         while pos > 0:
             parent_pos = (pos - 1) >> 1
             parent = heap[parent_pos]
@@ -57,14 +61,7 @@ class HeapOrder:
             heap[pos] = smaller
             pos = child
             child = 2 * pos + 1
-        while pos > 0:  # then ``last`` up from there
-            parent_pos = (pos - 1) >> 1
-            parent = heap[parent_pos]
-            if not self.before(last, parent):
-                break
-            heap[pos] = parent
-            pos = parent_pos
-        heap[pos] = last
+        self._sift_up(heap, pos, last)  # then ``last`` up from there
         return top
 
 
