@@ -5,8 +5,6 @@ order. The process is kept here as the reference; runs with arrivals on a coarse
 prefix-cache hash ids, and a client limit (max_concurrency, with and without think time) must
 give identical step logs and request records."""
 
-from heapq import heappop as _heappop
-
 import numpy as np
 import pytest
 
@@ -87,12 +85,7 @@ def _raw(**extra):
 def _logged(monkeypatch, log: list):
     """Log (time, priority) of every event the watched loop processes that has something to
     call (a process's end, which nothing waits on, has not: the callbacks leave it out)."""
-    def heappop(queue):
-        item = _heappop(queue)
-        if item[3].callbacks:
-            log.append(item[:2])
-        return item
-    monkeypatch.setattr(cluster, "heappop", heappop)
+    monkeypatch.setattr(cluster, "EVENT_LOG", log)
 
 
 def _run_both(monkeypatch, run):

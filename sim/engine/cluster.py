@@ -71,6 +71,17 @@ STALL_EVENTS_BASE = 1_000_000
 STALL_EVENTS_PER_REQUEST = 64
 
 
+# A list to log the events ``run_watched`` processes in, or None (tests compare two event loops'
+# events: (time, priority) of each event popped that has something to call)
+EVENT_LOG: list[tuple[float, int]] | None = None
+
+
+def _log_event(log: list[tuple[float, int]], item: object) -> None:
+    entry: Any = item.entry() if isinstance(item, Call) else item
+    if entry[3].callbacks:
+        log.append((entry[0], entry[1]))
+
+
 def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None:
     """``env.run()`` with a watchdog: a run whose clock stays at one instant for more than
     ``STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * requests`` events raises
@@ -80,6 +91,7 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     # event's callbacks and raises the exception of a failed event that no one defused): the
     # loop runs once per event, and a call per event was a tenth of its cost.
     queue: list = env._queue
+    log = EVENT_LOG  # (read once per run: a module global is a generic look-up, compiled)
     t: float  # (compiled, a native float: the clock's comparisons below are not generic)
     event: Any  # a SimPy event
     call: Call | None  # or a Call (typed: compiled, its fields are read and written natively)
@@ -87,6 +99,8 @@ def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None
     while queue:
         # compiled, the queue's heap natively (sim/engine/calls.py); heapq's with the Python sources
         item = QUEUE_ORDER.pop(queue) if SELF_ENTRIES else heappop(queue)
+        if log is not None:
+            _log_event(log, item)
         if isinstance(item, Call):  # compiled, a pending Call is its own entry (sim/engine/calls.py)
             call = item
             t = call._t
