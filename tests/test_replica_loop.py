@@ -364,6 +364,22 @@ def test_the_queues_heap_is_heapqs_entry_for_entry():
     assert not ours
 
 
+def test_an_abandoned_call_stays_queued_and_calls_nothing():
+    """``Call.abandon`` (a cut run's end): the pending Call stays in the queue until its time,
+    calling nothing; the Call returned calls the same function once scheduled. Abandoning a Call
+    that is not pending is refused."""
+    from sim.engine.calls import Call
+    env, seen = simpy.Environment(), []
+    old = Call(env, lambda e: seen.append(env.now)).at(2.0)
+    heir = old.abandon()
+    assert heir is not old and heir.callbacks is None and len(env._queue) == 1
+    heir.at(1.0)
+    cluster.run_watched(env, lambda: 0)
+    assert seen == [1.0] and env.now == 2.0  # the abandoned one was processed at 2.0, calling nothing
+    with pytest.raises(RuntimeError, match="not pending"):
+        old.abandon()
+
+
 def test_a_pending_call_is_not_scheduled_again():
     from sim.engine.calls import Call
     env = simpy.Environment()

@@ -40,8 +40,8 @@ class Call:
     Its time ``_t`` (when it is processed, the clock's time) is what its callbacks read as now
     (compiled, a native field, where the environment's ``_now`` is a generic look-up).
     Its callbacks list is one for all its schedulings (``at`` sets ``callbacks`` to it): a
-    change to ``call.at(...).callbacks`` lasts, so only an owner that abandons a pending Call
-    may empty it (a cut run's end, sim/engine/cluster.py).
+    change to ``call.at(...).callbacks`` lasts. An owner that gives up a pending Call
+    (``abandon``: a cut run's end, sim/engine/cluster.py) leaves it in the queue calling nothing.
 
     Compiled (sim/compiled_core.py) it enters the heap as itself, not in a tuple: its time,
     priority and event id are native fields, and its ``__lt__`` / ``__gt__`` order it against
@@ -58,7 +58,7 @@ class Call:
         environment is a generic attribute look-up each)."""
         self.env = env
         # the callbacks it runs, one list for all its schedulings (SimPy's processed mark sets
-        # ``callbacks`` to None, not the list; emptied only when its owner abandons it pending)
+        # ``callbacks`` to None, not the list)
         self._fns = [fn]
         self._queue: list
         self._ids: EventIds | None
@@ -105,6 +105,16 @@ class Call:
             _heappush(self._queue, (t, priority, eid, self))
         return self
 
+    def abandon(self) -> Call:
+        """Its owner gives it up while it is pending: it stays in the queue until its time and
+        then calls nothing (its callbacks a shared empty list, where emptying its own list was a
+        generic method call, compiled). Returns a new Call of the same function and queue, not
+        scheduled, to take its place."""
+        if self.callbacks is None:
+            raise RuntimeError("a Call abandoned while not pending")
+        self.callbacks = _CALLS_NOTHING
+        return Call(self.env, self._fns[0], self)
+
     def entry(self) -> tuple[float, int, int, Call]:
         """Its place in the queue as SimPy's tuple: (time, priority, event id, itself)."""
         return (self._t, self._priority, self._eid, self)
@@ -134,6 +144,10 @@ class Call:
         if isinstance(other, Call):
             return other.__lt__(self)
         return self.entry() > cast(tuple, other)
+
+
+# the callbacks of an abandoned Call (``Call.abandon``): empty, shared, never appended to
+_CALLS_NOTHING: Final[list[Callable[[Call], None]]] = []
 
 
 class _QueueOrder(HeapOrder):

@@ -211,7 +211,7 @@ class Replica:
         self._extrapolated = self._lm_extrapolated = False
         self._outside: tuple[int, int] | None = None
         # the end event of the step or run in flight: one object, scheduled again for each step
-        # (a cut run leaves its end event pending in the queue, emptied: a new one then follows)
+        # (a cut run leaves its end event pending in the queue, abandoned: a new one then follows)
         self._end = Call(env, self._step_end)
         # the wake-up, the cut and the cut run's end: one object each, scheduled again each time
         # (each is pending at most once: an idle replica has no step in flight; a run is cut once)
@@ -298,11 +298,8 @@ class Replica:
 
     def _cut(self, event: Call) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
-        end_call = self._end
-        pending = end_call.callbacks
-        assert pending is not None, "a cut of a run whose end was processed"
-        pending.clear()  # the run's end event will find nothing to resume
-        self._end = Call(self.env, self._step_end, end_call)  # (it stays in the queue until its time)
+        # the run's end event stays in the queue until its time, calling nothing; a new one follows
+        self._end = self._end.abandon()
         start, first, last, k, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
         now = event._t
         done = steps_within(now - start, first, last, k, curve)
