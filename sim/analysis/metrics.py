@@ -215,12 +215,15 @@ def run_length_stats(samples: RunLengthSamples, tail: bool = False) -> dict[str,
 class PieceSets:
     """Piece sets read afresh at each call (``sets()``: a fresh iterator; ``pieces_stats`` reads
     them three times, one set in memory at a time), and at least as many pieces as they hold
-    (``max_pieces``: the size of the per-piece arrays allocated before the first read)."""
+    (``max_pieces``: the size of the per-piece arrays allocated before the first read).
+    ``sum_extra_s``: seconds to add to the values' sum, which ``sets`` may set as it reads
+    them (``itl_pieces``: the bend of fast-forwarded rows, ``step_bend_s``)."""
 
-    __slots__ = ("sets", "max_pieces")
+    __slots__ = ("sets", "max_pieces", "sum_extra_s")
 
     def __init__(self, sets, max_pieces: int):
         self.sets, self.max_pieces = sets, max_pieces
+        self.sum_extra_s = 0.0
 
     def __call__(self):
         return self.sets()
@@ -236,7 +239,8 @@ def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[s
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
     a histogram of the pieces' ends brackets each rank's value (``_EndHistogram``), then only
     the pieces that reach into the bracket are kept and searched (``_select``). ``extra_sum_s``
-    is added to the values' sum before the mean is taken (the ITL's ``itl_bend_s``).
+    and the sets' ``sum_extra_s`` (``PieceSets``), known once pass 1 has read them, are added
+    to the values' sum before the mean is taken.
     Pass 1: the sample count, each piece's sum terms and the range of the pieces' ends; pass
     2: each piece's squared deviations from the mean and the histograms of the ends; pass 3:
     the pieces in each rank's bracket (``_values_at``)."""
@@ -259,7 +263,7 @@ def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[s
     ranks = [r for p in PCTS for r in _ranks(n, p / 100.0 * (n - 1))]
     if tail:
         ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
-    mean = (float(np.sum(terms)) + extra_sum_s) / n
+    mean = (float(np.sum(terms)) + (extra_sum_s + getattr(pieces, "sum_extra_s", 0.0))) / n
     ends.open_bins()
     size = 0
     for p in pieces():
@@ -450,15 +454,24 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
 
 
 def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: list[tuple[float, float]] = (),
-               chunk_rows: int = 1 << 18):
+               chunk_rows: int = 1 << 18, with_bend: bool = False):
     """``itl_samples`` as piece sets for ``pieces_stats``: a callable yielding the pieces of
     each ``chunk_rows`` step rows (``read_rows(start, stop)``: {column: array}), then the
-    points; the same pieces in the same order, never all in memory."""
+    points; the same pieces in the same order, never all in memory. ``with_bend``: the rows
+    have ``duration_s`` too (``BEND_STEP_COLUMNS``), and each read of the sets leaves the whole
+    log's ``step_bend_s`` in their ``sum_extra_s`` (the chunks' bends summed in order: one
+    pass over the log less than reading it again for them)."""
     points, old = _point_pieces(resume_gaps_s, adjust)
 
     def sets():
+        bend = 0.0
         for start in range(0, num_rows, chunk_rows):
-            yield step_pieces(read_rows(start, min(start + chunk_rows, num_rows)))
+            rows = read_rows(start, min(start + chunk_rows, num_rows))
+            p = step_pieces(rows)
+            if with_bend:
+                bend += _bend_s(p, rows)
+            yield p
+        pieces.sum_extra_s = bend
         yield points
     pieces = PieceSets(sets, num_rows + len(points.first_s))  # (a row holds at most one piece)
     if len(old):
@@ -494,16 +507,14 @@ def step_bend_s(steps) -> float:
     (duration_s - the sum of its ``step_pieces`` piece). Added to the pooled sum, it makes the
     mean ITL the mean of the gaps the requests saw (their last token - first token, summed,
     over their gaps); the order statistics stay the pieces'."""
-    p = step_pieces(steps)
+    return _bend_s(step_pieces(steps), steps)
+
+
+def _bend_s(p: RunLengthSamples, steps) -> float:
+    """``step_bend_s`` of step rows whose ``step_pieces`` are ``p``."""
     run = p.j1 > 1
     duration = steps["duration_s"][_with_decodes(steps)]
     return float(np.sum((p.count * (duration - p._line_sums()))[run]))
-
-
-def itl_bend_s(read_rows, num_rows: int, chunk_rows: int = 1 << 18) -> float:
-    """``step_bend_s`` of the whole step log, read ``chunk_rows`` rows at a time (as ``itl_pieces``)."""
-    return sum(step_bend_s(read_rows(start, min(start + chunk_rows, num_rows)))
-               for start in range(0, num_rows, chunk_rows))
 
 
 def _point_pieces(resume_gaps_s, adjust) -> tuple[RunLengthSamples, np.ndarray]:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.analysis.metrics import (BEND_STEP_COLUMNS, ITL_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask,
-                                  itl_bend_s, itl_pieces, pieces_stats, plain_stats)
+from sim.analysis.metrics import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
+                                  pieces_stats, plain_stats)
 from sim.analysis.run_warnings import failure_kinds, run_warnings
 
 
@@ -107,7 +107,8 @@ def summarize(result) -> dict:
     def reader(columns):
         names = [c for c in columns if c in result.step_store.names]
         return lambda a, b: {c: result.step_column(c, a, b) for c in names}
-    itl = itl_pieces(reader(ITL_STEP_COLUMNS), result.num_step_rows, result.resume_gaps_s, result.itl_adjust)
+    itl = itl_pieces(reader(BEND_STEP_COLUMNS), result.num_step_rows, result.resume_gaps_s, result.itl_adjust,
+                     with_bend=True)
     if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     elif s.workload.synthetic is not None:  # a rate that varies over time: its mean
@@ -142,7 +143,7 @@ def summarize(result) -> dict:
     }
     out.update(_ms(plain_stats(col("ttft_s")[ok]), "ttft"))
     out.update(_ms(plain_stats(col("tpot_s")[ok]), "tpot"))
-    itl_stats = pieces_stats(itl, tail=True, extra_sum_s=itl_bend_s(reader(BEND_STEP_COLUMNS), result.num_step_rows))
+    itl_stats = pieces_stats(itl, tail=True)  # (its sum_extra_s: the fast-forwarded rows' bend)
     out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
     # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
     out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = (
