@@ -61,6 +61,8 @@ def _pop_due(heap: list[tuple[int, int, int, Request]]) -> tuple[int, int, int, 
     if COMPILED:
         return cast(tuple[int, int, int, Request], _DUE.pop(heap))
     return _heappop(heap)
+
+
 # ``advance``'s answer when no sequence finishes (shared: its callers only read it)
 _NO_REQUESTS: Final[list[Request]] = []
 
