@@ -95,9 +95,9 @@ def write_parquet(path, num_rows: int, rows) -> None:
     # zstd level 3 (polars' default). Dictionary pages only for the string columns. The counts
     # are DELTA_BINARY_PACKED (bit-packed differences) and the floats BYTE_STREAM_SPLIT (each
     # value's bytes spread over 8 streams, so zstd meets runs of alike exponent bytes): both
-    # standard Parquet encodings, read by polars, pyarrow and DuckDB. At 200k requests (chunked
-    # 512, 720k step rows) they write both files in 0.26 s of CPU where plain pages took 0.49 s,
-    # and 34.2 MB where plain took 38.2 (bench/README.md, "Writing the run directory").
+    # standard Parquet encodings, read by polars and pyarrow. At 200k requests (chunked 512,
+    # 720k step rows) they write both files in 0.26 s of CPU where plain pages took 0.49 s, and
+    # 34.2 MB where plain took 38.2 (bench/README.md, "Compiled core, ninth round").
     strings, encodings = [], {}
     for f in first.schema:
         if f.type == pa.large_string():
