@@ -5,7 +5,6 @@ by arrivals on a coarse time grid, where arrivals and step ends coincide; multi-
 swap preemption; disaggregation's hooks and wake-ups) must give identical step logs and
 request records. Also: the watched event loop is ``env.run()`` event for event."""
 
-import heapq
 import math
 
 import numpy as np
@@ -332,36 +331,6 @@ def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
     tuples = order(False)
     assert len(tuples) > 150 and order(True) == tuples
     assert order(True, run=lambda env: env.run()) == tuples  # SimPy's own loop reads a Call's entry as the tuple
-
-
-def test_the_queues_heap_is_heapqs_entry_for_entry():
-    """The event queue's ``push`` / ``pop`` (``QUEUE_ORDER``, sim/core/heap.py) leave the heap
-    heapq's push and pop leave, entry for entry
-    (Calls at equal and distinct times, priorities and ids beside SimPy's tuples), and pop the
-    same entries."""
-    from sim.engine.calls import QUEUE_ORDER, Call
-    queue_pop, queue_push = QUEUE_ORDER.pop, QUEUE_ORDER.push
-    env = simpy.Environment()
-    rng = np.random.default_rng(11)
-    ours: list = []
-    theirs: list = []
-    for eid in range(600):
-        if len(ours) and rng.random() < 0.45:
-            got = queue_pop(ours)
-            assert got is heapq.heappop(theirs)
-        else:
-            t, priority = float(rng.choice([0.0, 0.5, 1.0, 2.0])), int(rng.choice([0, 1]))
-            if rng.random() < 0.3:
-                entry = (t, priority, eid, object())  # SimPy's own event
-            else:
-                entry = Call(env, lambda e: None)
-                entry._t, entry._priority, entry._eid = t, priority, eid
-            queue_push(ours, entry)
-            heapq.heappush(theirs, entry)
-        assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs))
-    while theirs:
-        assert queue_pop(ours) is heapq.heappop(theirs)
-    assert not ours
 
 
 def test_an_abandoned_call_stays_queued_and_calls_nothing():

@@ -229,25 +229,21 @@ class PieceSets:
         return self.sets()
 
 
-def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[str, float]:
+def pieces_stats(pieces: PieceSets, tail: bool = False) -> dict[str, float]:
     """``run_length_stats`` of the union of the piece sets that ``pieces()`` yields (a fresh
     iterator each call: they are read three times, one set in memory at a time, so a run's
     step log is summarised from disk in bounded memory). Also gives ``n``, the sample count.
-    ``pieces`` may carry ``max_pieces`` (``PieceSets``); without it a first pass counts them.
 
     Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
     a histogram of the pieces' ends brackets each rank's value (``_EndHistogram``), then only
-    the pieces that reach into the bracket are kept and searched (``_select``). ``extra_sum_s``
-    and the sets' ``sum_extra_s`` (``PieceSets``), known once pass 1 has read them, are added
-    to the values' sum before the mean is taken.
+    the pieces that reach into the bracket are kept and searched (``_select``). The sets'
+    ``sum_extra_s``, known once pass 1 has read them, is added to the values' sum before the
+    mean is taken.
     Pass 1: the sample count, each piece's sum terms and the range of the pieces' ends; pass
     2: each piece's squared deviations from the mean and the histograms of the ends; pass 3:
     the pieces in each rank's bracket (``_values_at``)."""
-    bound = getattr(pieces, "max_pieces", None)
-    if bound is None:
-        bound = sum(len(p.first_s) for p in pieces())
-    terms = np.empty(bound)
+    terms = np.empty(pieces.max_pieces)
     n, size, ends = 0, 0, _EndHistogram()
     for p in pieces():
         w = p._weights()
@@ -263,7 +259,7 @@ def pieces_stats(pieces, tail: bool = False, extra_sum_s: float = 0.0) -> dict[s
     ranks = [r for p in PCTS for r in _ranks(n, p / 100.0 * (n - 1))]
     if tail:
         ranks += [*_ranks(n, 0.999 * (n - 1)), n - 1]
-    mean = (float(np.sum(terms)) + (extra_sum_s + getattr(pieces, "sum_extra_s", 0.0))) / n
+    mean = (float(np.sum(terms)) + pieces.sum_extra_s) / n
     ends.open_bins()
     size = 0
     for p in pieces():

@@ -56,6 +56,14 @@ class _DueOrder(HeapOrder):
 _DUE: Final = _DueOrder()
 
 
+def _push_due(heap: list[tuple[int, int, int, Request]], entry: tuple[int, int, int, Request]) -> None:
+    """``heapq.heappush`` onto a finish heap (compiled: its order natively, ``_DueOrder``)."""
+    if COMPILED:
+        _DUE.push(heap, entry)
+    else:
+        _heappush(heap, entry)
+
+
 def _pop_due(heap: list[tuple[int, int, int, Request]]) -> tuple[int, int, int, Request]:
     """``heapq.heappop`` of a finish heap (compiled: its order natively, ``_DueOrder``)."""
     if COMPILED:
@@ -102,21 +110,14 @@ class DecodeSet:
         self.kv.to_decode(req)
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
-        if COMPILED:
-            _DUE.push(self._heap, (finish_step, req.request_id, req.epoch, req))
-        else:
-            _heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        _push_due(self._heap, (finish_step, req.request_id, req.epoch, req))
         if not self._sliding:  # _slide_last is -1: nothing to fill
             return
         last = self._slide_last(req)
         if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
             self.filling_count[req.phase] += 1
-            entry = (self.steps + last - n + 1, req.request_id, req.epoch, req)
-            if COMPILED:
-                _DUE.push(self._fill_heap, entry)
-            else:
-                _heappush(self._fill_heap, entry)
+            _push_due(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish, preemption, a step without it), writing back its tokens;
