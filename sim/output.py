@@ -92,7 +92,9 @@ def write_parquet(path, num_rows: int, rows) -> None:
     import pyarrow.parquet as pq
 
     first = rows(0, min(num_rows, ROW_GROUP_ROWS))
-    # zstd level 3 (polars' default). Dictionary pages only for the string columns. The counts
+    # zstd level 1: at 1M chunked 512 requests (3.6M step rows) it writes requests.parquet in
+    # 0.51 s of CPU where level 3 (polars' default) took 0.60, 1% larger (bench/README.md,
+    # "Compiled core, tenth round"). Dictionary pages only for the string columns. The counts
     # are DELTA_BINARY_PACKED (bit-packed differences) and the floats BYTE_STREAM_SPLIT (each
     # value's bytes spread over 8 streams, so zstd meets runs of alike exponent bytes): both
     # standard Parquet encodings, read by polars and pyarrow. At 200k requests (chunked 512,
@@ -107,7 +109,7 @@ def write_parquet(path, num_rows: int, rows) -> None:
         elif f.type == pa.float64():
             encodings[f.name] = "BYTE_STREAM_SPLIT"
     with pq.ParquetWriter(path if not isinstance(path, Path) else str(path), first.schema, compression="zstd",
-                          compression_level=3, use_dictionary=strings, column_encoding=encodings,
+                          compression_level=1, use_dictionary=strings, column_encoding=encodings,
                           write_statistics=False) as writer:
         writer.write_table(first, row_group_size=ROW_GROUP_ROWS)
         for start in range(ROW_GROUP_ROWS, num_rows, ROW_GROUP_ROWS):

@@ -162,7 +162,9 @@ class TTFTAccounting:
                 if req.num_generated:
                     continue  # not before a first token
                 completing = ctx + n == req.prefill_target
-                if req.key in preempted_at:  # counted as preemption, up to the first token
+                # counted as preemption, up to the first token (an empty dict is not searched:
+                # compiled, the look-up boxes the key)
+                if preempted_at and req.key in preempted_at:
                     if completing:
                         req.ttft_preempt_s = now - preempted_at.pop(req.key)
                     continue

@@ -26,7 +26,7 @@ from sim.cost.calibrated import CalibratedDecodeAttention, CalibratedOps
 from sim.cost.calibration import Calibration, carried_from, load_calibration
 from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecodeAttention
 from sim.cost.engine_profile import EngineProfile, get_profile
-from sim.cost.runs import RunCost, affine_steps, run_sum_s
+from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
 from sim.hardware import GPUSpec
 from sim.model_spec import ModelSpec
@@ -111,7 +111,7 @@ class _Step:
 
     def __init__(self, head: float, elem: float, ar: float, lm: float, sampling: float, flag: bool, lm_flag: bool,
                  decode: DecodeAttention, host: tuple[float, float] | None, outside: tuple[int, int] | None,
-                 run_fns: tuple | None) -> None:
+                 run_fns: _RunStep | None) -> None:
         self.head, self.elem, self.ar, self.lm, self.sampling = head, elem, ar, lm, sampling
         self.flag, self.lm_flag = flag, lm_flag
         self.decode = decode
@@ -127,6 +127,64 @@ RunCostValues = tuple[float, float, int, bool, bool, float, tuple[int, int] | No
 # the tuple class the public ``run_cost`` builds, as a constant (compiled, a class imported or
 # defined at module level is otherwise looked up in the module's dict at each use)
 _RunCost: Final = RunCost
+
+
+_BITS_11: Final = 1 << 11
+_BITS_12: Final = 1 << 12
+_BITS_16: Final = 1 << 16
+_BITS_33: Final = 1 << 33
+
+
+def step_key(n: int, num_logits: int, chunks: tuple[tuple[int, int], ...]) -> int | tuple[int, int, tuple]:
+    """``RooflineCostModel._step``'s memo key of a batch shape with prompt chunks (``n``
+    decodes, ``num_logits`` sampled positions): for one chunk (c new tokens after x cached),
+    with n < 2**11, num_logits n or n + 1, c < 2**16 and x < 2**33, the negative int
+    -1 - (x << 28 | c << 12 | n << 1 | num_logits - n) (one to one on that range: the fields'
+    bits do not overlap, and the decode-only shapes' keys are the ints n >= 0); else the tuple
+    (n, num_logits, chunks). Compiled (sim/compiled_core.py), hashing and comparing the nested
+    tuple was ~540 instructions a look-up; every operation here stays on mypyc's fast path
+    (shifts whose result fits 62 bits, no product)."""
+    if len(chunks) == 1 and 0 <= n < _BITS_11 and 0 <= num_logits - n <= 1:
+        c, x = chunks[0]
+        if 0 < c < _BITS_16 and 0 <= x < _BITS_33:
+            return -1 - ((x << 28) | (c << 12) | (n << 1) | (num_logits - n))
+    return (n, num_logits, chunks)
+
+
+class _RunStep(StepCurve):
+    """A decode run's step seconds as a function of its total decode context
+    (``_run_step_fn``): every kernel but decode attention (``rest``) is fixed along a run; the
+    engine overhead follows the GPU time (``_host``'s cpu and launch seconds, written out as
+    ``_PLUS_OVERHEAD`` for an overlapping engine and for a serial one). ``kinked`` says whether
+    the GPU time at a context has overtaken the engine profile's ``knee``; ``has_knee`` is
+    False where the other kernels alone reach it (no knee to find along the run). A shape
+    outside a calibrated table sets the model's ``_flag``, as every costing does.
+    (A class, not two closures: compiled, sim/compiled_core.py, calling ``at`` is native.)"""
+
+    __slots__ = ("model", "rest", "attn", "cpu", "launch", "knee", "overlap", "has_knee")
+
+    def __init__(self, model: RooflineCostModel, rest: float, attn: DecodeAttention, cpu: float, launch: float,
+                 knee: float, overlap: bool) -> None:
+        self.model, self.rest, self.attn = model, rest, attn
+        self.cpu, self.launch, self.knee, self.overlap = cpu, launch, knee, overlap
+        self.has_knee = not rest >= knee
+
+    def at(self, context_tokens: int) -> float:
+        t, out = self.attn.at(context_tokens)
+        if out:
+            self.model._flag = True
+        g = self.rest + t
+        cpu, launch = self.cpu, self.launch
+        if self.overlap:
+            m = launch if launch > g else g
+            return g + ((cpu if cpu > m else m) - g)
+        return g + (cpu + (launch if launch > g else g) - g)
+
+    def kinked(self, context_tokens: int) -> bool:
+        t, out = self.attn.at(context_tokens)
+        if out:
+            self.model._flag = True
+        return self.rest + t >= self.knee
 
 
 class RooflineCostModel:
@@ -231,7 +289,7 @@ class RooflineCostModel:
         # (and of equal bytes read, when the kernel re-reads the cache per query head).
         self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads
         self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
-        self._chunk_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
+        self._chunk_cache: dict[int | tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         # the TTFT split's memo of chunks' seconds alone (``prefill_alone_s``, by
         # sim/core/ttft.py ``solo_key``), shared by every replica that shares this model
         # (sim/engine/cluster.py ``RooflineSolo``): its entries are pure functions of the key
@@ -243,7 +301,7 @@ class RooflineCostModel:
         self._fixed_cache: dict[tuple[int, int], _Fixed] = {}
         self._token_cache: dict[int, tuple[float, float, float, float, float, float, bool]] = {}
         self._logit_cache: dict[int, tuple[float, float, bool]] = {}
-        self._run_fns: dict[tuple[int, int], tuple] = {}
+        self._run_fns: dict[tuple[int, int], _RunStep] = {}
         self._decode_fns: dict[int, DecodeAttention] = {}
         self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
         # run_cost's, per batch shape: (decodes, sampled positions, chunks), or for a decode-only
@@ -375,23 +433,9 @@ class RooflineCostModel:
         if self._prefill_cal:
             # Calibrated: each chunk's raw bound over the efficiency measured for a batch of
             # len(chunks) prompts at the chunk's equivalent no-context length (sim/cost/fit.py).
-            total, flag, n, cache = 0.0, False, len(chunks), self._chunk_cache
-            cops = self.cops
-            assert cops is not None  # (narrowed: compiled, a native call below)
+            total, flag, n = 0.0, False, len(chunks)
             for c, x in chunks:
-                key = (n, c, x)
-                hit = cache.get(key)
-                if hit is None:
-                    pairs = windowed_pairs(self, c, x)
-                    flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
-                    bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
-                    # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
-                    e, out = cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
-                    fb, mb = flops / self.flops_s, bytes_ / self._hbm_bw
-                    hit = ((mb if mb > fb else fb) / e, out)  # max(fb, mb), written out (compiled: native)
-                    if len(cache) >= self.MAX_CHUNK_SHAPES:
-                        cache.clear()
-                    cache[key] = hit
+                hit = self._chunk_attn(n, c, x)
                 flag |= hit[1]
                 total += hit[0]
             return L * total, flag
@@ -401,6 +445,30 @@ class RooflineCostModel:
         flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * sum(x for _, x in chunks)
         bytes_ = kv_tokens * self._prefill_kv_bytes + 2 * new_tokens * self.q_dim * self.dtype_bytes
         return L * max(flops / (self.flops_s * self.eff.attn_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s), False
+
+    def _chunk_attn(self, n: int, c: int, x: int) -> tuple[float, bool]:
+        """(one layer's seconds, outside a calibrated table) of a chunk of c new tokens after x
+        cached ones among ``n`` chunks in a step, calibrated (``_prefill_attn``); memoised by
+        (n, c, x)."""
+        cache = self._chunk_cache
+        # (n, c, x) as one int where it fits 61 bits (a context under 2**33 tokens): compiled,
+        # the int is hashed and compared at a fraction of a tuple's cost; else the tuple
+        key = (x << 28) | (c << 12) | n if 0 <= n < _BITS_12 and 0 <= c < _BITS_16 and 0 <= x < _BITS_33 else (n, c, x)
+        hit = cache.get(key)
+        if hit is None:
+            cops = self.cops
+            assert cops is not None  # (narrowed: compiled, a native call below)
+            pairs = windowed_pairs(self, c, x)
+            flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
+            bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
+            # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
+            e, out = cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
+            fb, mb = flops / self.flops_s, bytes_ / self._hbm_bw
+            hit = ((mb if mb > fb else fb) / e, out)  # max(fb, mb), written out (compiled: native)
+            if len(cache) >= self.MAX_CHUNK_SHAPES:
+                cache.clear()
+            cache[key] = hit
+        return hit
 
     def _attn_decode_s(self, num_seqs: int, context_tokens: int) -> float:
         """Seconds of decode attention of ``num_seqs`` sequences over ``context_tokens`` cached
@@ -608,11 +676,10 @@ class RooflineCostModel:
         else:  # _token_ops has a step of no tokens cost nothing; a chunk of none still runs its kernels
             qkv, o, up, down = self._gemms(tokens)
             elem, ar, _ = self._per_tokens(tokens)
-        hit = self._chunk_cache.get((1, tokens, context_tokens)) if self._prefill_cal else None
-        if hit is not None:  # _prefill_attn of the one chunk: L * (0.0 + its memoised seconds), as here
-            attn = self._num_layers * hit[0]
-        elif not tokens:  # no queries attend: no attention work (the tables have no row for 0 tokens)
+        if not tokens:  # no queries attend: no attention work (the tables have no row for 0 tokens)
             attn = 0.0
+        elif self._prefill_cal:  # _prefill_attn of the one chunk: L * (0.0 + its seconds), as there
+            attn = self._num_layers * self._chunk_attn(1, tokens, context_tokens)[0]
         else:
             attn = self._prefill_attn(((tokens, context_tokens),))[0]
         t = qkv + o + up + down + elem + ar + attn
@@ -639,9 +706,10 @@ class RooflineCostModel:
             ops = {op: k * t for op, t in ops.items()}
             n = batch.num_decode_seqs
             attn: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
-                       self._pieces(batch, lambda c: self._attn_decode_s(n, c), first[ATTN_DECODE]))
-            step_s, kinked = self._run_step_fn(batch, self._fixed(batch))
-            total: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in self._pieces(batch, step_s, sum(first), kinked))
+                       self._pieces(batch, FnCurve(lambda c: self._attn_decode_s(n, c)), first[ATTN_DECODE]))
+            fns = self._run_step_fn(batch, self._fixed(batch))
+            total: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
+                               self._pieces(batch, fns, sum(first), fns if fns.has_knee else None))
             # the sums apart from the subtraction: mypyc (sim/compiled_core.py) miscompiles x - sum(<floats>)
             others: float = sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead"))
             ops["overhead"] = total - others - attn
@@ -665,7 +733,11 @@ class RooflineCostModel:
         # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
         # read by name is a generic attribute look-up)
         n, context, chunks, num_logits, num_steps, _, _ = batch
-        key: int | tuple[int, int, tuple] = n if not chunks and num_logits == n else (n, num_logits, chunks)
+        key: int | tuple[int, int, tuple]
+        if not chunks:
+            key = n if num_logits == n else (n, num_logits, chunks)
+        else:
+            key = step_key(n, num_logits, chunks)
         st = self._step_cache.get(key)
         if st is None:
             st = self._step(batch, key)
@@ -685,8 +757,10 @@ class RooflineCostModel:
         if num_steps == 1 or not n:
             return first, first, 1, flag, lm_flag, 0.0, outside
         self._flag, self._lm_flag = flag, False  # the step functions below may set _flag
-        step_s, kinked = st.run_fns or self._run_step_fn(batch, self._fixed(batch))
-        j, z, q = self._piece(n, context, num_steps, step_s, first, kinked)
+        fns = st.run_fns
+        if fns is None:
+            fns = self._run_step_fn(batch, self._fixed(batch))
+        j, z, q = self._piece(n, context, num_steps, fns, first, fns if fns.has_knee else None)
         return first, z, j, self._flag, lm_flag, q, outside
 
     # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
@@ -717,12 +791,9 @@ class RooflineCostModel:
             if logit is None:
                 logit = self._logit_ops(num_logits)
             lm, sampling, lm_flag = logit
-            if self._prefill_cal and len(chunks) == 1:
+            if self._prefill_cal and len(chunks) == 1:  # _prefill_attn of one chunk: L * (0.0 + its seconds), as there
                 c, x = chunks[0]
-                hit = self._chunk_cache.get((1, c, x))
-            else:
-                hit = None
-            if hit is not None:  # _prefill_attn of one chunk: L * (0.0 + its memoised seconds), as there
+                hit = self._chunk_attn(1, c, x)
                 prefill, out = self._num_layers * hit[0], hit[1]
             else:
                 prefill, out = self._prefill_attn(chunks)
@@ -758,14 +829,13 @@ class RooflineCostModel:
         self._flag = self._lm_flag = False
         parts = self._components(batch, batch.decode_context_tokens)
         last = batch.decode_context_tokens + (batch.num_steps - 1) * batch.num_decode_seqs
-        return sum(parts), self._run_step_fn(batch, self._fixed(batch))[0](last)
+        return sum(parts), self._run_step_fn(batch, self._fixed(batch)).at(last)
 
-    def _run_step_fn(self, b: BatchValues, fx: _Fixed):
-        """(step seconds of ``b`` as a function of its total decode context, and where that
-        function has a kink): every kernel but decode attention is fixed along a run; the
-        engine overhead follows the GPU time. The kink test (None: no kink) says whether the
-        GPU time at a context has overtaken the engine profile's knee. Memoised for batches
-        without prompt chunks (one per decode batch shape)."""
+    def _run_step_fn(self, b: BatchValues, fx: _Fixed) -> _RunStep:
+        """Step seconds of ``b`` as a function of its total decode context, and where that
+        function has a kink (``_RunStep``): every kernel but decode attention is fixed along a
+        run; the engine overhead follows the GPU time. Memoised for batches without prompt
+        chunks (one per decode batch shape)."""
         n, _, chunks, num_logits, _, _, num_tokens = b  # by position (``run_cost_values`` may pass a plain tuple)
         has_prefill = bool(chunks)
         key = None if has_prefill else (num_tokens, num_logits)
@@ -773,42 +843,14 @@ class RooflineCostModel:
             hit = self._run_fns.get(key)
             if hit is not None:
                 return hit
-        rest = fx.head + fx.tail  # kernels but decode attention
-        attn = self._decode_fn(n)
         _, knee, _, (cpu, launch) = self._host(n, has_prefill)
-
-        # g + overhead_fn(g) of _host, written out (_PLUS_OVERHEAD), for an overlapping engine
-        # and for a serial one
-        if self._overlap_cpu:
-            def step_s(context_tokens: int) -> float:
-                t, out = attn.at(context_tokens)
-                if out:
-                    self._flag = True
-                g = rest + t
-                m = launch if launch > g else g
-                return g + ((cpu if cpu > m else m) - g)
-        else:
-            def step_s(context_tokens: int) -> float:
-                t, out = attn.at(context_tokens)
-                if out:
-                    self._flag = True
-                g = rest + t
-                return g + (cpu + (launch if launch > g else g) - g)
-
-        def kinked(context_tokens: int) -> bool:
-            t, out = attn.at(context_tokens)
-            if out:
-                self._flag = True
-            return rest + t >= knee
-
-        # the GPU time is at least the other kernels': no knee to find when they alone reach it
-        fns = (step_s, None if rest >= knee else kinked)
+        fns = _RunStep(self, fx.head + fx.tail, self._decode_fn(n), cpu, launch, knee, self._overlap_cpu)
         if key is not None and len(self._run_fns) < 100_000:
             self._run_fns[key] = fns
         return fns
 
-    def _pieces(self, b: Batch, f: Callable[[int], float], f0: float,
-                kinked: Callable[[int], bool] | None = None) -> Iterator[tuple[int, float, float, float]]:
+    def _pieces(self, b: Batch, f: StepCurve, f0: float,
+                kinked: _RunStep | None = None) -> Iterator[tuple[int, float, float, float]]:
         """(steps, f at the first, f at the last step, curve_s) of each piece of a decode run
         (``_piece``), for ``f`` (seconds as a function of the total decode context; ``f0`` at
         the first step)."""
@@ -820,9 +862,10 @@ class RooflineCostModel:
             c += j * n
             left -= j
             if left:
-                a = f(c)
+                a = f.at(c)
 
-    def _piece(self, n: int, c: int, left: int, f, a: float, kinked=None) -> tuple[int, float, float]:
+    def _piece(self, n: int, c: int, left: int, f: StepCurve, a: float,
+               kinked: _RunStep | None = None) -> tuple[int, float, float]:
         """(steps, f at the last step, curve_s) of the first piece of a run of ``left`` decode
         steps of ``n`` sequences from total context ``c`` (``a``: f at its first step). A piece
         never crosses a node of the efficiency table, a change of FA2's split decision (where
@@ -836,12 +879,12 @@ class RooflineCostModel:
             end = smooth.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
             j = min(left, int(end - x0 + 1e-9) + 1)
         if kinked is not None and j > 1:
-            side = kinked(c)
-            if kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
+            side = kinked.kinked(c)
+            if kinked.kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
                 lo, hi = 1, j - 1
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
-                    if kinked(c + (mid - 1) * n) == side:
+                    if kinked.kinked(c + (mid - 1) * n) == side:
                         lo = mid
                     else:
                         hi = mid - 1

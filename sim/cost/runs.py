@@ -40,10 +40,32 @@ class RunCost(NamedTuple):
     overhead_outside_seqs: tuple[int, int] | None = None
 
 
-def affine_steps(attn_s: Callable[[int], float], c0: int, num_seqs: int, num_steps: int, a0: float,
+class StepCurve:
+    """Seconds of one step of a decode run (or of its decode attention) as a function of the
+    run's total decode context: what ``affine_steps`` samples. A class with a method, not a
+    function: compiled (sim/compiled_core.py), calling a closure or a lambda is a generic call
+    (its arguments boxed, its answer unboxed), calling ``at`` of a compiled class a native one."""
+
+    def at(self, context_tokens: int) -> float:
+        raise NotImplementedError
+
+
+class FnCurve(StepCurve):
+    """A function of the context as a ``StepCurve`` (off the per-step path: ``step_time``)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[int], float]) -> None:
+        self.fn = fn
+
+    def at(self, context_tokens: int) -> float:
+        return self.fn(context_tokens)
+
+
+def affine_steps(attn_s: StepCurve, c0: int, num_seqs: int, num_steps: int, a0: float,
                  step_s: float, rel_tol: float = RUN_REL_TOL) -> tuple[int, float, float]:
     """(j, attn_s at step j - 1, curve_s) for the longest j <= ``num_steps`` whose steps'
-    seconds ``attn_s(c0 + i * num_seqs)`` (a step's, or its decode attention's), i < j, stay
+    seconds ``attn_s.at(c0 + i * num_seqs)`` (a step's, or its decode attention's), i < j, stay
     within ``rel_tol * step_s``
     of the line through the first (``a0``) and the last; the span shrinks as the square root
     of the deviation (a smooth curve leaves its chord by span^2 * curvature / 8).
@@ -54,15 +76,15 @@ def affine_steps(attn_s: Callable[[int], float], c0: int, num_seqs: int, num_ste
     j = num_steps
     while j > 2:
         m = j - 1
-        z = attn_s(c0 + m * num_seqs)
+        z = attn_s.at(c0 + m * num_seqs)
         i = m // 2
-        dev = attn_s(c0 + i * num_seqs) - (a0 + (z - a0) * i / m)
+        dev = attn_s.at(c0 + i * num_seqs) - (a0 + (z - a0) * i / m)
         allowed = rel_tol * min(step_s, step_s + z - a0)
         if abs(dev) <= allowed:
             return j, z, dev / (i * (i - m))
         j = min(m, 1 + int(m * math.sqrt(allowed / abs(dev)) * 0.9))
     if j == 2:
-        return 2, attn_s(c0 + num_seqs), 0.0
+        return 2, attn_s.at(c0 + num_seqs), 0.0
     return 1, a0, 0.0
 
 

@@ -427,11 +427,15 @@ class Scheduler:
                 n = thr
             if n > left:
                 if in_order is None:  # the last len(prefilling) admitted are all prompts
-                    in_order = True
-                    tail = reversed(self.running)
-                    for _ in range(len(prefilling)):
-                        if next(tail) not in prefilling:
+                    # (a loop over the tail: compiled, sim/compiled_core.py, each ``next(tail)``
+                    # was a generic call of the builtin looked up in the builtins module)
+                    in_order, k = True, len(prefilling)
+                    for key in reversed(self.running):
+                        if key not in prefilling:
                             in_order = False
+                            break
+                        k -= 1
+                        if not k:
                             break
                 if not in_order:
                     return None
