@@ -224,6 +224,24 @@ def test_solo_prefill_keys_are_one_to_one():
     assert isinstance(solo_key(1, big, True), tuple) and isinstance(solo_key(1, big - 1, True), int)
 
 
+def test_step_and_chunk_keys_are_one_to_one():
+    """The step-shape memo's int key (one prompt chunk, bounded fields) and the prompt-chunk
+    memo's never map two shapes to one key, nor a chunk shape onto a decode-only shape's key
+    (the int n); a field beyond its bits takes the tuple key instead."""
+    from sim.cost.roofline import chunk_key, step_key
+    edges = {"n": (0, 1, 2 ** 11 - 1, 2 ** 11), "c": (0, 1, 2 ** 16 - 1, 2 ** 16), "x": (0, 1, 2 ** 33 - 1, 2 ** 33)}
+    shapes = [(n, n + d, ((c, x),)) for n in edges["n"] for d in (0, 1, 2) for c in edges["c"] for x in edges["x"]]
+    shapes += [(3, 4, ((1, 0), (2, 5))), (3, 3, ())]
+    keys = [step_key(*s) for s in shapes]
+    assert len(set(keys)) == len(shapes)
+    assert all(k < 0 for k in keys if isinstance(k, int))  # decode-only shapes' keys are n >= 0
+    assert isinstance(step_key(5, 6, ((512, 2 ** 33 - 1),)), int)
+    assert step_key(5, 7, ((512, 0),)) == (5, 7, ((512, 0),)) and step_key(2 ** 11, 2 ** 11, ((1, 0),))[0] == 2 ** 11
+    chunks = [(n, c, x) for n in (0, 1, 2 ** 12 - 1, 2 ** 12) for c in edges["c"] for x in edges["x"]]
+    assert len({chunk_key(*k) for k in chunks}) == len(chunks)
+    assert chunk_key(1, 512, 2 ** 33) == (1, 512, 2 ** 33) and isinstance(chunk_key(1, 512, 2 ** 33 - 1), int)
+
+
 def test_replicas_sharing_a_cost_model_share_its_solo_memo():
     """The TTFT split's chunk-alone seconds are memoised in the cost model: every replica of a
     deployment reads one memo, and a second replica finds what the first computed, the same

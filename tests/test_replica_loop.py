@@ -349,6 +349,33 @@ def test_an_abandoned_call_stays_queued_and_calls_nothing():
         old.abandon()
 
 
+def test_the_loop_sets_the_clock_through_an_environments_own_now():
+    """The event loop stores the clock straight into a SimPy Environment's dict (SimPy's ``now``
+    reads it); an environment whose ``_now`` is a property still has its setter called, event by
+    event."""
+    from sim.engine.calls import Call
+
+    class OwnNow(simpy.Environment):
+        @property
+        def _now(self):
+            return self.__dict__.get("t", 0.0)
+
+        @_now.setter
+        def _now(self, t):
+            self.__dict__["t"] = t
+            set_to.append(t)
+
+    seen: list[float] = []
+    set_to: list[float] = []
+    plain, own = simpy.Environment(), OwnNow()
+    assert cluster._clock_dict(plain) is plain.__dict__ and cluster._clock_dict(own) is None
+    for env in (plain, own):
+        for t in (2.5, 1.0):
+            Call(env, lambda e, env=env: seen.append(env.now)).at(t)
+        cluster.run_watched(env, lambda: 0)
+    assert seen == [1.0, 2.5, 1.0, 2.5] and set_to[-2:] == [1.0, 2.5] and plain.now == own.now == 2.5
+
+
 def test_a_pending_call_is_not_scheduled_again():
     from sim.engine.calls import Call
     env = simpy.Environment()

@@ -151,6 +151,16 @@ def step_key(n: int, num_logits: int, chunks: tuple[tuple[int, int], ...]) -> in
     return (n, num_logits, chunks)
 
 
+def chunk_key(n: int, c: int, x: int) -> int | tuple[int, int, int]:
+    """``RooflineCostModel._chunk_attn``'s memo key of a chunk of c new tokens after x cached
+    among n chunks: with n < 2**12, c < 2**16 and x < 2**33, the int x << 28 | c << 12 | n
+    (one to one on that range: the fields' bits do not overlap); else the tuple (n, c, x)
+    (compiled, hashed and compared at a fraction of a tuple's cost, as ``step_key``)."""
+    if 0 <= n < _BITS_12 and 0 <= c < _BITS_16 and 0 <= x < _BITS_33:
+        return (x << 28) | (c << 12) | n
+    return (n, c, x)
+
+
 class _RunStep(StepCurve):
     """A decode run's step seconds as a function of its total decode context
     (``_run_step_fn``): every kernel but decode attention (``rest``) is fixed along a run; the
@@ -451,9 +461,7 @@ class RooflineCostModel:
         cached ones among ``n`` chunks in a step, calibrated (``_prefill_attn``); memoised by
         (n, c, x)."""
         cache = self._chunk_cache
-        # (n, c, x) as one int where it fits 61 bits (a context under 2**33 tokens): compiled,
-        # the int is hashed and compared at a fraction of a tuple's cost; else the tuple
-        key = (x << 28) | (c << 12) | n if 0 <= n < _BITS_12 and 0 <= c < _BITS_16 and 0 <= x < _BITS_33 else (n, c, x)
+        key = chunk_key(n, c, x)
         hit = cache.get(key)
         if hit is None:
             cops = self.cops
