@@ -313,7 +313,7 @@ class RooflineCostModel:
         self._logit_cache: dict[int, tuple[float, float, bool]] = {}
         self._run_fns: dict[tuple[int, int], _RunStep] = {}
         self._decode_fns: dict[int, DecodeAttention] = {}
-        self._host_cache: dict[tuple[int, bool], tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
+        self._host_cache: dict[int, tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
         # run_cost's, per batch shape: (decodes, sampled positions, chunks), or for a decode-only
         # batch sampling every sequence the number of decodes alone (an int: cheaper to hash and
         # compare than a tuple, for the most frequent shapes; never equal to a tuple key)
@@ -581,7 +581,9 @@ class RooflineCostModel:
     def _fixed(self, b: BatchValues) -> "_Fixed":
         """Every operator of ``b``'s steps but decode attention and the engine overhead (fixed
         along a decode run), with their flags; memoised for batches without prompt chunks."""
-        _, _, chunks, num_logits, _, _, num_tokens = b  # by position (``run_cost_values`` may pass a plain tuple)
+        # by position (``run_cost_values`` may pass a plain tuple); indexed, not unpacked into
+        # ``_`` (compiled, sim/compiled_core.py, each ``_`` took a boxed int, made and freed)
+        chunks, num_logits, num_tokens = b[2], b[3], b[6]
         key = None if chunks else (num_tokens, num_logits)
         if key is not None:
             hit = self._fixed_cache.get(key)
@@ -657,8 +659,9 @@ class RooflineCostModel:
         overhead enters a step): (GPU seconds -> overhead seconds, the knee: GPU seconds beyond
         which the host no longer adds to the step, whether the batch lies outside the profile's
         measured range, the (cpu, launch) seconds that function adds: _PLUS_OVERHEAD).
-        Memoised: fixed along a decode run."""
-        key = (num_seqs, has_prefill)
+        Memoised (by 2 num_seqs + has_prefill: an int, hashed and compared natively): fixed along
+        a decode run."""
+        key = 2 * num_seqs + has_prefill
         hit = self._host_cache.get(key)
         if hit is None:
             eng, L = self.engine, self.model.num_layers
@@ -740,7 +743,7 @@ class RooflineCostModel:
         batch's shape fixes comes from ``_step`` (memoised), the decode context is costed here."""
         # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
         # read by name is a generic attribute look-up)
-        n, context, chunks, num_logits, num_steps, _, _ = batch
+        n, context, chunks, num_logits, num_steps = batch[0], batch[1], batch[2], batch[3], batch[4]
         key: int | tuple[int, int, tuple]
         if not chunks:
             key = n if num_logits == n else (n, num_logits, chunks)
@@ -781,7 +784,7 @@ class RooflineCostModel:
         give), memoised under ``key`` = (decode sequences, sampled positions, prompt chunks),
         which fix them (the decode sequences alone when they are all and only what the step
         samples): the token count is the decodes plus the chunks' new tokens."""
-        n, _, chunks, num_logits, _, _, num_tokens = b  # (by position, as in run_cost)
+        n, chunks, num_logits, num_tokens = b[0], b[2], b[3], b[6]  # (by position, as in _fixed)
         if chunks:
             # _fixed's terms, without building its tuple (it does not memoise these shapes).
             # Shapes with prompt chunks miss this memo often: on the bench workload 44% of them
@@ -816,10 +819,11 @@ class RooflineCostModel:
         host, outside = None, None
         if num_tokens:
             seqs = n + len(chunks)
-            terms = self._host_cache.get((seqs, bool(chunks)))
+            has_prefill = bool(chunks)
+            terms = self._host_cache.get(2 * seqs + has_prefill)  # (``_host``'s key)
             if terms is None:
-                terms = self._host(seqs, bool(chunks))
-            _, _, out, host = terms
+                terms = self._host(seqs, has_prefill)
+            out, host = terms[2], terms[3]
             if out:
                 outside = (seqs, seqs)
         decode = self._decode_fns.get(n)
@@ -844,7 +848,7 @@ class RooflineCostModel:
         function has a kink (``_RunStep``): every kernel but decode attention is fixed along a
         run; the engine overhead follows the GPU time. Memoised for batches without prompt
         chunks (one per decode batch shape)."""
-        n, _, chunks, num_logits, _, _, num_tokens = b  # by position (``run_cost_values`` may pass a plain tuple)
+        n, chunks, num_logits, num_tokens = b[0], b[2], b[3], b[6]  # by position, as in _fixed
         has_prefill = bool(chunks)
         key = None if has_prefill else (num_tokens, num_logits)
         if key is not None:

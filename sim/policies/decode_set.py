@@ -251,7 +251,8 @@ class DecodeSet:
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
         while fill and fill[0][0] <= steps:
-            _, _, epoch, req = _pop_due(fill)
+            due = _pop_due(fill)  # (indexed: compiled, an unpacked ``_`` is a boxed int)
+            epoch, req = due[2], due[3]
             if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
@@ -260,7 +261,8 @@ class DecodeSet:
             return _NO_REQUESTS  # (most steps: no list made)
         done = []
         while heap and heap[0][0] <= steps:
-            _, _, epoch, req = _pop_due(heap)
+            due = _pop_due(heap)
+            epoch, req = due[2], due[3]
             if epoch == req.epoch:
                 done.append(req)
         return done
