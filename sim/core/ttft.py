@@ -56,6 +56,7 @@ class WaitClocks:
 
 
 _BELOW: Final = 1 << 32
+_NAN: Final = float("nan")
 
 
 def solo_key(n: int, ctx: int, completing: bool) -> int | tuple[int, int, bool]:
@@ -104,7 +105,10 @@ class TTFTAccounting:
         self.solo = solo if solo is not None else SoloPrefill(cost)  # ranks of one replica share one
         self.clocks = WaitClocks()
         self._preempted_at: dict[int, float] = {}  # request id -> its preemption before a first token
-        self._overhead_s: dict[int, float] = {}  # sequences in a step -> cost.overhead_s of it (pure)
+        # sequences in a step -> cost.overhead_s of it (pure); NaN: not asked yet. A list indexed
+        # by the count (compiled, sim/compiled_core.py, a native read where a dict look-up boxed
+        # the count and hashed it)
+        self._overhead_s: list[float] = []
 
     def on_arrival(self, req: Request, now: float) -> None:
         """``req`` starts waiting now: until it is first scheduled, its two wait parts hold the
@@ -148,11 +152,13 @@ class TTFTAccounting:
         preempted_at = self._preempted_at
         if chunks:
             seqs = plan.num_decode_seqs + len(chunks)
-            hit = self._overhead_s.get(seqs)
-            if hit is None:
-                hit = self._overhead_s[seqs] = self.cost.overhead_s(seqs)
             # (the seconds below typed float: compiled, sim/compiled_core.py, native arithmetic)
-            overhead: float = hit
+            known = self._overhead_s
+            if seqs >= len(known):
+                known.extend([_NAN] * (seqs + 1 - len(known)))
+            overhead: float = known[seqs]
+            if overhead != overhead:
+                overhead = known[seqs] = self.cost.overhead_s(seqs)
             compute = elapsed_s - overhead
             solo = self.solo
             # SoloPrefill's memo, read here first (once per chunk; compiled, sim/compiled_core.py,

@@ -160,6 +160,7 @@ class StepPlan:
 # look-ups in the module's dict)
 _new: Final = object.__new__
 _tuple_new: Final = tuple.__new__
+_reversed: Final = reversed
 _Batch: Final = Batch
 _NONE: Final = NONE
 
@@ -430,7 +431,7 @@ class Scheduler:
                     # (a loop over the tail: compiled, sim/compiled_core.py, each ``next(tail)``
                     # was a generic call of the builtin looked up in the builtins module)
                     in_order, k = True, len(prefilling)
-                    for key in reversed(self.running):
+                    for key in _reversed(self.running):
                         if key not in prefilling:
                             in_order = False
                             break
