@@ -225,7 +225,8 @@ def test_solo_prefill_keys_are_one_to_one():
 
 
 def test_step_and_chunk_keys_are_one_to_one():
-    """The step-shape memo's int key (one prompt chunk, bounded fields) and the prompt-chunk
+    """The step-shape memo's int keys (a decode-only shape's n; one prompt chunk, bounded
+    fields: negative) and the prompt-chunk
     memo's never map two shapes to one key, nor a chunk shape onto a decode-only shape's key
     (the int n); a field beyond its bits takes the tuple key instead."""
     from sim.cost.roofline import chunk_key, step_key
@@ -234,7 +235,9 @@ def test_step_and_chunk_keys_are_one_to_one():
     shapes += [(3, 4, ((1, 0), (2, 5))), (3, 3, ())]
     keys = [step_key(*s) for s in shapes]
     assert len(set(keys)) == len(shapes)
-    assert all(k < 0 for k in keys if isinstance(k, int))  # decode-only shapes' keys are n >= 0
+    # a shape with chunks never takes a decode-only shape's key, the int n >= 0
+    assert all(k < 0 for s, k in zip(shapes, keys) if s[2] and isinstance(k, int))
+    assert [step_key(n, n, ()) for n in (0, 1, 2 ** 11)] == [0, 1, 2 ** 11] and step_key(3, 2, ()) == (3, 2, ())
     assert isinstance(step_key(5, 6, ((512, 2 ** 33 - 1),)), int)
     assert step_key(5, 7, ((512, 0),)) == (5, 7, ((512, 0),)) and step_key(2 ** 11, 2 ** 11, ((1, 0),))[0] == 2 ** 11
     chunks = [(n, c, x) for n in (0, 1, 2 ** 12 - 1, 2 ** 12) for c in edges["c"] for x in edges["x"]]

@@ -136,14 +136,16 @@ _BITS_33: Final = 1 << 33
 
 
 def step_key(n: int, num_logits: int, chunks: tuple[tuple[int, int], ...]) -> int | tuple[int, int, tuple]:
-    """``RooflineCostModel._step``'s memo key of a batch shape with prompt chunks (``n``
-    decodes, ``num_logits`` sampled positions): for one chunk (c new tokens after x cached),
-    with n < 2**11, num_logits n or n + 1, c < 2**16 and x < 2**33, the negative int
-    -1 - (x << 28 | c << 12 | n << 1 | num_logits - n) (one to one on that range: the fields'
-    bits do not overlap, and the decode-only shapes' keys are the ints n >= 0); else the tuple
-    (n, num_logits, chunks). Compiled (sim/compiled_core.py), hashing and comparing the nested
-    tuple was ~540 instructions a look-up; every operation here stays on mypyc's fast path
-    (shifts whose result fits 62 bits, no product)."""
+    """``RooflineCostModel._step``'s memo key of a batch shape (``n`` decodes, ``num_logits``
+    sampled positions, prompt chunks of c new tokens after x cached): without chunks, sampling
+    every decode, the int n >= 0; for one chunk, with n < 2**11, num_logits n or n + 1,
+    c < 2**16 and x < 2**33, the negative int -1 - (x << 28 | c << 12 | n << 1 | num_logits - n)
+    (one to one on that range: the fields' bits do not overlap); else the tuple (n, num_logits,
+    chunks). Compiled (sim/compiled_core.py), hashing and comparing a nested tuple was ~540
+    instructions a look-up; every operation here stays on mypyc's fast path (shifts whose
+    result fits 62 bits, no product)."""
+    if not chunks:
+        return n if num_logits == n else (n, num_logits, chunks)
     if len(chunks) == 1 and 0 <= n < _BITS_11 and 0 <= num_logits - n <= 1:
         c, x = chunks[0]
         if 0 < c < _BITS_16 and 0 <= x < _BITS_33:
@@ -314,9 +316,8 @@ class RooflineCostModel:
         self._run_fns: dict[tuple[int, int], _RunStep] = {}
         self._decode_fns: dict[int, DecodeAttention] = {}
         self._host_cache: dict[int, tuple[Callable[[float], float], float, bool, tuple[float, float]]] = {}
-        # run_cost's, per batch shape: (decodes, sampled positions, chunks), or for a decode-only
-        # batch sampling every sequence the number of decodes alone (an int: cheaper to hash and
-        # compare than a tuple, for the most frequent shapes; never equal to a tuple key)
+        # run_cost's, per batch shape (decodes, sampled positions, chunks), keyed by ``step_key``
+        # (an int for the frequent shapes: cheaper to hash and compare than a tuple)
         self._step_cache: dict[int | tuple[int, int, tuple], _Step] = {}
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
         self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
@@ -720,7 +721,7 @@ class RooflineCostModel:
                        self._pieces(batch, FnCurve(lambda c: self._attn_decode_s(n, c)), first[ATTN_DECODE]))
             fns = self._run_step_fn(batch, self._fixed(batch))
             total: float = sum(run_sum_s(j, a, z, j, q) for j, a, z, q in
-                               self._pieces(batch, fns, sum(first), fns if fns.has_knee else None))
+                               self._pieces(batch, fns, sum(first), fns))
             # the sums apart from the subtraction: mypyc (sim/compiled_core.py) miscompiles x - sum(<floats>)
             others: float = sum(t for op, t in ops.items() if op not in ("attn_decode", "overhead"))
             ops["overhead"] = total - others - attn
@@ -744,11 +745,7 @@ class RooflineCostModel:
         # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
         # read by name is a generic attribute look-up)
         n, context, chunks, num_logits, num_steps = batch[0], batch[1], batch[2], batch[3], batch[4]
-        key: int | tuple[int, int, tuple]
-        if not chunks:
-            key = n if num_logits == n else (n, num_logits, chunks)
-        else:
-            key = step_key(n, num_logits, chunks)
+        key = step_key(n, num_logits, chunks)
         st = self._step_cache.get(key)
         if st is None:
             st = self._step(batch, key)
@@ -771,7 +768,7 @@ class RooflineCostModel:
         fns = st.run_fns
         if fns is None:
             fns = self._run_step_fn(batch, self._fixed(batch))
-        j, z, q = self._piece(n, context, num_steps, fns, first, fns if fns.has_knee else None)
+        j, z, q = self._piece(n, context, num_steps, fns, first, fns)
         return first, z, j, self._flag, lm_flag, q, outside
 
     # Batch shapes whose ``_Step`` is kept: decode-only shapes are few (one per batch size);
@@ -781,9 +778,9 @@ class RooflineCostModel:
 
     def _step(self, b: BatchValues, key: int | tuple[int, int, tuple]) -> _Step:
         """``run_cost``'s terms of ``b``'s shape (what ``_fixed``, ``_decode_fn`` and ``_host``
-        give), memoised under ``key`` = (decode sequences, sampled positions, prompt chunks),
-        which fix them (the decode sequences alone when they are all and only what the step
-        samples): the token count is the decodes plus the chunks' new tokens."""
+        give), memoised under ``key``: ``step_key`` of (decode sequences, sampled positions,
+        prompt chunks), which fix them: the token count is the decodes plus the chunks' new
+        tokens."""
         n, chunks, num_logits, num_tokens = b[0], b[2], b[3], b[6]  # (by position, as in _fixed)
         if chunks:
             # _fixed's terms, without building its tuple (it does not memoise these shapes).
@@ -881,8 +878,9 @@ class RooflineCostModel:
         """(steps, f at the last step, curve_s) of the first piece of a run of ``left`` decode
         steps of ``n`` sequences from total context ``c`` (``a``: f at its first step). A piece
         never crosses a node of the efficiency table, a change of FA2's split decision (where
-        decode attention bends or jumps) or the engine overhead's knee (``kinked``: where the
-        GPU time overtakes the host's), and within one its steps deviate from the straight
+        decode attention bends or jumps) or the engine overhead's knee (``kinked``, the run's
+        step function: where the GPU time overtakes the host's, if it ever does: ``has_knee``),
+        and within one its steps deviate from the straight
         line between its ends by at most ``RUN_REL_TOL`` (``affine_steps``)."""
         j = left
         smooth = self._smooth_ops
@@ -890,7 +888,7 @@ class RooflineCostModel:
             x0 = c / n
             end = smooth.decode_smooth_end(n, x0, x0 + (left - 1), self._kv_scale)
             j = min(left, int(end - x0 + 1e-9) + 1)
-        if kinked is not None and j > 1:
+        if kinked is not None and kinked.has_knee and j > 1:
             side = kinked.kinked(c)
             if kinked.kinked(c + (j - 1) * n) != side:  # the last step on the first side (monotone)
                 lo, hi = 1, j - 1
