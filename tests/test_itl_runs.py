@@ -176,8 +176,9 @@ def test_step_log_read_in_chunks_gives_the_same_bits(rows, resume, data):
     adjust = [(float(first[i]), float(first[i]) + 0.002) for i in picks]
     whole = run_length_stats(itl_samples(steps, resume, adjust), tail=True)
     chunk = data.draw(st.integers(1, 7))
+    cached = data.draw(st.sampled_from([0, 3, metrics.CACHED_PIECES]))  # none, some chunks, all kept
     pieces = metrics.itl_pieces(lambda a, b: {c: v[a:b] for c, v in steps.items()}, len(k), resume, adjust,
-                                chunk_rows=chunk)
+                                chunk_rows=chunk, cached_pieces=cached)
     saved = metrics._BINS
     try:
         metrics._BINS = data.draw(st.sampled_from([saved, 2, 16]))
@@ -187,6 +188,28 @@ def test_step_log_read_in_chunks_gives_the_same_bits(rows, resume, data):
     assert got["n"] == itl_samples(steps, resume, adjust).num_samples
     for key, v in whole.items():
         assert got[key] == v or (math.isnan(v) and math.isnan(got[key])), key
+
+
+@pytest.mark.parametrize("cached, reads", [(metrics.CACHED_PIECES, 4), (5, 4 + 2 * 3), (0, 3 * 4)])
+def test_the_step_log_is_read_once_when_its_pieces_fit_the_cache(cached, reads):
+    """``pieces_stats`` reads the piece sets three times: chunks whose pieces the first read
+    kept (``cached_pieces``) are not read from the step log again; the figures are the same."""
+    n = 12
+    rng = np.random.default_rng(5)
+    first = rng.uniform(0.01, 0.02, n)
+    steps = {"num_steps": rng.integers(1, 9, n), "multi_step": np.zeros(n, np.int64), "first_step_duration_s": first,
+             "last_step_duration_s": first * rng.uniform(1.0, 1.1, n), "duration_s": first * 9}
+    steps["decode_tokens"] = steps["num_steps"] * rng.integers(1, 5, n)
+    calls = []
+
+    def read(a, b):
+        calls.append(a)
+        return {c: v[a:b] for c, v in steps.items()}
+    got = metrics.pieces_stats(metrics.itl_pieces(read, n, [0.5], chunk_rows=3, with_bend=True, cached_pieces=cached))
+    assert len(calls) == reads  # 4 chunks of 3 rows; room for 5 pieces keeps the first chunk only
+    whole = metrics.pieces_stats(metrics.itl_pieces(lambda a, b: {c: v[a:b] for c, v in steps.items()}, n, [0.5],
+                                                    chunk_rows=n, with_bend=True, cached_pieces=0))
+    assert got == whole
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
