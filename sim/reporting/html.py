@@ -1,8 +1,8 @@
 """Self-contained HTML pages holding altair charts, readable offline from a file.
 
 Why: reports are opened from disk, often on machines without internet access; the Vega,
-Vega-Lite and Vega-Embed libraries are inlined once per page (vl-convert's bundle), and each
-chart is embedded as its Vega-Lite JSON spec.
+Vega-Lite and Vega-Embed libraries are inlined once per page (vl-convert's bundle, kept on disk:
+sim/reporting/vega_bundle.py), and each chart is embedded as its Vega-Lite JSON spec.
 """
 
 from __future__ import annotations
@@ -11,17 +11,10 @@ import html
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import altair as alt
 
-
-@lru_cache(maxsize=1)
-def vega_bundle_js() -> str:
-    """Vega + Vega-Lite + Vega-Embed as one ES module that exposes ``window.vegaEmbed``."""
-    import vl_convert as vlc
-
-    return vlc.javascript_bundle("window.vegaEmbed = vegaEmbed;")
+from sim.reporting.vega_bundle import vega_bundle_js
 
 
 CSS = """
