@@ -176,9 +176,8 @@ def test_step_log_read_in_chunks_gives_the_same_bits(rows, resume, data):
     adjust = [(float(first[i]), float(first[i]) + 0.002) for i in picks]
     whole = run_length_stats(itl_samples(steps, resume, adjust), tail=True)
     chunk = data.draw(st.integers(1, 7))
-    cached = data.draw(st.sampled_from([0, 3, metrics.CACHED_PIECES]))  # none, some chunks, all kept
     pieces = metrics.itl_pieces(lambda a, b: {c: v[a:b] for c, v in steps.items()}, len(k), resume, adjust,
-                                chunk_rows=chunk, cached_pieces=cached)
+                                chunk_rows=chunk)
     saved = metrics._BINS
     try:
         metrics._BINS = data.draw(st.sampled_from([saved, 2, 16]))
@@ -190,26 +189,29 @@ def test_step_log_read_in_chunks_gives_the_same_bits(rows, resume, data):
         assert got[key] == v or (math.isnan(v) and math.isnan(got[key])), key
 
 
-@pytest.mark.parametrize("cached, reads", [(metrics.CACHED_PIECES, 4), (5, 4 + 2 * 3), (0, 3 * 4)])
-def test_the_step_log_is_read_once_when_its_pieces_fit_the_cache(cached, reads):
-    """``pieces_stats`` reads the piece sets three times: chunks whose pieces the first read
-    kept (``cached_pieces``) are not read from the step log again; the figures are the same."""
+def test_the_bend_is_summed_on_the_first_read_only(monkeypatch):
+    """``pieces_stats`` reads the piece sets three times; the fast-forwarded rows' bend (the
+    mean's ``sum_extra_s``) is summed on the first, chunk by chunk, and the figures are those
+    of the whole log read as one chunk (the mean to rounding: its bend summed chunk by chunk)."""
     n = 12
     rng = np.random.default_rng(5)
     first = rng.uniform(0.01, 0.02, n)
     steps = {"num_steps": rng.integers(1, 9, n), "multi_step": np.zeros(n, np.int64), "first_step_duration_s": first,
              "last_step_duration_s": first * rng.uniform(1.0, 1.1, n), "duration_s": first * 9}
     steps["decode_tokens"] = steps["num_steps"] * rng.integers(1, 5, n)
-    calls = []
-
-    def read(a, b):
-        calls.append(a)
-        return {c: v[a:b] for c, v in steps.items()}
-    got = metrics.pieces_stats(metrics.itl_pieces(read, n, [0.5], chunk_rows=3, with_bend=True, cached_pieces=cached))
-    assert len(calls) == reads  # 4 chunks of 3 rows; room for 5 pieces keeps the first chunk only
     whole = metrics.pieces_stats(metrics.itl_pieces(lambda a, b: {c: v[a:b] for c, v in steps.items()}, n, [0.5],
-                                                    chunk_rows=n, with_bend=True, cached_pieces=0))
-    assert got == whole
+                                                    chunk_rows=n, with_bend=True))
+    bends = []
+    bend_s = metrics._bend_s
+    monkeypatch.setattr(metrics, "_bend_s", lambda p, rows: bends.append(len(p.first_s)) or bend_s(p, rows))
+    reads = []
+    pieces = metrics.itl_pieces(lambda a, b: reads.append(a) or {c: v[a:b] for c, v in steps.items()}, n, [0.5],
+                                chunk_rows=3, with_bend=True)
+    got = metrics.pieces_stats(pieces)
+    assert len(reads) == 3 * 4 and bends == [3, 3, 3, 3]  # 4 chunks of 3 rows, read thrice, bent once
+    assert pieces.sum_extra_s != 0.0
+    assert got["mean"] == pytest.approx(whole["mean"], rel=1e-12)  # (the bend summed by chunks)
+    assert {k: v for k, v in got.items() if k != "mean"} == {k: v for k, v in whole.items() if k != "mean"}
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])

@@ -449,44 +449,32 @@ def itl_samples(steps: dict[str, np.ndarray], resume_gaps_s: list[float],
     return out
 
 
-# ITL pieces kept in memory from the summary's first read of the step log to its next two
-# (40 bytes a piece: 160 MB at most); a longer log's later chunks are read from disk again.
-CACHED_PIECES = 1 << 22
-
-
 def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: list[tuple[float, float]] = (),
-               chunk_rows: int = 1 << 18, with_bend: bool = False, cached_pieces: int = CACHED_PIECES):
+               chunk_rows: int = 1 << 18, with_bend: bool = False):
     """``itl_samples`` as piece sets for ``pieces_stats``: a callable yielding the pieces of
     each ``chunk_rows`` step rows (``read_rows(start, stop)``: {column: array}), then the
     points; the same pieces in the same order, never all in memory. ``with_bend``: the rows
-    have ``duration_s`` too (``BEND_STEP_COLUMNS``), and each read of the sets leaves the
-    whole log's ``step_bend_s`` in their ``sum_extra_s`` (the chunks' bends summed in order:
-    one pass over the log less than reading it again for them).
-    The first read keeps its leading chunks' pieces and bends, up to ``cached_pieces`` pieces
-    in all; later reads yield those again instead of reading, cutting and bending their rows
-    anew (1M requests, chunked 512, 3.6M step rows: of ``pieces_stats``' three reads, each
-    took ~0.05 s reading, ~0.11 s cutting pieces and ~0.09 s bending; bench/README.md)."""
+    have ``duration_s`` too (``BEND_STEP_COLUMNS``), and the first whole read of the sets
+    leaves the whole log's ``step_bend_s`` in their ``sum_extra_s`` (the chunks' bends summed
+    in order: one pass over the log less than reading it again for them); later reads do not
+    bend the pieces again (1M requests, chunked 512, 3.6M step rows: ~0.09 s a read).
+    Keeping the pieces between reads instead would have saved ~0.4 s there for 137 MB more
+    peak memory (bench/README.md, "Reports and the summary, round eleven")."""
     points, old = _point_pieces(resume_gaps_s, adjust)
-    kept: list[tuple[RunLengthSamples, float]] = []  # the leading chunks' pieces and bends
-    kept_pieces = 0
+    bent = not with_bend  # the bend is summed (or not asked for)
 
     def sets():
-        nonlocal kept_pieces
+        nonlocal bent
         bend = 0.0
-        for i, start in enumerate(range(0, num_rows, chunk_rows)):
-            if i < len(kept):
-                p, b = kept[i]
-            else:
-                rows = read_rows(start, min(start + chunk_rows, num_rows))
-                p = step_pieces(rows)
-                b = _bend_s(p, rows) if with_bend else 0.0
-                del rows
-                if i == len(kept) and kept_pieces + len(p.first_s) <= cached_pieces:
-                    kept.append((p, b))
-                    kept_pieces += len(p.first_s)
-            bend += b
+        for start in range(0, num_rows, chunk_rows):
+            rows = read_rows(start, min(start + chunk_rows, num_rows))
+            p = step_pieces(rows)
+            if not bent:
+                bend += _bend_s(p, rows)
             yield p
-        pieces.sum_extra_s = bend
+        if not bent:
+            pieces.sum_extra_s = bend
+            bent = True
         yield points
     pieces = PieceSets(sets, num_rows + len(points.first_s))  # (a row holds at most one piece)
     if len(old):
