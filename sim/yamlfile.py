@@ -2,7 +2,9 @@
 
 Why: a scenario or grid file may be mis-encoded (Latin-1, UTF-16), binary, not YAML, hostile
 (``!!python`` tags, alias bombs) or absurdly nested; each must end in one line that names the
-file, never in a traceback or an echo of the file's bytes.
+file, never in a traceback or an echo of the file's bytes. A mapping that gives a key twice is
+refused too: YAML loaders keep the last value silently, so a second ``engine:`` block would drop
+the whole first one.
 """
 
 from __future__ import annotations
@@ -58,12 +60,33 @@ def load_shipped_yaml(text: str) -> Any:
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (its own keys: a key
+    that overrides one merged in with ``<<`` is YAML's merge, not a duplicate)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[object, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice, at lines {first_line[key]} and {line}; YAML would "
+                        "keep only the last", key_node.start_mark)
+                first_line[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def parse_yaml_text(text: str, where: str) -> Any:
-    """``yaml.safe_load`` of ``text``; any failure is one ``UserError`` line starting with ``where``."""
+    """``yaml.safe_load`` of ``text`` (a key given twice in a mapping refused); any failure is
+    one ``UserError`` line starting with ``where``."""
     if _max_depth(text) > MAX_DEPTH:
         raise UserError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a scenario")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}:" if mark else ""

@@ -48,6 +48,25 @@ def test_unreadable_scenario_file_is_one_line(tmp_path, data, needle):
     _one_error(simsrv("run", p, "-q", "--out", tmp_path / "o"), str(p), needle)
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """YAML keeps a repeated key's last value: a second ``engine:`` block would silently drop
+    the first one's settings (the fuzzers' dup_key_engine case ran with max_num_seqs 256, not
+    64). A key that overrides one merged in with ``<<`` is YAML's merge, and is kept."""
+    text = BATCHING.read_text()
+    assert text.count("\nengine:\n") == 1
+    p = _scenario_file(tmp_path, (text + "engine:\n  policy: chunked\n").encode())
+    line = text.count("\n") + 1
+    first = text.split("\n").index("engine:") + 1
+    _one_error(simsrv("run", p, "-q", "--out", tmp_path / "o"), str(p), f"line {line}:",
+               f"key 'engine' given twice, at lines {first} and {line}")
+    _one_error(simsrv("run", BATCHING, *SMALL, "--set", "engine={max_num_seqs: 3, max_num_seqs: 4}", "-q",
+                      "--out", tmp_path / "o"), "--set engine", "key 'max_num_seqs' given twice")
+    from sim.yamlfile import parse_yaml_text
+
+    merged = parse_yaml_text("d: &d {a: 1, b: 2}\ne:\n  <<: *d\n  a: 3\n", "x")
+    assert merged == {"d": {"a": 1, "b": 2}, "e": {"a": 3, "b": 2}}
+
+
 @pytest.mark.parametrize("override, needle", [
     ("seed=-1", "seed"),
     ("seed=123456789012345678901234567890", "seed"),
