@@ -468,10 +468,14 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
 
 
-def _format_error(err: ValidationError, where: str) -> str:
+def _format_error(err: ValidationError, where: str, overrides: list[tuple[str, str]] | tuple = ()) -> str:
     e = err.errors()[0]
     loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "function-after"))))
     key = ".".join(str(p) for p in loc) or "(top level)"
+    flag = next((text for k, text in reversed(overrides)
+                 if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
+    if flag is not None:
+        where = f"{where} with {short_repr(flag, 60)} from the command line"
     if e["type"] == "extra_forbidden":
         cls = _model_at(loc)
         valid = ", ".join(k for k in (cls.model_fields if cls else {}) if k != "base_dir")
@@ -509,6 +513,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise UserError(f"--set {text!r}: expected dotted.key=value")
     key, raw = text.split("=", 1)
+    if not key.strip():
+        raise UserError(f"--set {text!r}: expected dotted.key=value (no key before '=')")
     from sim.yamlfile import parse_yaml_text
 
     value = parse_yaml_text(raw, f"--set {key.strip()}") if raw.strip() else ""
@@ -527,17 +533,24 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raw = {}
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a scenario is a YAML mapping of keys, got {type(raw).__name__}")
+    given: list[tuple[str, str]] = []
     for text in overrides:
         key, value = parse_override(text)
         set_dotted(raw, key, value)
+        given.append((key, text))
     raw.pop("base_dir", None)
-    return scenario_from_dict(raw, str(path), base_dir=str(path.parent))
+    return scenario_from_dict(raw, str(path), base_dir=str(path.parent), overrides=given)
 
 
-def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".") -> Scenario:
+def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".",
+                       overrides: list[tuple[str, str]] | tuple = ()) -> Scenario:
+    """The validated scenario; an invalid one is one ``UserError`` line naming ``where`` and the
+    key. ``overrides``: (dotted key, its ``key=value`` text) set from the command line (``--set``,
+    ``--policy``, ``--chunk``), the last of which the error's key lies in (or under) is named
+    too, so a bad flag is not blamed on the file."""
     try:
         return Scenario(**raw, base_dir=base_dir)
     except ValidationError as err:
-        raise UserError(_format_error(err, where)) from None
+        raise UserError(_format_error(err, where, overrides)) from None
     except TypeError as err:
         raise UserError(f"{where}: {err}") from None

@@ -67,6 +67,21 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
     assert merged == {"d": {"a": 1, "b": 2}, "e": {"a": 3, "b": 2}}
 
 
+def test_a_bad_flag_is_named_as_the_command_lines_not_the_files(tmp_path):
+    """A value given by --policy, --chunk or --set is named with the file (the key lies in or
+    under what the flag set); a bad value in the file itself is the file's alone."""
+    out = ["-q", "--out", tmp_path / "o"]
+    _one_error(simsrv("run", BATCHING, "--policy", "bogus", *out),
+               "with 'engine.policy=bogus' from the command line: engine.policy:")
+    _one_error(simsrv("run", BATCHING, "--chunk", "0", *out),
+               "'engine.max_num_batched_tokens=0' from the command line")
+    _one_error(simsrv("run", BATCHING, "--set", "engine.policy.x=1", *out), "'engine.policy.x=1' from the command line")
+    _one_error(simsrv("run", BATCHING, "--set", "=5", *out), "--set '=5': expected dotted.key=value")
+    bad = _scenario_file(tmp_path, BATCHING.read_text().replace("max_num_seqs: 64", "max_num_seqs: 0").encode())
+    line = _one_error(simsrv("run", bad, "--set", "seed=3", *out), f"{bad}: engine.max_num_seqs:")
+    assert "command line" not in line
+
+
 @pytest.mark.parametrize("override, needle", [
     ("seed=-1", "seed"),
     ("seed=123456789012345678901234567890", "seed"),
