@@ -10,7 +10,8 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+import types
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -472,10 +473,7 @@ def _format_error(err: ValidationError, where: str, overrides: list[tuple[str, s
     e = err.errors()[0]
     loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "function-after"))))
     key = ".".join(str(p) for p in loc) or "(top level)"
-    flag = next((text for k, text in reversed(overrides)
-                 if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
-    if flag is not None:
-        where = f"{where} with {short_repr(flag, 60)} from the command line"
+    where = _with_flag(where, key, overrides)
     if e["type"] == "extra_forbidden":
         cls = _model_at(loc)
         valid = ", ".join(k for k in (cls.model_fields if cls else {}) if k != "base_dir")
@@ -548,9 +546,63 @@ def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".",
     key. ``overrides``: (dotted key, its ``key=value`` text) set from the command line (``--set``,
     ``--policy``, ``--chunk``), the last of which the error's key lies in (or under) is named
     too, so a bad flag is not blamed on the file."""
+    flagged = _bool_as_number(raw, Scenario)
+    if flagged is not None:
+        key = ".".join(str(p) for p in flagged)
+        raise UserError(f"{_with_flag(where, key, overrides)}: {key}: a number is expected, not a boolean "
+                        f"(YAML reads true, false, yes, no, on and off as booleans)")
     try:
         return Scenario(**raw, base_dir=base_dir)
     except ValidationError as err:
         raise UserError(_format_error(err, where, overrides)) from None
     except TypeError as err:
         raise UserError(f"{where}: {err}") from None
+
+
+def _with_flag(where: str, key: str, overrides: list[tuple[str, str]] | tuple) -> str:
+    """``where``, and the last command-line override whose key ``key`` lies in or under (or
+    the reverse), if any."""
+    flag = next((text for k, text in reversed(overrides)
+                 if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
+    return where if flag is None else f"{where} with {short_repr(flag, 60)} from the command line"
+
+
+def _options(ann: Any) -> list:
+    """The alternatives of an annotation (Optional and Union unfolded, Annotated's type)."""
+    origin = get_origin(ann)
+    if origin is Union or origin is types.UnionType:
+        return [o for a in get_args(ann) for o in _options(a)]
+    if origin is Annotated:
+        return _options(get_args(ann)[0])
+    return [ann]
+
+
+def _bool_as_number(value: Any, ann: Any, path: tuple = ()) -> tuple | None:
+    """The path to the first boolean given where ``ann`` takes a number and no boolean, else
+    None. pydantic takes True as 1 for an int or float field (``max_num_seqs: true`` ran
+    with one sequence: found by ../shared/fuzz); a YAML boolean is never a count or a figure."""
+    opts = _options(ann)
+    if isinstance(value, bool):
+        kinds = {get_origin(o) or o for o in opts}
+        return path if bool not in kinds and Any not in kinds and (int in kinds or float in kinds) else None
+    if isinstance(value, dict):
+        model = next((o for o in opts if isinstance(o, type) and issubclass(o, BaseModel)), None)
+        if model is None:
+            return None
+        for k, v in value.items():
+            f = model.model_fields.get(k)
+            hit = _bool_as_number(v, f.annotation, (*path, k)) if f is not None else None
+            if hit is not None:
+                return hit
+        return None
+    if isinstance(value, (list, tuple)):
+        for o in opts:
+            args = get_args(o)
+            if get_origin(o) in (list, tuple) and args:
+                for i, v in enumerate(value):
+                    item = args[0] if len(args) == 1 or args[-1] is Ellipsis else args[min(i, len(args) - 1)]
+                    hit = _bool_as_number(v, item, (*path, i))
+                    if hit is not None:
+                        return hit
+                return None
+    return None

@@ -82,6 +82,22 @@ def test_a_bad_flag_is_named_as_the_command_lines_not_the_files(tmp_path):
     assert "command line" not in line
 
 
+@pytest.mark.parametrize("override, key", [
+    ("engine.max_num_seqs=true", "engine.max_num_seqs"),
+    ("slo.ttft_ms=yes", "slo.ttft_ms"),
+    ("seed=false", "seed"),
+    ("workload.synthetic.rate_profile={segments: [[10.0, on]]}", "workload.synthetic.rate_profile.segments.0.1"),
+])
+def test_a_boolean_for_a_number_is_refused(tmp_path, override, key):
+    """pydantic takes True as 1 for a number (``max_num_seqs: true`` ran one sequence at a
+    time: found by ../shared/fuzz); a boolean where a boolean belongs still runs."""
+    line = _one_error(simsrv("run", BATCHING, *SMALL, "--set", override, "-q", "--out", tmp_path / "o"),
+                      "from the command line", f": {key}: a number is expected, not a boolean")
+    assert "batching.yaml" in line
+    o = simsrv("run", BATCHING, *SMALL, "--set", "engine.enable_prefix_caching=true", "-q", "--out", tmp_path / "p")
+    assert o.code == 0, o.stderr[-2000:]
+
+
 @pytest.mark.parametrize("override, needle", [
     ("seed=-1", "seed"),
     ("seed=123456789012345678901234567890", "seed"),
