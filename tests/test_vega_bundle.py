@@ -72,3 +72,16 @@ def test_the_cache_directory_follows_the_environment(tmp_path, monkeypatch):
     assert vega_bundle.cache_dir() == tmp_path / "home" / ".cache" / "simsrv"
     monkeypatch.setenv("SIMSRV_CACHE_DIR", str(tmp_path / "own"))
     assert vega_bundle.cache_dir() == tmp_path / "own"
+
+
+def test_no_home_directory_means_no_cache(monkeypatch):
+    monkeypatch.delenv("SIMSRV_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(vega_bundle.Path, "home", staticmethod(no_home))
+    assert vega_bundle.cache_dir() is None
+    calls = _fake_bundler(monkeypatch, "vega();")
+    assert vega_bundle.vega_bundle_js() == "vega();" and len(calls) == 1

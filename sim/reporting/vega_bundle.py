@@ -21,13 +21,19 @@ from pathlib import Path
 EXPORT = "window.vegaEmbed = vegaEmbed;"
 
 
-def cache_dir() -> Path:
-    """simsrv's cache directory (nothing in it is needed: each file can be made again)."""
+def cache_dir() -> Path | None:
+    """simsrv's cache directory (nothing in it is needed: each file can be made again); None
+    when there is no home directory to put it in."""
     own = os.environ.get("SIMSRV_CACHE_DIR")
     if own:
         return Path(own)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "simsrv" if xdg else Path.home() / ".cache" / "simsrv"
+    if xdg:
+        return Path(xdg) / "simsrv"
+    try:
+        return Path.home() / ".cache" / "simsrv"
+    except (RuntimeError, KeyError):  # no HOME and no password entry
+        return None
 
 
 def _sha256(text: str) -> str:
@@ -40,7 +46,10 @@ def vega_bundle_js() -> str:
     vl-convert's ``javascript_bundle``, read from the cache when this version's is there."""
     import vl_convert as vlc
 
-    path = cache_dir() / f"vega-embed-vl-convert-{vlc.__version__}-{_sha256(EXPORT)[:12]}.js"
+    where = cache_dir()
+    if where is None:
+        return vlc.javascript_bundle(EXPORT)
+    path = where / f"vega-embed-vl-convert-{vlc.__version__}-{_sha256(EXPORT)[:12]}.js"
     digest = path.with_name(path.name + ".sha256")
     try:
         text = path.read_text(encoding="utf-8")
