@@ -459,7 +459,8 @@ def itl_pieces(read_rows, num_rows: int, resume_gaps_s: list[float], adjust: lis
     in order: one pass over the log less than reading it again for them); later reads do not
     bend the pieces again (1M requests, chunked 512, 3.6M step rows: ~0.09 s a read).
     Keeping the pieces between reads instead would have saved ~0.4 s there for 137 MB more
-    peak memory (bench/README.md, "Reports and the summary, round eleven")."""
+    peak memory (bench/README.md, "Reports, the summary, and the targets against a faster
+    machine")."""
     points, old = _point_pieces(resume_gaps_s, adjust)
     bent = not with_bend  # the bend is summed (or not asked for)
 

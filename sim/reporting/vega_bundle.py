@@ -3,7 +3,8 @@
 Why: vl-convert bundles them (``javascript_bundle``) in ~2.1 s of CPU, every time, for a result
 that depends only on vl-convert's version (900 KB, the same bytes each time). That was the largest
 part of a report's cost: `simsrv report` on one run directory, `compare`, `sweep` and
-`capacity` each paid it once per process (bench/README.md, "Reports: the script bundle kept").
+`capacity` each paid it once per process (bench/README.md, "Reports, the summary, and the
+targets against a faster machine").
 So the bundle is kept on disk, one file per vl-convert version, in simsrv's cache directory:
 ``$SIMSRV_CACHE_DIR``, else ``$XDG_CACHE_HOME/simsrv``, else ``~/.cache/simsrv``. A file is
 used only when its SHA-256 matches the one written beside it (a damaged or half-copied file is
