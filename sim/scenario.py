@@ -9,8 +9,8 @@ the valid ones, so a typo never silently runs the default.
 import math
 import os
 import re
-from pathlib import Path
 import types
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
@@ -460,12 +460,9 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         field = cls.model_fields.get(str(part))
         if field is None:
             return None
-        ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not cands:
+        cls = _model_in(field.annotation)
+        if cls is None:
             return None
-        cls = cands[0]
     return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
 
 
@@ -577,6 +574,11 @@ def _options(ann: Any) -> list:
     return [ann]
 
 
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The first pydantic model among an annotation's alternatives (``_options``), if any."""
+    return next((o for o in _options(ann) if isinstance(o, type) and issubclass(o, BaseModel)), None)
+
+
 def _bool_as_number(value: Any, ann: Any, path: tuple = ()) -> tuple | None:
     """The path to the first boolean given where ``ann`` takes a number and no boolean, else
     None. pydantic takes True as 1 for an int or float field (``max_num_seqs: true`` ran
@@ -586,7 +588,7 @@ def _bool_as_number(value: Any, ann: Any, path: tuple = ()) -> tuple | None:
         kinds = {get_origin(o) or o for o in opts}
         return path if bool not in kinds and Any not in kinds and (int in kinds or float in kinds) else None
     if isinstance(value, dict):
-        model = next((o for o in opts if isinstance(o, type) and issubclass(o, BaseModel)), None)
+        model = _model_in(ann)
         if model is None:
             return None
         for k, v in value.items():
