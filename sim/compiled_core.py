@@ -2,23 +2,26 @@
 process runs them or their Python sources.
 
 Why: the per-step work (scheduler, KV manager, cost model, replica loop, TTFT accounting,
-results) is many small exact calls; compiled by mypyc (setup.py, opt-in with
-``SIMSRV_COMPILE=1`` at install) the same code runs ~3x faster (bench/README.md,
-"Compiled core, fifth round"). The compiled modules are built from, and must
-behave exactly as, the ``.py`` files beside them; the test suite checks the two byte for byte
+results) is many small exact calls; compiled by mypyc (setup.py, at every install that has a C
+compiler) the same code runs ~3x faster (bench/README.md, "Compiled core, fifth round"). The
+compiled modules are built from, and must behave exactly as, the ``.py`` files beside them;
+the test suite runs the installed package both ways and compares the runs byte for byte
 (tests/test_compiled_core.py).
 
-The Python sources run instead, for every module of the core together (compiled modules call
-each other directly, so the core is never mixed), when:
+This module is the one seam between the two: ``pure_reason`` (None when the compiled core
+runs) is the single flag, decided once per process by ``choose``. The Python sources run
+instead, for every module of the core together (compiled modules call each other directly, so
+the core is never mixed), when:
 
 - ``SIMSRV_PURE_PYTHON`` is set (non-empty);
-- the core was not built (installed without ``SIMSRV_COMPILE=1``, or without mypy or a C
-  compiler);
-- a source is newer than its compiled module (an edited checkout: the compiling install
-  command again rebuilds it), so an edit always takes effect;
+- the core was not built (no C compiler at install, ``SIMSRV_COMPILE=0``: the build's reason
+  is in ``sim/core_build.txt``);
+- a source is newer than its compiled module (an edited checkout: ``pip install -e .`` again
+  rebuilds it), so an edit always takes effect;
 - the compiled modules fail to load.
 
-``simsrv --version`` says which (``core: compiled`` or ``core: Python (reason)``).
+``simsrv --version`` says which (``core: compiled`` or ``core: Python (reason)``), and
+``simsrv run`` says so under its summary when the reason is not the user's own setting.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ CORE_MODULES = (
 _NAMES = {p[:-3].replace("/", "."): p for p in CORE_MODULES}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding sim/
 
-NOT_COMPILED = "not compiled (SIMSRV_COMPILE=1 at install compiles it: README, Compiled core)"
+NOT_BUILT = "not compiled at install"  # every reason that no compiled module exists starts so
+NOT_COMPILED = f"{NOT_BUILT} (it needs a C compiler and Python's headers: README, Compiled core)"
+USER_CHOICE = "SIMSRV_PURE_PYTHON is set"
+_BUILD_NOTE = "core_build.txt"  # setup.py's reason for not compiling, beside this module
 
 # why this process runs the Python sources (None: it runs the compiled core); set by choose()
 pure_reason: str | None = None
@@ -67,7 +73,7 @@ def _compiled_path(source: Path) -> Path | None:
 def why_pure(root: Path = _PACKAGE_ROOT, environ: os._Environ | dict = os.environ) -> str | None:
     """Why the core must run from its Python sources here; None if the compiled one may run."""
     if environ.get("SIMSRV_PURE_PYTHON"):
-        return "SIMSRV_PURE_PYTHON is set"
+        return USER_CHOICE
     built = 0
     for rel in CORE_MODULES:
         source = root / rel
@@ -76,8 +82,11 @@ def why_pure(root: Path = _PACKAGE_ROOT, environ: os._Environ | dict = os.enviro
             continue
         built += 1
         if source.stat().st_mtime > compiled.stat().st_mtime:
-            return f"{rel} changed after the core was compiled (SIMSRV_COMPILE=1 at install rebuilds it)"
+            return f"{rel} changed after the core was compiled (pip install -e . rebuilds it)"
     if built == 0:
+        note = root / "sim" / _BUILD_NOTE
+        if note.is_file():
+            return f"{NOT_BUILT}: {note.read_text(encoding='utf-8', errors='replace').strip()}"
         return NOT_COMPILED
     if built < len(CORE_MODULES):
         return f"only {built} of {len(CORE_MODULES)} modules compiled"
@@ -105,9 +114,19 @@ def choose() -> None:
         except ImportError as e:
             sys.modules.pop("sim.core.request", None)
             reason = f"the compiled core does not load ({e})"
-    if reason is not None and reason is not NOT_COMPILED:  # no extension to pass over otherwise
+    if reason is not None and compiled_present(reason):  # no extension to pass over otherwise
         sys.meta_path.insert(0, _SourceFinder())
     pure_reason = reason
+
+
+def compiled_present(reason: str) -> bool:
+    """Whether compiled modules may exist beside the sources though the Python ones must run."""
+    return not reason.startswith(NOT_BUILT)
+
+
+def user_chose_python() -> bool:
+    """The Python sources run because the user said so (no note needed)."""
+    return pure_reason == USER_CHOICE
 
 
 def describe() -> str:

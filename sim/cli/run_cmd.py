@@ -100,6 +100,17 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     for reason, n in summary["simsrv_failed_reasons"].items():
         out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/")
+    core_note()
+
+
+def core_note() -> None:
+    """One line when the simulation ran on the Python core for a reason the user did not choose
+    (no C compiler at install, an edited checkout): pip hides the build's own message."""
+    from sim import compiled_core
+
+    if compiled_core.pure_reason is not None and not compiled_core.user_chose_python():
+        out_console.print(f"core: Python, ~3x slower than the compiled one ({compiled_core.pure_reason})",
+                          markup=False, highlight=False, soft_wrap=True)
 
 
 def print_warnings(summary: dict) -> None:

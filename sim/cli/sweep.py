@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.run_cmd import core_note
 from sim.errors import UserError
 
 out_console = LazyConsole()
@@ -121,6 +122,7 @@ def sweep(
     for n in notes[:1] + notes[2:]:
         out_console.print(n, markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/ (sweep.parquet, aggregate.parquet, report.html)")
+    core_note()
 
 
 def capacity(
@@ -194,3 +196,4 @@ def capacity(
                 out_console.print(f"{r['label']}: {what}: {r[what]}", markup=False, highlight=False)
     out_console.print(notes[0], markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/ (capacity.json, capacity.html, probes.parquet)")
+    core_note()
