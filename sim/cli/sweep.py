@@ -137,11 +137,30 @@ def capacity(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: auto, or ray://host:port."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/capacity/NAME)."),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the base scenario: dotted.key=value."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Find the cheapest deployment meeting the SLO at this "
+                                         "request rate (req/s) instead of each configuration's knee."),
+    search: str = typer.Option("replicas", "--search", help="With --rate: dimensions searched, from replicas, "
+                               "tensor_parallel_size, gpu, policy, max_num_batched_tokens; values after = "
+                               "separated by / (e.g. replicas,tensor_parallel_size=1/2/4,gpu=h100-sxm/h200)."),
+    max_replicas: int = typer.Option(64, "--max-replicas", help="With --rate: the most replicas searched."),
+    as_json: bool = typer.Option(False, "--json", help="With --rate: print only the answer as JSON."),
+    prices: Optional[str] = typer.Option(None, "--prices", help="With --rate: $ per GPU-hour by GPU, e.g. "
+                                         "h100-sxm=2.99,h200=3.5 (default: the scenario's hardware.price_per_gpu_hour, "
+                                         "for its own GPU)."),
 ):
-    """For each configuration, the highest request rate meeting the SLO (the knee), with its CI."""
+    """For each configuration, the highest request rate meeting the SLO (the knee), with its CI;
+    with --rate R, the cheapest deployment (fewest GPUs, then $/h) meeting the SLO at R."""
     from sim.sweep.slo import parse_slo
 
     terms = parse_slo(slo)  # before the heavy imports: a typo answers at once
+    if rate is not None:
+        if policies or grid:
+            raise UserError("--rate searches the dimensions --search names; give policies there "
+                            "(--search replicas,policy=chunked/continuous), not with --policies or --grid")
+        return _cheapest(scenario, terms, slo, rate, search, max_replicas, seeds, executor, workers, address, out,
+                         set_, as_json, prices)
+    if as_json:
+        raise UserError("--json goes with --rate")
     from sim.reporting.capacity_page import capacity_page, capacity_table
     from sim.sweep.capacity import run_capacity
     from sim.sweep.executors import make_executor
@@ -197,3 +216,82 @@ def capacity(
     out_console.print(notes[0], markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/ (capacity.json, capacity.html, probes.parquet)")
     core_note()
+
+
+def _cheapest(scenario: Path, terms, slo: str, rate: float, search: str, max_replicas: int, seeds: int, executor: str,
+              workers: Optional[int], address: Optional[str], out: Optional[Path], sets: List[str],
+              as_json: bool, prices: Optional[str]) -> None:
+    """``capacity --rate``: the cheapest deployment meeting the SLO at ``rate``, verified one step below."""
+    from sim.scenario import load_scenario
+    from sim.sweep.cheapest import cheapest_deployment, parse_prices, parse_search
+    from sim.sweep.executors import make_executor
+    from sim.sweep.runner import seeds_from
+    from sim.sweep.cheapest import DEFAULT_VALUES
+
+    dims = parse_search(search)
+    price_map = parse_prices(prices)
+    base = load_scenario(scenario, sets)
+    seed_list = seeds_from(base.seed, seeds)
+    out_dir = out or Path("reports/capacity") / f"{base.dir_name}-rate"
+    gpus = tuple(dims.get("gpu") or DEFAULT_VALUES["gpu"]) if "gpu" in dims else (base.hardware.gpu,)
+    ex = make_executor(executor, workers, address, tuple(g for g in gpus if g))
+    progress = _progress("searching", eta=False)
+    task = progress.add_task("search", total=None)
+    try:
+        with progress:
+            res = cheapest_deployment(base, terms, rate, dims, seed_list, ex, max_replicas,
+                                      lambda what, runs: progress.update(task, description=f"{what}, {runs} runs"),
+                                      prices=price_map)
+    finally:
+        ex.close()
+    payload = res.payload()
+    from sim.atomic import write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text(out_dir / "cheapest.json", json.dumps(payload, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(payload, indent=2))
+        return
+    _print_cheapest(base.name, slo, res)
+    out_console.print(f"wrote {out_dir}/cheapest.json")
+    core_note()
+
+
+def _deployment(d: dict) -> str:
+    price = f", ${d['cost_per_hour']:,.2f}/h" if d.get("cost_per_hour") is not None else ""
+    return (f"{d['replicas']} x TP{d['tensor_parallel_size']} {d['gpu']} = {d['gpus']} GPUs{price}, "
+            f"{d['policy']}, max_num_batched_tokens {d['max_num_batched_tokens']}")
+
+
+def _print_cheapest(name: str, slo: str, res) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"cheapest deployment for {name} at {res.rate_per_s:g} req/s, SLO {slo}")
+    for h in ("shape", "fewest replicas", "GPUs", "$/h", "status"):
+        t.add_column(h, justify="left" if h in ("shape", "status") else "right")
+    for sh in res.shapes:
+        label = ", ".join(f"{k}={v}" for k, v in sh.values.items()) or "base"
+        n = sh.pass_n
+        status = ("error: " + sh.error if sh.error else "not searched further (cannot beat the answer)" if sh.pruned
+                  else "meets the SLO" if n is not None else f"fails with {sh.fail_n} replicas")
+        gpus = n * sh.gpus_per_replica if n is not None else None
+        cost = gpus * sh.price_per_gpu_hour if gpus is not None and sh.price_per_gpu_hour else None
+        t.add_row(label, str(n) if n is not None else "-", str(gpus) if gpus is not None else "-",
+                  f"{cost:,.2f}" if cost is not None else "-", status)
+    out_console.print(t)
+    if res.answer:
+        out_console.print(f"answer: {_deployment(res.answer)}", markup=False, highlight=False)
+        b = res.below
+        out_console.print(f"one step below: {_deployment(b)}: " + ("meets the SLO" if b["meets_slo"] else "fails"),
+                          markup=False, highlight=False)
+    if res.pareto:
+        p = Table(title="Pareto: sustainable rate (knee) against cost")
+        for h in ("deployment", "sustainable req/s"):
+            p.add_column(h, justify="left" if h == "deployment" else "right")
+        for r in res.pareto:
+            rate = r["sustainable_rate"]
+            p.add_row(_deployment(r), f"{rate:,.2f}" if rate is not None else "-")
+        out_console.print(p)
+    for n in res.notes:
+        out_console.print(f"note: {n}", markup=False, highlight=False)
+    out_console.print(f"{res.runs} runs in {res.wall_s:.1f} s", markup=False, highlight=False)
