@@ -77,3 +77,17 @@ def test_version():
     # which simulation core runs (sim/compiled_core.py): here the Python sources, as asked
     p = simsrv("--version", env={"SIMSRV_PURE_PYTHON": "1"})
     assert p.stdout.splitlines()[1] == "core: Python (SIMSRV_PURE_PYTHON is set)", p.stdout
+
+
+def test_uncertainty_notes_name_the_extrapolated_share_above_ten_percent():
+    from sim.analysis.run_warnings import uncertainty_notes
+
+    assert uncertainty_notes({"simsrv_num_steps": 100, "simsrv_extrapolated_steps": 10}) == []
+    notes = uncertainty_notes({"simsrv_num_steps": 100, "simsrv_extrapolated_steps": 11,
+                               "simsrv_overhead_outside_batch_range": [600, 900]})
+    assert notes[0].startswith("extrapolated: 11% of the engine steps (11 of 100)")
+    assert notes[1].startswith("outside the profile's measured batch range: steps of 600-900 sequences")
+    run = summarize(run_scenario(scenario_from_dict(_saturating(20.0, 8192), "t")))
+    share = run["simsrv_extrapolated_steps"] / run["simsrv_num_steps"]
+    assert run["simsrv_extrapolated_step_share"] == share
+    assert bool(run["simsrv_uncertainty"]) == (share > 0.10)

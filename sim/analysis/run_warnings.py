@@ -18,6 +18,7 @@ from sim.analysis.metrics import median
 SATURATION_RATIO = 0.9   # served below 90% of offered ...
 QUEUE_GROWTH = 1.5       # ... and the last arrivals queue 1.5x longer than the middle ones, and longer than service
 FAILED_SHARE = 0.05      # warn when 5% or more of the requests failed
+EXTRAPOLATED_SHARE = 0.10  # warn when over 10% of the steps were costed outside the measured profile
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -76,4 +77,23 @@ def run_warnings(summary: dict, arrival_s: np.ndarray, queue_s: np.ndarray, serv
         top = "; ".join(f"{c:,} x {k}" for k, c in list(kinds.items())[:3])
         out.append(f"{failed:,} of {n:,} requests ({failed / n:.0%}) failed ({top}); every latency and "
                    "throughput figure covers completed requests only.")
+    return out
+
+
+def uncertainty_notes(summary: dict) -> list[str]:
+    """Where the run's step costs leave what the profiles measured: the share of engine steps
+    whose GEMM shapes fell outside a calibrated operator's measured range (costed at the
+    nearest measured efficiency), when above 10%, and scheduled-sequence counts outside the
+    engine profile's measured batch range. Their figures carry more error than ``simsrv
+    validate`` measured, so a decision close to a limit should not rest on them."""
+    out = []
+    steps, extrapolated = summary.get("simsrv_num_steps") or 0, summary.get("simsrv_extrapolated_steps") or 0
+    if steps and extrapolated / steps > EXTRAPOLATED_SHARE:
+        out.append(f"extrapolated: {extrapolated / steps:.0%} of the engine steps ({extrapolated:,} of {steps:,}) "
+                   "had kernel shapes outside the measured profile (costed at the nearest measured "
+                   "efficiency); their error is larger than simsrv validate's")
+    outside = summary.get("simsrv_overhead_outside_batch_range")
+    if outside:
+        out.append(f"outside the profile's measured batch range: steps of {outside[0]}-{outside[1]} sequences "
+                   "took the engine overhead's per-sequence term beyond the batches it was measured on")
     return out

@@ -15,7 +15,7 @@ import numpy as np
 from sim.cost.calibration import describe as describe_cost_model
 from sim.analysis.metrics import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
                                   pieces_stats, plain_stats)
-from sim.analysis.run_warnings import failure_kinds, run_warnings
+from sim.analysis.run_warnings import failure_kinds, run_warnings, uncertainty_notes
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -191,8 +191,12 @@ def summarize(result) -> dict:
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": n / result.wall_s if result.wall_s > 0 else None,
     })
+    steps = out["simsrv_num_steps"]
+    out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")
     out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], (col("e2el_s") - queue)[ok])
+    # where the figures rest on extrapolated costs (sim/analysis/run_warnings.py): shown beside them
+    out["simsrv_uncertainty"] = uncertainty_notes(out)
     g = dep.memory.kv_groups
     if s.engine.enable_prefix_caching and not g.caches_prefixes:
         out["simsrv_warnings"].append(

@@ -99,6 +99,8 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     )
     for reason, n in summary["simsrv_failed_reasons"].items():
         out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
+    for note in summary.get("simsrv_uncertainty", []):
+        out_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     out_console.print(f"wrote {out_dir}/")
     core_note()
 
