@@ -7,13 +7,16 @@ directories exactly as ``simsrv report`` would.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.atomic import write_text
 from sim.errors import UserError
 from sim.output import check_new_run_dir, write_run
 from sim.policies import get_policy, policy_names
 from sim.reporting.compare_page import build_compare_page
+from sim.reporting.metrics_table import best_by_metric
 from sim.reporting.rundata import load_run
 from sim.run import run_scenario
 from sim.scenario import load_scenario
@@ -104,4 +107,16 @@ def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, set
     page = build_compare_page(runs, f"simsrv compare: {name}")
     report = out_dir / "report.html"
     page.write(report)
+    write_text(out_dir / "compare.json", json.dumps(compare_json(runs, policies), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def compare_json(runs: list, policies: list[str]) -> dict:
+    """compare.json: each run's policy, GPUs, completed and failed counts and every key of its
+    result.json; ``best``: metric -> policy where the page marks one best (the same rule)."""
+    out = []
+    for policy, r in zip(policies, runs):
+        s = r.summary  # result.json as written (JSON-safe)
+        out.append({"policy": policy, "gpus": s.get("simsrv_num_gpus"), "completed": s.get("completed"),
+                    "failed": s.get("failed"), **s})
+    return {"runs": out, "best": best_by_metric(runs, policies)}

@@ -21,7 +21,7 @@ from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_
 from sim.analysis.diagnose_fixes import Candidate, evaluate
 from sim.errors import UserError
 from sim.run import RunResult, run_scenario
-from sim.scenario import Scenario, load_scenario, scenario_from_dict
+from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.analysis.summary import summarize
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
@@ -54,15 +54,36 @@ class Diagnosis:
     prefix_reuse: float | None = None   # the trace's prefix-block reuse (an infinite cache's hit rate)
 
 
-def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> Scenario:
-    if scenario_path is not None:
-        base = load_scenario(scenario_path, sets)
-    else:
-        base = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml", sets)
-    raw = base.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-    raw["workload"] = {"trace": {"path": str(trace.resolve())}}
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml"
+
+
+def trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> Scenario:
+    """The scenario diagnose replays: the scenario file (default scenarios/chat.yaml), its
+    workload made the trace ``trace`` (a trace workload keeps its other keys: format, columns,
+    time_unit, window...; a synthetic one becomes a trace with defaults), then every ``--set``
+    applied last, so it wins. A bad key or value is one error line naming the flag."""
+    from sim.yamlfile import read_yaml
+
+    path = Path(scenario_path) if scenario_path is not None else DEFAULT_SCENARIO
+    raw = read_yaml(path, "scenario file")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a scenario is a YAML mapping of keys, got {type(raw).__name__}")
+    raw.pop("base_dir", None)
+    workload = raw.get("workload")
+    kept = workload.get("trace") if isinstance(workload, dict) else None
+    raw["workload"] = {"trace": {**(kept if isinstance(kept, dict) else {}), "path": str(trace.resolve())}}
     raw["name"] = f"diagnose-{trace.stem}"
-    return scenario_from_dict(raw, str(trace), base_dir=base.base_dir)
+    given: list[tuple[str, str]] = []
+    for text in sets:
+        key, value = parse_override(text)
+        if (key + ".").startswith("workload.") and not key.startswith("workload.trace.") or key == "workload.trace.path":
+            raise UserError(f"--set {key}: diagnose replays the trace given as its argument ({trace}); "
+                            "set the trace's other keys one by one (workload.trace.KEY=value)")
+        set_dotted(raw, key, value)
+        given.append((key, text))
+    return scenario_from_dict(raw, f"{path} replaying {trace}", base_dir=str(path.parent), overrides=given)
 
 
 def _parts_ms(frame: pl.DataFrame) -> dict[str, float]:
@@ -105,7 +126,7 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
 
 
 def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = ()) -> Diagnosis:
-    s = _trace_scenario(trace, scenario_path, list(sets))
+    s = trace_scenario(trace, scenario_path, list(sets))
     arrays = build_workload(s)
     result = run_scenario(s, workload=arrays)
     summary = summarize(result)
@@ -135,14 +156,16 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     if cause == "queueing" and ttft_ratio > QUEUEING_RATIO * prompt_ratio:
         sentences.append("That is the queueing signature: the tail ratio is far above what prompt lengths explain, "
                          "and tail requests spend their time waiting for a batch slot or token budget. Add capacity "
-                         "or admission control; chunked prefill helps only if long prefills hold the queue.")
+                         "or admission control" + ("." if s.engine.policy == "chunked" else
+                                                   "; chunked prefill helps only if long prefills hold the queue."))
     elif cause == "queueing":
         sentences.append(f"Tail requests mostly wait for admission, and the tail ratio ({ttft_ratio:.1f}x) is "
                          f"{ratio_words(ttft_ratio, prompt_ratio)} what prompt lengths explain ({prompt_ratio:.1f}x): "
                          "long prompts ahead of them hold the queue.")
     elif cause == "memory pressure":
+        fp8 = "fp8 KV, " if s.engine.kv_cache_dtype == "auto" else ""  # advise only what is not in effect
         sentences.append("Tail requests wait for KV blocks or are preempted: KV capacity is the bottleneck "
-                         "(fp8 KV, more memory per replica, or lower max_num_seqs).")
+                         f"({fp8}more memory per replica, or lower max_num_seqs).")
     elif cause == "long prompts":
         sentences.append("Tail requests are slow because their own prompts are long: their prefill alone dominates.")
     elif cause == "KV handoff":

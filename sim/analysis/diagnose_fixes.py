@@ -69,6 +69,12 @@ def with_sets(s: Scenario, sets: list[str], name: str = "candidate") -> Scenario
     return scenario_from_dict(raw, name, s.base_dir)
 
 
+def same_deployment(a: Scenario, b: Scenario) -> bool:
+    """Whether two scenarios differ in nothing but their names."""
+    dump = (lambda s: s.model_dump(mode="json", exclude={"name", "base_dir"}))
+    return dump(a) == dump(b)
+
+
 def _pool_sets(s: Scenario, k: int) -> list[str]:
     """A pool of ``k`` replicas like the deployment's (disaggregated: k prefill + 1 decode)."""
     if get_policy(s.engine.policy).pools:
@@ -104,6 +110,8 @@ def evaluate(s: Scenario, arrays: RequestArrays, base: dict, router_hint: bool =
     cands = []
     for cand, sets in whole_trace_candidates(s, arrays, router_hint):
         c = with_sets(s, sets)
+        if same_deployment(c, s):  # already in effect (the scenario's or a --set): nothing to advise
+            continue
         result = run_scenario(c, workload=arrays)
         _fill(cand, figures([result.requests]), base, num_gpus(c), base_gpus)
         cands.append(cand)

@@ -3,7 +3,11 @@
 Why: a run on 2 GPUs is not "best" against one on 1 GPU, and a p99 that differs by less than
 its own sampling error is not a difference. So absolute figures are compared only among runs
 with the same number of GPUs, per-GPU figures across all runs, and a best value is
-highlighted only when it is outside the noise of the runner-up.
+highlighted only when it is outside the noise of the runner-up. A latency is read over the
+completed requests only, so a run that fails requests the others serve drops its hardest ones
+and looks fast (``continuous`` was marked best on every latency row while failing 3,307 of
+8,819 requests): latency rows rank only the runs with the fewest failed requests of their
+group, and the completed and failed counts open the table.
 
 NOTE (noise, stated on the page): a latency percentile read from per-request samples gets the
 distribution-free 95% interval of a quantile (the order statistics at ranks n*p -/+
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -31,58 +34,63 @@ Z95 = 1.96
 @dataclass(frozen=True)
 class Row:
     label: str
-    value: Callable[[dict], float | None]
+    key: str                            # the result.json key the figure is read from
     better: str | None = None           # "min" | "max" | None (not ranked)
-    per_gpu: bool = False               # comparable across different GPU counts
+    per_gpu: bool = False               # the key's value over the run's GPUs: comparable across GPU counts
     sample: tuple[str, float] | None = None   # (requests column, quantile) for a sampling interval
     noise: str = "rate"                 # "rate" | "count" | "itl:<q>" | "none"
     fmt: str = "num"                    # "num" | "pct"
+    latency: bool = False               # a latency over completed requests only (see eligible_for_latency)
 
+    @property
+    def metric(self) -> str:
+        """The row's name in compare.json: the result.json key, ``<key>_per_gpu`` for per-GPU rows."""
+        return f"{self.key}_per_gpu" if self.per_gpu else self.key
 
-def _key(k: str) -> Callable[[dict], float | None]:
-    return lambda s: s.get(k)
-
-
-def _per_gpu(k: str) -> Callable[[dict], float | None]:
-    def f(s: dict) -> float | None:
-        v, g = s.get(k), s.get("simsrv_num_gpus")
+    def value(self, s: dict) -> float | None:
+        v = s.get(self.key)
+        if not self.per_gpu:
+            return v
+        g = s.get("simsrv_num_gpus")
         return v / g if v is not None and g else None
-    return f
 
 
 def _latency_rows(name: str, key: str, col: str | None) -> list[Row]:
-    return [Row(f"{name} {p} (ms)", _key(f"{p}_{key}_ms"), "min", sample=(col, q) if col else None)
+    return [Row(f"{name} {p} (ms)", f"{p}_{key}_ms", "min", sample=(col, q) if col else None, latency=True)
             for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))]
 
 
 ROWS = [
-    Row("GPUs", _key("simsrv_num_gpus")),
+    Row("completed", "completed", "max", noise="count"),
+    Row("failed", "failed", "min", noise="count"),
+    Row("GPUs", "simsrv_num_gpus"),
     *_latency_rows("TTFT", "ttft", "ttft_s"),
     *_latency_rows("TPOT", "tpot", "tpot_s"),
-    *[Row(f"ITL {p} (ms)", _key(f"{p}_itl_ms"), "min", noise=f"itl:{q}") for p, q in
+    *[Row(f"ITL {p} (ms)", f"{p}_itl_ms", "min", noise=f"itl:{q}", latency=True) for p, q in
       (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))],
-    Row("ITL p99.9 (ms)", _key("p99.9_itl_ms"), "min", noise="itl:0.999"),
-    Row("ITL max (ms)", _key("simsrv_max_itl_ms"), "min", noise="none"),
+    Row("ITL p99.9 (ms)", "p99.9_itl_ms", "min", noise="itl:0.999", latency=True),
+    Row("ITL max (ms)", "simsrv_max_itl_ms", "min", noise="none", latency=True),
     *_latency_rows("E2E latency", "e2el", "e2el_s"),
-    *[Row(f"queue time {p} (ms)", _key(f"simsrv_{p}_queue_time_ms"), "min", sample=("queue_s", q))
+    *[Row(f"queue time {p} (ms)", f"simsrv_{p}_queue_time_ms", "min", sample=("queue_s", q), latency=True)
       for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))],
-    Row("requests / s", _key("request_throughput"), "max"),
-    Row("output tokens / s", _key("output_throughput"), "max"),
-    Row("total tokens / s", _key("total_token_throughput"), "max"),
-    Row("goodput (req / s meeting the SLO)", _key("request_goodput"), "max"),
-    Row("requests / s per GPU", _per_gpu("request_throughput"), "max", per_gpu=True),
-    Row("output tokens / s per GPU", _per_gpu("output_throughput"), "max", per_gpu=True),
-    Row("goodput per GPU (req / s)", _per_gpu("request_goodput"), "max", per_gpu=True),
-    Row("prefix-cache hit rate", _key("simsrv_prefix_cache_hit_rate"), "max", fmt="pct"),
-    Row("completed", _key("completed"), "max", noise="count"),
-    Row("failed", _key("failed"), "min", noise="count"),
-    Row("preemptions", _key("simsrv_num_preemptions"), "min", noise="count"),
-    Row("peak KV use", _key("simsrv_peak_kv_usage"), fmt="pct"),
+    Row("requests / s", "request_throughput", "max"),
+    Row("output tokens / s", "output_throughput", "max"),
+    Row("total tokens / s", "total_token_throughput", "max"),
+    Row("goodput (req / s meeting the SLO)", "request_goodput", "max"),
+    Row("requests / s per GPU", "request_throughput", "max", per_gpu=True),
+    Row("output tokens / s per GPU", "output_throughput", "max", per_gpu=True),
+    Row("goodput per GPU (req / s)", "request_goodput", "max", per_gpu=True),
+    Row("prefix-cache hit rate", "simsrv_prefix_cache_hit_rate", "max", fmt="pct"),
+    Row("preemptions", "simsrv_num_preemptions", "min", noise="count"),
+    Row("peak KV use", "simsrv_peak_kv_usage", fmt="pct"),
 ]
 
 NOISE_NOTE = (
     "Highlighted: the best value of a row, only among runs with the same number of GPUs (per-GPU rows: "
-    "among all runs), and only when it is outside the noise of the runner-up. Noise: a latency percentile's "
+    "among all runs), and only when it is outside the noise of the runner-up. A latency covers completed "
+    "requests only, so on the latency rows only the runs with the fewest failed requests of their group are "
+    "ranked (none when fewer than two): a run that fails requests the others serve is never best on latency. "
+    "Noise: a latency percentile's "
     "distribution-free 95% interval from its per-request samples (intervals must not overlap); for ITL "
     "percentiles, rates and the hit rate, value +/- value/sqrt(k) (k: ITL samples beyond the percentile, or "
     "completed requests), i.e. a relative gap above about 2/sqrt(k); for a count c, c +/- 2*sqrt(c) (Poisson). "
@@ -137,6 +145,8 @@ def best_cells(runs: list, rows: list[Row] = ROWS) -> set[tuple[int, int]]:
             key = "all" if row.per_gpu else r.summary.get("simsrv_num_gpus")
             groups.setdefault(key, []).append((j, float(v), r))
         for members in groups.values():
+            if row.latency:
+                members = eligible_for_latency(members)
             if len(members) < 2:
                 continue
             sign = 1.0 if row.better == "min" else -1.0
@@ -150,6 +160,27 @@ def best_cells(runs: list, rows: list[Row] = ROWS) -> set[tuple[int, int]]:
             if separated:
                 best.add((i, j0 + 1))
     return best
+
+
+def _failed(summary: dict) -> int:
+    return summary.get("failed") or 0
+
+
+def eligible_for_latency(members: list[tuple[int, float, object]]) -> list[tuple[int, float, object]]:
+    """The runs of a group that a latency row may rank: those with the fewest failed requests
+    (zero when any run of the group has none). A latency percentile covers completed requests
+    only; a run that fails requests another serves drops its hardest ones and looks fast."""
+    fewest = min(_failed(r.summary) for _, _, r in members)
+    return [m for m in members if _failed(m[2].summary) == fewest]
+
+
+def best_by_metric(runs: list, names: list[str], rows: list[Row] = ROWS) -> dict[str, str]:
+    """``{metric: name of the run}`` for each row where ``best_cells`` marks exactly one run (the
+    page's rule; a row with one best per GPU count names no single best and is left out)."""
+    marked: dict[int, list[int]] = {}
+    for i, col in sorted(best_cells(runs, rows)):
+        marked.setdefault(i, []).append(col - 1)
+    return {rows[i].metric: names[cols[0]] for i, cols in marked.items() if len(cols) == 1}
 
 
 def _fmt(row: Row, v) -> str:
