@@ -46,9 +46,11 @@ def compare(
                       f"{s['failed']} failed", markup=False, highlight=False)
         for w in s.get("simsrv_warnings", []):
             console.print(f"{'':>16}  warning: {w}", markup=False, highlight=False)
+        for note in s.get("simsrv_uncertainty", []):
+            console.print(f"{'':>16}  note: {note}", markup=False, highlight=False)
 
     report = run_compare(scenario, pols, chunk, set_, out_dir, on_run, force)
-    console.print(f"wrote {report}")
+    console.print(f"wrote {report} and {report.with_name('compare.json').name}")
 
 
 def report(

@@ -9,6 +9,7 @@ import polars as pl
 import yaml
 
 from sim.analysis.notes import notes_for
+from sim.analysis.run_warnings import uncertainty_notes
 from sim.reporting import charts
 from sim.reporting.html import Page
 from sim.reporting.metrics_table import metrics_table
@@ -30,6 +31,9 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
                        + ". Compare the figures with care.", cls="note")
     page.heading("Summary")
     metrics_table(page, runs)
+    for r in runs:  # where a run's figures rest on costs outside the measured profiles (above 10%)
+        for note in r.summary.get("simsrv_uncertainty") or uncertainty_notes(r.summary):
+            page.paragraph(f"{r.label}: {note}.", cls="note")
 
     page.heading("Latency distributions")
     for col, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
