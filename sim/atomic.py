@@ -218,7 +218,11 @@ def replacing_dir(path: str | Path, force: bool, foreign: Callable[[Path], list[
     if not target.name or target == target.parent:
         raise UserError(f"{shown}: cannot be replaced as a whole; --out a directory below it")
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file on the way (/dev/null/x)
+        blocking = next(a for a in (parent, *parent.parents) if a.exists() and not a.is_dir())
+        raise UserError(f"{shown}: {blocking} is not a directory; --out another directory") from None
     lock = _NameLock(parent / f".{target.name}.simsrv-lock")
     if not force and not lock.acquire(blocking=False):
         raise UserError(f"{shown}: another simsrv command{lock.holder()} is writing it now; "

@@ -384,3 +384,9 @@ def test_report_refuses_a_directory_whose_files_come_from_different_runs(tmp_pat
     with pytest.raises(UserError, match="says policy static, scenario.resolved.yaml has chunked"):
         load_run(a)
     assert pl.read_parquet(b / "requests.parquet").height == load_run(b).requests.height == 50
+
+
+def test_an_out_below_a_file_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UserError, match=r"f is not a directory"):
+        _run(_scenario(tmp_path, 20), tmp_path / "f" / "sub" / "run")
