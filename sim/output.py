@@ -7,8 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from sim.atomic import atomic_path, write_text
-from sim.errors import UserError
+from sim.atomic import atomic_path, simsrv_leftover, write_text
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
@@ -27,6 +26,8 @@ ROW_GROUP_ROWS = 1 << 17
 
 
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
+    """The run's files in ``out_dir``. Callers write into the directory that
+    ``sim.atomic.replacing_dir`` gives, so that the run directory is replaced whole."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
@@ -127,9 +128,20 @@ def _json_safe(v):
     return v
 
 
-def check_new_run_dir(path: str | Path, force: bool, flag: str = "--force") -> None:
-    """Refuse to write into a directory that already holds files, unless ``force``: a second run
-    must not silently replace the first one's results."""
-    p = Path(path)
-    if not force and p.is_dir() and any(p.iterdir()):
-        raise UserError(f"{p}: already exists and is not empty; pass {flag} to overwrite it, or --out another directory")
+RUN_FILES = ("requests.parquet", "steps.parquet", "scenario.resolved.yaml", "result.json")
+
+
+def not_run_files(path: Path) -> list[str]:
+    """The entries of ``path`` that are not a run directory's files (nor a temporary that
+    sim/atomic.py left): what ``--force`` must not remove (sim.atomic.replacing_dir)."""
+    return sorted(n for n in os.listdir(path) if n not in RUN_FILES and not simsrv_leftover(n))
+
+
+def not_report_files(path: Path) -> list[str]:
+    """The entries of ``path`` that are neither ``report.html`` nor a run directory: the
+    output directory of ``compare`` (one run directory per policy) or ``diagnose`` (``run/``)."""
+    def ours(name: str) -> bool:
+        p = path / name
+        return (name in ("report.html", "compare.json") or simsrv_leftover(name)
+                or (p.is_dir() and not p.is_symlink() and not not_run_files(p)))
+    return sorted(n for n in os.listdir(path) if not ours(n))

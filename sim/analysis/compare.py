@@ -11,9 +11,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.atomic import write_text
+from sim.atomic import replacing_dir, write_text
 from sim.errors import UserError
-from sim.output import check_new_run_dir, write_run
+from sim.output import not_report_files, write_run
 from sim.policies import get_policy, policy_names
 from sim.reporting.compare_page import build_compare_page
 from sim.reporting.metrics_table import best_by_metric
@@ -85,30 +85,29 @@ def check_deployment(s) -> None:
 
 def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str], out_dir: Path,
                 on_run: Callable[[str, dict], None] | None = None, force: bool = False) -> Path:
-    """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``."""
+    """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``;
+    ``out_dir`` is replaced whole (sim.atomic.replacing_dir)."""
     from sim.engine.deployment import shared_cost_models
 
     scenarios = policy_scenarios(scenario_path, policies, chunk, sets)
-    for policy in policies:
-        check_new_run_dir(out_dir / policy, force)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    labels = []
-    with shared_cost_models():  # the policies run on the same cost model
-        for policy, s in zip(policies, scenarios):
-            result = run_scenario(s)
-            summary = summarize(result)
-            label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")
-            write_run(result, summary, out_dir / policy)
-            labels.append(label)
-            if on_run is not None:
-                on_run(label, summary)
-    runs = [load_run(out_dir / p, label) for p, label in zip(policies, labels)]
-    name = runs[0].scenario.get("name", scenario_path.stem)
-    page = build_compare_page(runs, f"simsrv compare: {name}")
-    report = out_dir / "report.html"
-    page.write(report)
-    write_text(out_dir / "compare.json", json.dumps(compare_json(runs, policies), indent=2, allow_nan=False) + "\n")
-    return report
+    # the whole output directory (runs and report) is replaced in one step, or not at all
+    with replacing_dir(out_dir, force, not_report_files) as stage:
+        labels = []
+        with shared_cost_models():  # the policies run on the same cost model
+            for policy, s in zip(policies, scenarios):
+                result = run_scenario(s)
+                summary = summarize(result)
+                label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")
+                write_run(result, summary, stage / policy)
+                labels.append(label)
+                if on_run is not None:
+                    on_run(label, summary)
+        runs = [load_run(stage / p, label) for p, label in zip(policies, labels)]
+        name = runs[0].scenario.get("name", scenario_path.stem)
+        page = build_compare_page(runs, f"simsrv compare: {name}")
+        page.write(stage / "report.html")
+        write_text(stage / "compare.json", json.dumps(compare_json(runs, policies), indent=2, allow_nan=False) + "\n")
+    return out_dir / "report.html"
 
 
 def compare_json(runs: list, policies: list[str]) -> dict:

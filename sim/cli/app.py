@@ -45,7 +45,7 @@ def run(
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default reports/runs/NAME-POLICY)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and warnings."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the run directory if it already exists."),
+    force: bool = typer.Option(False, "--force", help="Replace the run directory, whole, if it already exists."),
 ):
     """Simulate one scenario; print a summary table and write the run directory."""
     run_command(scenario, policy, chunk, set_, out, quiet, force)

@@ -22,7 +22,7 @@ def compare(
     chunk: Optional[int] = typer.Option(None, "--chunk", help="max_num_batched_tokens of the chunked run."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key for every run: dotted.key=value."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/compare/NAME)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the run directories if they already exist."),
+    force: bool = typer.Option(False, "--force", help="Replace the output directory (runs, report) if it exists."),
 ):
     """Same workload and seed through each policy; one self-contained HTML report."""
     from sim.analysis.compare import parse_policies, run_compare, usable_policies
@@ -76,21 +76,22 @@ def diagnose(
                                             "(default scenarios/chat.yaml: Llama-3-8B, one H100)."),
     set_: List[str] = typer.Option([], "--set", help="Override a scenario key: dotted.key=value."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default reports/diagnose/TRACE)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the output directory's run if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace the output directory (run, report) if it exists."),
 ):
     """Replay a production trace and explain its p99 TTFT: cause, evidence, ranked fixes."""
     from sim.analysis.diagnose import diagnose as run_diagnose
-    from sim.output import check_new_run_dir, write_run
+    from sim.atomic import replacing_dir
+    from sim.output import not_report_files, write_run
     from sim.reporting.diagnose_page import build_diagnose_page
 
     if not trace.exists():
         raise UserError(f"{trace}: trace file not found")
     out_dir = out or Path("reports/diagnose") / trace.stem
-    check_new_run_dir(out_dir / "run", force)
-    d = run_diagnose(trace, scenario, set_)
-    run_dir = write_run(d.result, d.summary, out_dir / "run")
-    page = build_diagnose_page(d, run_dir)
-    page.write(out_dir / "report.html")
+    with replacing_dir(out_dir, force, not_report_files) as stage:  # run and report replaced whole
+        d = run_diagnose(trace, scenario, set_)
+        write_run(d.result, d.summary, stage / "run")
+        page = build_diagnose_page(d, out_dir / "run")
+        page.write(stage / "report.html")
     for s in d.sentences:
         console.print(f"- {s}", markup=False, highlight=False)
     console.print("candidates (each a full simulation of every request), best per GPU added first:")

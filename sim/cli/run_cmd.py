@@ -61,7 +61,8 @@ def _run_progress(total: int):
 def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set_: List[str], out: Optional[Path],
                 quiet: bool, force: bool) -> None:
     """Simulate one scenario; print a summary table and write the run directory."""
-    from sim.output import check_new_run_dir, write_run
+    from sim.atomic import replacing_dir
+    from sim.output import not_run_files, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
     from sim.analysis.summary import summarize
@@ -71,17 +72,18 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     s = load_scenario(scenario, overrides(policy, chunk, set_))
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
     out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
-    check_new_run_dir(out, force)
-    if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
-        with err_console.status("simulating (streaming the trace)"):
-            result = run_scenario(s)
-    else:
-        arrays = build_workload(s)
-        progress, cb = _run_progress(len(arrays))
-        with progress:
-            result = run_scenario(s, progress=cb, workload=arrays)
-    summary = summarize(result)
-    out_dir = write_run(result, summary, out)
+    # the name is claimed before simulating and the directory replaced whole when written
+    with replacing_dir(out, force, not_run_files) as stage:
+        if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
+            with err_console.status("simulating (streaming the trace)"):
+                result = run_scenario(s)
+        else:
+            arrays = build_workload(s)
+            progress, cb = _run_progress(len(arrays))
+            with progress:
+                result = run_scenario(s, progress=cb, workload=arrays)
+        summary = summarize(result)
+        write_run(result, summary, stage)
     print_warnings(summary)
     if quiet:
         return
@@ -101,7 +103,7 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
         out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
     for note in summary.get("simsrv_uncertainty", []):
         out_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    out_console.print(f"wrote {out_dir}/")
+    out_console.print(f"wrote {out}/")
     core_note()
 
 

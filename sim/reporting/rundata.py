@@ -39,7 +39,23 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
         steps = pl.read_parquet(p / "steps.parquet")
     except (json.JSONDecodeError, yaml.YAMLError, pl.exceptions.PolarsError, OSError) as e:
         raise UserError(f"{p}: cannot read the run ({str(e).splitlines()[0]})") from None
+    check_one_run(p, summary, requests.height, steps.height, scenario)
     return RunData(label or p.name, p, summary, requests, steps, scenario)
+
+
+def check_one_run(p: Path, summary: dict, num_requests: int, num_step_rows: int, scenario: dict) -> None:
+    """Refuse a directory whose files come from different runs (files copied over one another
+    by hand, or written by a simsrv older than whole-directory replacement, sim/atomic.py):
+    result.json's counts and policy must be those of the Parquet files and the scenario."""
+    engine = scenario.get("engine") if isinstance(scenario, dict) else None
+    pairs = (("requests", summary.get("num_prompts"), num_requests, "requests.parquet"),
+             ("step rows", summary.get("simsrv_num_step_rows"), num_step_rows, "steps.parquet"),
+             ("policy", summary.get("simsrv_policy"), engine.get("policy") if isinstance(engine, dict) else None,
+              "scenario.resolved.yaml"))
+    for what, said, found, where in pairs:
+        if said is not None and found is not None and said != found:
+            raise UserError(f"{p}: its files are not from one run: result.json says {what} {said}, {where} "
+                            f"has {found}; rerun it")
 
 
 def scenario_differences(runs: list[RunData]) -> dict[str, list]:

@@ -11,7 +11,7 @@ not seed noise.
 from __future__ import annotations
 
 import json
-import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from sim.atomic import atomic_path, remove_stale_temporaries, write_text
 from sim.errors import UserError
 from sim.sweep.grid import Point
 from sim.sweep.stats import aggregate
@@ -54,9 +55,21 @@ def row_path(out_dir: Path, task: Task) -> Path:
 def write_row(path: Path, row: dict) -> None:
     """Write-then-rename: a run's file is either whole or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(row, sort_keys=True))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(row, sort_keys=True))
+
+
+# the temporary name an older write_row used: seed-N.tmpPID
+_OLD_ROW_TEMPORARY = re.compile(r"^seed-\d+\.tmp(?P<pid>\d+)$")
+
+
+def remove_stale_temporaries_of(out_dir: Path) -> None:
+    """The temporary files a killed sweep left (``.sweep.parquet.tmp-PID``, a run's row being
+    written), where their process is gone: a live sweep's are kept (sim/atomic.py)."""
+    remove_stale_temporaries(out_dir)
+    runs = out_dir / "runs"
+    for point_dir in (runs.iterdir() if runs.is_dir() else ()):
+        remove_stale_temporaries(point_dir)
+        remove_stale_temporaries(point_dir, _OLD_ROW_TEMPORARY)
 
 
 def tasks_for(points: list[Point], seeds: list[int]) -> list[Task]:
@@ -109,6 +122,7 @@ def run_sweep(points: list[Point], seeds: list[int], out_dir: str | Path, execut
     """Run what is not on disk yet; ``progress(points_done, points_total)`` after each run."""
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
+    remove_stale_temporaries_of(out_dir)
     all_tasks = tasks_for(points, seeds)
     done = {t.key for t in all_tasks if row_path(out_dir, t).is_file()}
     if done and not resume:
@@ -134,8 +148,6 @@ def run_sweep(points: list[Point], seeds: list[int], out_dir: str | Path, execut
     rows = gather(points, seeds, out_dir)
     group_cols = [c for c in override_frame(points).columns]
     agg = aggregate(rows, group_cols)
-    from sim.atomic import atomic_path
-
     for frame, name in ((rows, ROWS_FILE), (agg, AGGREGATE_FILE)):
         with atomic_path(out_dir / name) as tmp:
             frame.write_parquet(tmp)
