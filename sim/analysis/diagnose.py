@@ -59,7 +59,7 @@ def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) ->
         base = load_scenario(scenario_path, sets)
     else:
         base = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml", sets)
-    raw = base.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+    raw = base.resolved()
     raw["workload"] = {"trace": {"path": str(trace.resolve())}}
     raw["name"] = f"diagnose-{trace.stem}"
     return scenario_from_dict(raw, str(trace), base_dir=base.base_dir)

@@ -63,7 +63,7 @@ def figures(frames: list[pl.DataFrame]) -> dict:
 
 
 def with_sets(s: Scenario, sets: list[str], name: str = "candidate") -> Scenario:
-    raw = s.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+    raw = s.resolved()
     for text in sets:
         set_dotted(raw, *parse_override(text))
     return scenario_from_dict(raw, name, s.base_dir)
