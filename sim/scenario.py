@@ -26,13 +26,65 @@ from sim.policies import get_policy, policy_names
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
 
 
+def _options(ann: Any) -> list:
+    """The alternatives of an annotation (Optional and Union unfolded, Annotated's type)."""
+    origin = get_origin(ann)
+    if origin is Union or origin is types.UnionType:
+        return [o for a in get_args(ann) for o in _options(a)]
+    if origin is Annotated:
+        return _options(get_args(ann)[0])
+    return [ann]
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The first pydantic model among an annotation's alternatives (``_options``), if any."""
+    return next((o for o in _options(ann) if isinstance(o, type) and issubclass(o, BaseModel)), None)
+
+
 class _Strict(BaseModel):
     # NaN and +-inf are refused in every float field (a field that means something by inf says so).
     # strict: a value has its field's type, never one pydantic would convert: an int field takes
-    # an int (not '64', 64.0 or true), a float field an int or a float (not '1.5' or true), a bool
+    # an int (not '64', 64.5 or true), a float field an int or a float (not '1.5' or true), a bool
     # field true or false (not 0, 1 or 'yes'), a str field a string (not 2024). Found by issue 38:
     # enable_prefix_caching: 0 and max_num_seqs: '64' ran as false and 64.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats_as_ints(cls, data: Any) -> Any:
+        """A whole float where an int belongs is that int (``memory_bytes: 80e9``, ``64.0``; the
+        one conversion strict mode is spared, in every model); 64.5 is still refused."""
+        ints = _int_fields(cls)
+        if isinstance(data, dict) and any(k in ints for k in data):
+            return {k: _whole_as_int(v) if k in ints else v for k, v in data.items()}
+        return data
+
+
+def _int_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that take integers (or lists of them) and no float."""
+    found = _INT_FIELDS.get(cls)
+    if found is None:
+        found = _INT_FIELDS[cls] = frozenset(k for k, f in cls.model_fields.items() if _takes_ints(f.annotation))
+    return found
+
+
+_INT_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _takes_ints(ann: Any) -> bool:
+    opts = _options(ann)
+    if float in opts:
+        return False
+    return int in opts or any(get_origin(o) in (tuple, list) and set(get_args(o)) == {int} for o in opts)
+
+
+def _whole_as_int(value: Any) -> Any:
+    """``value`` with whole floats (also in a list) made ints; anything else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_whole_as_int(v) for v in value)
+    return value
 
 
 def _list_as_tuple(value: Any) -> Any:
@@ -565,8 +617,6 @@ def _describe(value: Any) -> str:
         return f"a boolean ({str(value).lower()}: YAML reads true, false, yes, no, on and off as booleans)"
     if isinstance(value, str):
         return f"the string {short_repr(value)}"
-    if isinstance(value, float) and value.is_integer():
-        return f"{short_repr(value)} (a float; write the integer {int(value)})"
     if isinstance(value, (int, float)):
         return f"the number {short_repr(value)}"
     kind = {dict: "a mapping", list: "a list", tuple: "a list", type(None): "null"}.get(type(value))
@@ -645,18 +695,3 @@ def _with_flag(where: str, key: str, overrides: list[tuple[str, str]] | tuple) -
     flag = next((text for k, text in reversed(overrides)
                  if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
     return where if flag is None else f"{where} with {short_repr(flag, 60)} from the command line"
-
-
-def _options(ann: Any) -> list:
-    """The alternatives of an annotation (Optional and Union unfolded, Annotated's type)."""
-    origin = get_origin(ann)
-    if origin is Union or origin is types.UnionType:
-        return [o for a in get_args(ann) for o in _options(a)]
-    if origin is Annotated:
-        return _options(get_args(ann)[0])
-    return [ann]
-
-
-def _model_in(ann: Any) -> type[BaseModel] | None:
-    """The first pydantic model among an annotation's alternatives (``_options``), if any."""
-    return next((o for o in _options(ann) if isinstance(o, type) and issubclass(o, BaseModel)), None)

@@ -204,15 +204,16 @@ BAD = [
     ("engine.enable_prefix_caching=0", "engine.enable_prefix_caching: true or false is expected, not the number 0"),
     ("engine.enable_prefix_caching='yes'", "engine.enable_prefix_caching: true or false is expected, not the string"),
     ("engine.max_num_seqs='64'", "engine.max_num_seqs: an integer is expected, not the string '64'"),
-    ("engine.max_num_seqs=64.0", "engine.max_num_seqs: an integer is expected, not 64.0 (a float; write the integer 64)"),
     ("engine.max_num_seqs=64.5", "engine.max_num_seqs: an integer is expected, not the number 64.5"),
     ("workload.synthetic.request_rate='4'", "workload.synthetic.request_rate: a number is expected, not the string '4'"),
     ("name=2024", "name: a string is expected, not the number 2024"),
     ("hardware.gpu=7", "hardware.gpu: a string is expected, not the number 7"),
     ("engine.overhead.batch_range=[1, '8']", "engine.overhead.batch_range.1: an integer is expected, not the string"),
     ("cluster.enable_expert_parallel=1", "cluster.enable_expert_parallel: true or false is expected, not the number 1"),
-    ("hardware.custom={memory_bytes: 8.5e10, bf16_flops_per_s: 1.0e15, hbm_bw_bytes_per_s: 3.0e12}",
-     "hardware.custom.memory_bytes: an integer is expected, not 85000000000.0 (a float; write the integer"),
+    ("hardware.custom={memory_bytes: 85899345920.5, bf16_flops_per_s: 1.0e15, hbm_bw_bytes_per_s: 3.0e12}",
+     "hardware.custom.memory_bytes: an integer is expected, not the number 85899345920.5"),
+    ("hardware.custom={memory_bytes: 8e10, bf16_flops_per_s: '1e15', hbm_bw_bytes_per_s: 3.0e12}",
+     "hardware.custom.bf16_flops_per_s: a number is expected, not the string '1e15'"),
     ("disaggregation.prefill.replicas='2'", "disaggregation.prefill.replicas: an integer is expected"),
 ]
 
@@ -240,8 +241,12 @@ def test_the_same_values_are_refused_in_a_file_and_a_grid(tmp_path):
         in o.stderr
 
 
-def test_well_typed_values_still_load():
-    """Ints for floats, .inf and the word inf for request_rate, lists for pairs, booleans for booleans."""
+def test_well_typed_values_still_load(tmp_path):
+    """Ints for floats, whole floats for ints (64.0, 8e10: the same in every model, written back as
+    ints), .inf and the word inf for request_rate, lists for pairs, booleans for booleans; 1e15
+    (YAML 1.2's float, PyYAML's string) is a float."""
+    from sim.scenario import load_scenario
+
     from sim.scenario import scenario_from_dict
     from tests.conftest import small_scenario
 
@@ -251,6 +256,16 @@ def test_well_typed_values_still_load():
     s = scenario_from_dict(raw)
     assert s.engine.overhead.batch_range == (1, 64) and s.engine.overhead.decode_step_ms == 1.0
     assert s.workload.synthetic.request_rate == float("inf")
+    s = load_scenario(ROOT / "scenarios" / "batching.yaml", [
+        "engine.max_num_seqs=64.0", "workload.synthetic.input_tokens={dist: uniform, min: 1.0, max: 2e3}",
+        "engine.overhead.batch_range=[1.0, 8]", "hardware={custom: {memory_bytes: 8e10, bf16_flops_per_s: 1e15, "
+        "hbm_bw_bytes_per_s: 3.0e12}}"])
+    assert s.engine.max_num_seqs == 64 and type(s.engine.max_num_seqs) is int
+    assert (s.workload.synthetic.input_tokens.min, s.workload.synthetic.input_tokens.max) == (1, 2000)
+    assert s.engine.overhead.batch_range == (1, 8) and s.hardware.custom.memory_bytes == 80_000_000_000
+    assert s.hardware.custom.bf16_flops_per_s == 1e15
+    text = s.to_yaml()
+    assert "max_num_seqs: 64\n" in text and "memory_bytes: 80000000000\n" in text
 
 
 def test_diagnose_builds_its_scenarios_from_a_custom_gpus_scenario(tmp_path):
