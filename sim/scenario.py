@@ -6,6 +6,7 @@ the valid ones, so a typo never silently runs the default.
 
 # No ``from __future__ import annotations`` here: pydantic would then compile and evaluate each
 # field's annotation string when the classes are defined (145 fields, ~0.003 s CPU at start-up).
+import functools
 import math
 import os
 import re
@@ -60,15 +61,10 @@ class _Strict(BaseModel):
         return data
 
 
+@functools.cache
 def _int_fields(cls: type[BaseModel]) -> frozenset[str]:
     """The fields of ``cls`` that take integers (or lists of them) and no float."""
-    found = _INT_FIELDS.get(cls)
-    if found is None:
-        found = _INT_FIELDS[cls] = frozenset(k for k, f in cls.model_fields.items() if _takes_ints(f.annotation))
-    return found
-
-
-_INT_FIELDS: dict[type, frozenset[str]] = {}
+    return frozenset(k for k, f in cls.model_fields.items() if _takes_ints(f.annotation))
 
 
 def _takes_ints(ann: Any) -> bool:
