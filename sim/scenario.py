@@ -6,6 +6,7 @@ the valid ones, so a typo never silently runs the default.
 
 # No ``from __future__ import annotations`` here: pydantic would then compile and evaluate each
 # field's annotation string when the classes are defined (145 fields, ~0.003 s CPU at start-up).
+import functools
 import math
 import os
 import re
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
@@ -25,9 +27,76 @@ from sim.policies import get_policy, policy_names
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
 
 
+def _options(ann: Any) -> list:
+    """The alternatives of an annotation (Optional and Union unfolded, Annotated's type)."""
+    origin = get_origin(ann)
+    if origin is Union or origin is types.UnionType:
+        return [o for a in get_args(ann) for o in _options(a)]
+    if origin is Annotated:
+        return _options(get_args(ann)[0])
+    return [ann]
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The first pydantic model among an annotation's alternatives (``_options``), if any."""
+    return next((o for o in _options(ann) if isinstance(o, type) and issubclass(o, BaseModel)), None)
+
+
 class _Strict(BaseModel):
-    # NaN and +-inf are refused in every float field (a field that means something by inf says so)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NaN and +-inf are refused in every float field (a field that means something by inf says so).
+    # strict: a value has its field's type, never one pydantic would convert: an int field takes
+    # an int (not '64', 64.5 or true), a float field an int or a float (not '1.5' or true), a bool
+    # field true or false (not 0, 1 or 'yes'), a str field a string (not 2024). Found by issue 38:
+    # enable_prefix_caching: 0 and max_num_seqs: '64' ran as false and 64.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats_as_ints(cls, data: Any) -> Any:
+        """A whole float where an int belongs is that int (``memory_bytes: 80e9``, ``64.0``; the
+        one conversion strict mode is spared, in every model); 64.5 is still refused."""
+        ints = _int_fields(cls)
+        if isinstance(data, dict) and any(k in ints for k in data):
+            return {k: _whole_as_int(v) if k in ints else v for k, v in data.items()}
+        return data
+
+
+@functools.cache
+def _int_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that take integers (or lists of them) and no float."""
+    return frozenset(k for k, f in cls.model_fields.items() if _takes_ints(f.annotation))
+
+
+def _takes_ints(ann: Any) -> bool:
+    opts = _options(ann)
+    if float in opts:
+        return False
+    return int in opts or any(get_origin(o) in (tuple, list) and set(get_args(o)) == {int} for o in opts)
+
+
+def _whole_as_int(value: Any) -> Any:
+    """``value`` with whole floats (also in a list) made ints; anything else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_whole_as_int(v) for v in value)
+    return value
+
+
+def _list_as_tuple(value: Any) -> Any:
+    """A YAML list given for a tuple field (strict mode takes only tuples); its items are still
+    checked strictly."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _inf_word(value: Any) -> Any:
+    """``inf`` written as a word (YAML's float is ``.inf``): infinity, as ``--set`` reads it."""
+    return math.inf if isinstance(value, str) and value.lower() in ("inf", "+inf", ".inf") else value
+
+
+# pairs written as YAML lists: [low, high], [duration_s, rate]
+IntPair = Annotated[tuple[int, int], BeforeValidator(_list_as_tuple)]
+FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
 
 
 class HFConfigRef(_Strict):
@@ -81,7 +150,7 @@ class CacheAwareRouting(_Strict):
     SGLang router's)."""
 
     cache_threshold: float = Field(0.3, ge=0, le=1)       # prefix match share to follow the cache
-    balance_abs_threshold: float = Field(64, ge=0)        # outstanding max - min above this ...
+    balance_abs_threshold: float = Field(64.0, ge=0)      # outstanding max - min above this ...
     balance_rel_threshold: float = Field(1.5, ge=1)       # ... and max > this x min: least loaded
     max_tree_tokens: int = Field(2 ** 24, ge=1)           # router's prefix tree per replica (LRU)
 
@@ -115,7 +184,7 @@ class EngineOverhead(_Strict):
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)
     attention_backend: Optional[str] = None
-    batch_range: Optional[tuple[int, int]] = None
+    batch_range: Optional[IntPair] = None
 
     @model_validator(mode="after")
     def _range(self) -> "EngineOverhead":
@@ -270,7 +339,7 @@ class RateProfile(_Strict):
     peaking at ``peak_s``."""
 
     shape: Literal["piecewise", "diurnal"]
-    segments: Optional[list[tuple[float, float]]] = Field(None, max_length=100_000)
+    segments: Optional[list[FloatPair]] = Field(None, max_length=100_000)
     period_s: float = Field(86400.0, gt=0, le=MAX_TIME_S)
     min_rate: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     max_rate: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
@@ -311,7 +380,8 @@ class MultiTurn(_Strict):
 
 class Synthetic(_Strict):
     num_requests: int = Field(1000, ge=1, le=MAX_REQUESTS)
-    request_rate: float = Field(4.0, gt=0, allow_inf_nan=True)  # inf = all at t=0, as vLLM bench
+    # inf = all at t=0, as vLLM bench (.inf, or the word inf as --set reads it)
+    request_rate: Annotated[float, BeforeValidator(_inf_word)] = Field(4.0, gt=0, allow_inf_nan=True)
     burstiness: float = Field(1.0, gt=0, le=MAX_FIGURE)
     input_tokens: LengthDist = LengthDist(dist="lognormal", mean=900, sigma=0.8, max=8192)
     output_tokens: LengthDist = LengthDist(dist="lognormal", mean=300, sigma=0.8, max=2048)
@@ -425,10 +495,49 @@ class Scenario(_Strict):
         return shipped if not beside.exists() and shipped.exists() else beside
 
     def to_yaml(self) -> str:
-        """The resolved scenario; file paths made absolute so it runs from any directory."""
-        data = self.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        """``resolved()`` as YAML: a run's ``scenario.resolved.yaml``."""
+        return yaml.safe_dump(self.resolved(), sort_keys=False)
+
+    def resolved(self) -> dict:
+        """The scenario as its run reads it, as a plain dict (README, Scenario files): every key
+        with a value written, defaults filled, the values the run derives from the model or the
+        workload written as it uses them, file paths absolute (it runs from any directory).
+        Guarantee (tests/test_scenario_roundtrip.py): validated again it runs byte for byte as
+        this scenario does, and resolves to the same dict. Left out: keys whose null means "the
+        catalogue's or engine profile's value" (e.g. ``engine.attention_backend``, the fields of
+        ``hardware.custom`` its ``based_on`` fills), and ``hardware.gpu`` beside ``custom``."""
+        from sim.engine.deployment import engine_lengths
+
+        # an unset max_num_batched_tokens under continuous follows max_model_len (vLLM's default)
+        lengths = dict(zip(("max_model_len", "max_num_batched_tokens"), engine_lengths(self)))
+        update: dict[str, Any] = {"engine": self.engine.model_copy(update=lengths)}
+        syn = self.workload.synthetic
+        if syn is not None and syn.prefix_groups is not None:
+            # prefix_groups makes num_groups x prompts_per_group requests, whatever num_requests says
+            n = syn.prefix_groups.num_groups * syn.prefix_groups.prompts_per_group
+            synthetic = syn.model_copy(update={"num_requests": n})
+            update["workload"] = self.workload.model_copy(update={"synthetic": synthetic})
+        if get_policy(self.engine.policy).pools:
+            update["disaggregation"] = self._resolved_pools()
+        data = self.model_copy(update=update).model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        if self.hardware.custom is not None:
+            del data["hardware"]["gpu"]  # the inline GPU replaces the catalogue one (one of the two)
         _absolute_paths(data, self.resolve_path)
-        return yaml.safe_dump(data, sort_keys=False)
+        return data
+
+    def _resolved_pools(self) -> "Disaggregation":
+        """``disaggregation`` as a pools policy runs it (sim/engine/topology.py
+        ``DisaggregatedLayout``): the defaults when absent, each pool's tensor_parallel_size and
+        (with a catalogue GPU) gpu filled from the cluster's."""
+        d = self.disaggregation or Disaggregation()
+
+        def filled(pool: Pool) -> Pool:
+            fill = {"tensor_parallel_size": pool.tensor_parallel_size or self.cluster.tensor_parallel_size}
+            if self.hardware.custom is None:
+                fill["gpu"] = pool.gpu or self.hardware.gpu
+            return pool.model_copy(update=fill)
+
+        return d.model_copy(update={"prefill": filled(d.prefill), "decode": filled(d.decode)})
 
 
 def safe_dir_name(name: str, max_chars: int = 100) -> str:
@@ -467,8 +576,11 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 def _format_error(err: ValidationError, where: str, overrides: list[tuple[str, str]] | tuple = ()) -> str:
-    e = err.errors()[0]
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "function-after"))))
+    # a value of the wrong type first: it is the problem the user made, where a missing key
+    # beside it may only follow from it
+    errors = err.errors()
+    e = next((x for x in errors if x["type"] in _EXPECTED), errors[0])
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in _LOC_TAGS)))
     key = ".".join(str(p) for p in loc) or "(top level)"
     where = _with_flag(where, key, overrides)
     if e["type"] == "extra_forbidden":
@@ -478,11 +590,33 @@ def _format_error(err: ValidationError, where: str, overrides: list[tuple[str, s
     if loc and loc[0] == "model" and loc[-1] != "quantization":
         return (f"{where}: model: give a catalogue name, {{hf_config: path/to/config.json}} or "
                 f"{{name: catalogue name}} (either mapping may add quantization: fp8 | int8 | awq | gptq)")
+    if e["type"] in _EXPECTED:
+        return f"{where}: {key}: {_EXPECTED[e['type']]} is expected, not {_describe(e.get('input'))}"
     msg = e["msg"].removeprefix("Value error, ")
     got = e.get("input")
     if isinstance(got, (int, float, str)) and not isinstance(got, bool) and e["type"] not in ("missing", "value_error"):
         msg += f" (got {short_repr(got)})"
     return f"{where}: {key}: {msg}"
+
+
+# pydantic's names of the validators an error passed through, not keys of the scenario
+_LOC_TAGS = ("str", "function-after", "function-before")
+# strict mode's type errors (sim.scenario._Strict): what the key takes
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
+             "string_type": "a string", "tuple_type": "a list", "list_type": "a list", "model_type": "a mapping",
+             "dict_type": "a mapping"}
+
+
+def _describe(value: Any) -> str:
+    """A wrong-typed value as an error line names it: its kind and (short) value."""
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()}: YAML reads true, false, yes, no, on and off as booleans)"
+    if isinstance(value, str):
+        return f"the string {short_repr(value)}"
+    if isinstance(value, (int, float)):
+        return f"the number {short_repr(value)}"
+    kind = {dict: "a mapping", list: "a list", tuple: "a list", type(None): "null"}.get(type(value))
+    return kind or f"a {type(value).__name__}"
 
 
 def short_repr(value: Any, max_chars: int = 40) -> str:
@@ -543,11 +677,6 @@ def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".",
     key. ``overrides``: (dotted key, its ``key=value`` text) set from the command line (``--set``,
     ``--policy``, ``--chunk``), the last of which the error's key lies in (or under) is named
     too, so a bad flag is not blamed on the file."""
-    flagged = _bool_as_number(raw, Scenario)
-    if flagged is not None:
-        key = ".".join(str(p) for p in flagged)
-        raise UserError(f"{_with_flag(where, key, overrides)}: {key}: a number is expected, not a boolean "
-                        f"(YAML reads true, false, yes, no, on and off as booleans)")
     try:
         return Scenario(**raw, base_dir=base_dir)
     except ValidationError as err:
@@ -562,49 +691,3 @@ def _with_flag(where: str, key: str, overrides: list[tuple[str, str]] | tuple) -
     flag = next((text for k, text in reversed(overrides)
                  if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
     return where if flag is None else f"{where} with {short_repr(flag, 60)} from the command line"
-
-
-def _options(ann: Any) -> list:
-    """The alternatives of an annotation (Optional and Union unfolded, Annotated's type)."""
-    origin = get_origin(ann)
-    if origin is Union or origin is types.UnionType:
-        return [o for a in get_args(ann) for o in _options(a)]
-    if origin is Annotated:
-        return _options(get_args(ann)[0])
-    return [ann]
-
-
-def _model_in(ann: Any) -> type[BaseModel] | None:
-    """The first pydantic model among an annotation's alternatives (``_options``), if any."""
-    return next((o for o in _options(ann) if isinstance(o, type) and issubclass(o, BaseModel)), None)
-
-
-def _bool_as_number(value: Any, ann: Any, path: tuple = ()) -> tuple | None:
-    """The path to the first boolean given where ``ann`` takes a number and no boolean, else
-    None. pydantic takes True as 1 for an int or float field (``max_num_seqs: true`` ran
-    with one sequence: found by ../shared/fuzz); a YAML boolean is never a count or a figure."""
-    opts = _options(ann)
-    if isinstance(value, bool):
-        kinds = {get_origin(o) or o for o in opts}
-        return path if bool not in kinds and Any not in kinds and (int in kinds or float in kinds) else None
-    if isinstance(value, dict):
-        model = _model_in(ann)
-        if model is None:
-            return None
-        for k, v in value.items():
-            f = model.model_fields.get(k)
-            hit = _bool_as_number(v, f.annotation, (*path, k)) if f is not None else None
-            if hit is not None:
-                return hit
-        return None
-    if isinstance(value, (list, tuple)):
-        for o in opts:
-            args = get_args(o)
-            if get_origin(o) in (list, tuple) and args:
-                for i, v in enumerate(value):
-                    item = args[0] if len(args) == 1 or args[-1] is Ellipsis else args[min(i, len(args) - 1)]
-                    hit = _bool_as_number(v, item, (*path, i))
-                    if hit is not None:
-                        return hit
-                return None
-    return None

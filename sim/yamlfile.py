@@ -9,6 +9,7 @@ the whole first one.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,20 @@ class _UniqueKeys(yaml.SafeLoader):
                         "keep only the last", key_node.start_mark)
                 first_line[key] = line
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads 1e15 and 1.0e15 (no dot or no exponent sign) as
+# strings, which the strict scenario schema (sim/scenario.py _Strict) would refuse as text where a
+# number belongs; 1.1's forms (1.5, 1.0e+15, .inf, .nan, 1:30.5) stay floats.
+_FLOAT = re.compile(r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+_UniqueKeys.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeys.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
 def parse_yaml_text(text: str, where: str) -> Any:

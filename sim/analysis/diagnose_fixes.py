@@ -63,15 +63,17 @@ def figures(frames: list[pl.DataFrame]) -> dict:
 
 
 def with_sets(s: Scenario, sets: list[str], name: str = "candidate") -> Scenario:
-    raw = s.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+    raw = s.resolved()
     for text in sets:
         set_dotted(raw, *parse_override(text))
     return scenario_from_dict(raw, name, s.base_dir)
 
 
 def same_deployment(a: Scenario, b: Scenario) -> bool:
-    """Whether two scenarios differ in nothing but their names."""
-    dump = (lambda s: s.model_dump(mode="json", exclude={"name", "base_dir"}))
+    """Whether two scenarios differ in nothing but their names (compared resolved: a default
+    written out is the same as the default left implicit)."""
+    def dump(s: Scenario) -> dict:
+        return {k: v for k, v in s.resolved().items() if k != "name"}
     return dump(a) == dump(b)
 
 

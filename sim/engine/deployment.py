@@ -218,6 +218,13 @@ def engine_profile(e):
 _VLLM_MIN_DEFAULT_BATCHED_TOKENS = 2048
 
 
+def engine_lengths(s: Scenario) -> tuple[int, int]:
+    """(max_model_len, max_num_batched_tokens) every replica of ``s`` runs with: what its resolved
+    scenario writes (``Scenario.resolved``), set, so the resolved file runs with the same."""
+    return _checked_lengths(s, get_model(s.model if isinstance(s.model, str) else s.model.model_dump(),
+                                         Path(s.base_dir)))
+
+
 def _checked_lengths(s: Scenario, model: ModelSpec) -> tuple[int, int]:
     """(max_model_len, max_num_batched_tokens) as vLLM would accept them, or a ``UserError``.
 
