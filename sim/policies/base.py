@@ -347,7 +347,10 @@ class Scheduler:
         num_seqs = ds.num_seqs
         plan.num_decode_seqs = num_seqs
         plan.decode_context_tokens = ds.context_tokens + num_seqs
-        if self._swap_blocks:
+        if self._swap_blocks and (num_seqs or plan.chunks):
+            # the PCIe copies since the last step that ran (swap-outs of preemptions, swap-ins),
+            # charged to the next one that runs: a plan that only preempted is planned again
+            # (``schedule``) and its swap-outs still happened
             plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
         multi = self._multi
         if multi:
