@@ -131,3 +131,31 @@ def test_a_decode_the_token_budget_left_out_has_the_step_in_its_next_gap():
     assert plan.pause_extras == [(0.6 - 0.5, 1)]
     s.on_step_done(plan, 0.7)
     assert not s.schedule(0.7).pause_extras  # counted once
+
+
+def test_a_requests_kv_on_one_replica_does_not_move_with_its_kv_on_another():
+    """A disaggregated request has KV on a prefill replica and on a decode replica: the
+    prefix-cache blocks its allocation began with (which set its sliding-window blocks) are
+    each manager's own. (They were one attribute of the request: the prefill side's hits
+    counted on the decode side, and the prefill side freeing the request zeroed them there.)
+    NOTE: disaggregated pools run today without the hybrid KV manager (plain groups), where
+    the hits change no count; the managers here have sliding windows."""
+    from sim.core.kv import KVGroups
+
+    groups = KVGroups(1, 1, 3, 40)  # one full group, one sliding (window 40 tokens, 3 blocks)
+    prefill, decode = (KVBlockManager(1000, 16, True, groups) for _ in range(2))
+    first = Request(0, 0.0, 320, 10)
+    first.hash_ids = list(range(20))
+    assert prefill.allocate(first, 320)
+    prefill.cache(first, 320)
+    req = Request(1, 0.0, 320, 10)
+    req.hash_ids = list(range(20))  # the same prompt: 19 blocks cached on the prefill replica
+    hits, own = prefill.lookup(req)
+    assert len(hits) == 19
+    assert prefill.allocate(req, 320, hits, own, computed=len(hits) * 16)
+    assert decode.allocate(req, 320)  # the KV arrives whole on the decode replica: no hits there
+    held = decode.blocks_held(req)
+    assert held == groups.blocks(320, 16)
+    assert decode.blocks_of(req, 336) == groups.blocks(336, 16)
+    prefill.free(req)  # the decode side admitted it: the prefill side lets go
+    assert decode.blocks_held(req) == held and decode.blocks_of(req, 336) == groups.blocks(336, 16)
