@@ -159,3 +159,30 @@ def test_a_requests_kv_on_one_replica_does_not_move_with_its_kv_on_another():
     assert decode.blocks_of(req, 336) == groups.blocks(336, 16)
     prefill.free(req)  # the decode side admitted it: the prefill side lets go
     assert decode.blocks_held(req) == held and decode.blocks_of(req, 336) == groups.blocks(336, 16)
+
+
+def test_the_decode_scheduler_alone_knows_a_sent_request_until_it_admits_it():
+    """A request whose KV a prefill replica sent is recorded once, by the decode replica's
+    scheduler, from the KV's arrival to its admission: its wait for admission and the rounds
+    that could not admit it come from there (no second record in the cluster); a swap-in is
+    not such an admission."""
+    from sim.policies.disagg import DecodeScheduler
+
+    s = DecodeScheduler(EngineLimits(max_num_batched_tokens=64, max_num_seqs=1), KVBlockManager(100, 16))
+    admitted: list[Request] = []
+    s.on_admitted = admitted.append
+    busy, sent = Request(0, 0.0, 10, 5), Request(1, 0.0, 10, 5)
+    s.add_request(busy, 0.0)
+    s.on_step_done(s.schedule(0.0), 0.1)  # the one batch slot is taken
+    sent.transfer_end_s = 0.1
+    s.incoming += 1
+    s.add_transferred(sent)
+    now = 0.1
+    while not admitted:
+        plan = s.schedule(now)
+        now += 0.05
+        s.on_step_done(plan, now)
+    assert admitted == [sent]
+    assert sent.decode_rounds_waited == 1  # round 2 ran busy's decodes (one run): round 3 admitted it
+    assert sent.decode_wait_s == pytest.approx(0.15 - 0.1)
+    assert not s._arriving
