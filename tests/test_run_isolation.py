@@ -44,6 +44,12 @@ CASES = {
         ["engine.policy=chunked", "engine.max_num_batched_tokens=512"], []),
     "long context, swap: itself twice": (
         "long_context.yaml", ["workload.synthetic.num_requests=60", "engine.preemption_mode=swap"], [], []),
+    "pipeline: recompute, then the scenario": (
+        "pipeline_405b.yaml", ["workload.synthetic.num_requests=60"], ["workload.synthetic.request_rate=20"], []),
+    "routing: cache-aware, then random": (
+        "routing.yaml", ["workload.synthetic.prefix_groups.num_groups=8"], [], ["cluster.router=random"]),
+    "prefix cache on, then off": (
+        "prefix_cache.yaml", ["workload.synthetic.num_requests=150"], ["engine.enable_prefix_caching=true"], []),
 }
 
 
