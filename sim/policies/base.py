@@ -325,7 +325,8 @@ class Scheduler:
         ``last_token_s`` (``_preempt``)."""
         pending = self._pause_s
         extras: list[tuple[float, int]] = []
-        for key, (req, paused_s) in list(pending.items()):
+        for key, entry in list(pending.items()):
+            req, paused_s = entry
             if req.in_decode:
                 del pending[key]
                 if plan.block or not paused_s > 0.0:
