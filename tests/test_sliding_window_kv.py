@@ -108,12 +108,13 @@ def test_decode_set_look_ahead_with_sliding_groups_matches_brute_force(bs, group
     for i, (p, gen, hit) in enumerate(seqs):
         r = Request(i, 0.0, p, 10_000)
         r.num_generated = gen
-        r.kv_hit_blocks = min(hit, (p - 1) // bs)  # a prefix-cache hit never covers the last token
+        h = min(hit, (p - 1) // bs)  # a prefix-cache hit never covers the last token
+        kv.table(r).hit_blocks = h
         assert kv.allocate(r, p + gen - 1)
-        assert kv.blocks_held(r) == g.blocks(p + gen - 1, bs, shared=r.kv_hit_blocks)
+        assert kv.blocks_held(r) == g.blocks(p + gen - 1, bs, shared=h)
         ds.add(r)
         assert kv.blocks_held(r) == 0  # the decode set's blocks are counted together
-        ns.append((p + gen - 1, r.kv_hit_blocks))
+        ns.append((p + gen - 1, h))
     done = 0  # steps advanced so far
 
     def brute(k):

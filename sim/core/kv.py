@@ -145,9 +145,11 @@ class Table:
     """One request's block table: the shared-prefix blocks it references, then
     ``num_own_cached`` cached blocks of its own, then uncached ones (``num_blocks`` in all; 0
     while the request is in the decode set, whose blocks ``decode_blocks`` counts). ``freed``
-    is its run of own cached blocks left in the free queue after a free."""
+    is its run of own cached blocks left in the free queue after a free. ``hit_blocks``: the
+    prefix-cache blocks its current allocation here started with (per manager: a disaggregated
+    request's prefill and decode replicas each have their own)."""
 
-    __slots__ = ("request_id", "num_blocks", "held", "shared", "num_own_cached", "freed")
+    __slots__ = ("request_id", "num_blocks", "held", "shared", "num_own_cached", "freed", "hit_blocks")
 
     def __init__(self, request_id: int) -> None:
         self.request_id = request_id
@@ -156,6 +158,7 @@ class Table:
         self.shared: list[Block] = []
         self.num_own_cached = 0
         self.freed: Run | None = None
+        self.hit_blocks = 0
 
 
 class KVBlockManager:
@@ -201,8 +204,15 @@ class KVBlockManager:
         return self.groups.blocks(num_tokens, self.block_size, computed, shared)
 
     def blocks_of(self, req: Request, num_tokens: int, computed: int | None = None) -> int:
-        """``blocks_for`` of ``req``, whose allocation began with ``req.kv_hit_blocks`` hits."""
-        return self.blocks_for(num_tokens, computed, req.kv_hit_blocks)
+        """``blocks_for`` of ``req``, whose allocation here began with ``hit_blocks(req)`` hits."""
+        if self._plain:  # blocks_for
+            return -(-num_tokens // self.block_size)
+        return self.groups.blocks(num_tokens, self.block_size, computed, self.hit_blocks(req))
+
+    def hit_blocks(self, req: Request) -> int:
+        """The prefix-cache blocks ``req``'s current allocation here started with."""
+        t = self.tables.get(req.key)
+        return t.hit_blocks if t is not None else 0
 
     def chunk_blocks(self, req: Request, num_tokens: int, computed: int) -> int:
         """Blocks ``req`` gains for a prefill chunk computing its tokens from ``computed`` up to
@@ -213,7 +223,7 @@ class KVBlockManager:
         if self._plain:
             new = -(-num_tokens // self.block_size)
         else:
-            new = self.groups.blocks(num_tokens, self.block_size, computed, req.kv_hit_blocks)
+            new = self.groups.blocks(num_tokens, self.block_size, computed, t.hit_blocks if t is not None else 0)
         if t is not None:
             new -= t.num_blocks
         return new
@@ -356,12 +366,12 @@ class KVBlockManager:
     def from_decode(self, req: Request, num_tokens: int) -> None:
         """``req`` leaves the decode set with ``num_tokens`` tokens of KV: its blocks (every
         group's, ``KVGroups.blocks``) are its own again."""
+        t = self.tables.get(req.key)  # self.table(req), inline
         if self._plain:  # blocks_of
             n = -(-num_tokens // self.block_size)
         else:
-            n = self.groups.blocks(num_tokens, self.block_size, None, req.kv_hit_blocks)
+            n = self.groups.blocks(num_tokens, self.block_size, None, t.hit_blocks if t is not None else 0)
         self.decode_blocks -= n
-        t = self.tables.get(req.key)  # self.table(req), inline
         if t is None:
             t = self.tables[req.key] = Table(req.request_id)
         t.num_blocks = n
@@ -423,8 +433,8 @@ class KVBlockManager:
         ``computed``: the first token the step computes (a prefill chunk's start; sliding-window
         groups, ``KVGroups.blocks``); None for KV that exists whole (a decode's)."""
         num_hit = len(hits) + own_hits
-        shared = num_hit if num_hit else req.kv_hit_blocks
         t = self.tables.get(req.key)
+        shared = num_hit if num_hit else (t.hit_blocks if t is not None else 0)
         held = t.num_blocks if t is not None else 0
         if self._plain:  # blocks_for
             new = -(-num_tokens // self.block_size) - held - num_hit
@@ -439,7 +449,7 @@ class KVBlockManager:
         if t is None:
             t = self.tables[req.key] = Table(req.request_id)
         if num_hit:
-            req.kv_hit_blocks = num_hit
+            t.hit_blocks = num_hit
             q = self._queue
             for b in hits:
                 if b.ref == 0:
@@ -507,13 +517,13 @@ class KVBlockManager:
     def free(self, req: Request, forget: bool = False) -> None:
         """Release a request's blocks, tail first; cached ones stay resident, evictable.
         ``forget``: then ``forget(req)`` (done here for good), in one pass."""
-        req.kv_hit_blocks = 0
         # ``tables.pop(req.key, None)`` as a look-up and a ``del`` (compiled, sim/compiled_core.py,
         # both native; ``pop`` with a default is a generic method call)
         t = self.tables.get(req.key)
         if t is None:
             return
         del self.tables[req.key]
+        t.hit_blocks = 0  # (a table kept below for its cached run starts its next allocation afresh)
         plain = t.num_blocks - len(t.shared) - t.num_own_cached
         if t.held:
             self.num_held -= t.num_blocks

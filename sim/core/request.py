@@ -31,7 +31,7 @@ class Request:
         # disaggregation: the KV's trip from a prefill replica to a decode replica
         "transfer_start_s", "transfer_end_s", "decode_wait_s", "decode_rounds_waited",
         # prefix caching: the content's block hashes (sim/core/kv.py reads them)
-        "hash_ids", "hash_block_size", "prefix_keys", "prefix_hit_tokens", "kv_hit_blocks",
+        "hash_ids", "hash_block_size", "prefix_keys", "prefix_hit_tokens",
         # TTFT decomposition, written by sim/core/ttft.py: parts adding up to first_token_s - arrival_s
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
         "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
@@ -78,7 +78,6 @@ class Request:
         self.hash_block_size = 16
         self.prefix_keys: list[tuple[int, int]] | None = None
         self.prefix_hit_tokens = 0
-        self.kv_hit_blocks = 0      # prefix-cache blocks its current allocation started with
         # TTFT decomposition (sim/core/ttft.py's TTFTAccounting keeps the working state: wait
         # marks, preemption starts)
         self.ttft_wait_batch_s = 0.0

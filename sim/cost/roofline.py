@@ -267,7 +267,10 @@ class RooflineCostModel:
         # the same traffic per kernel (bytes per token): norm, norm, add, add, rotary, activation, KV write
         self._elem_kernel_bytes = tuple(self.dtype_bytes * x for x in (
             2 * h, 2 * h, 3 * h, 3 * h, 2 * (self.q_dim + self.kv_dim), 3 * self.mlp_dim, 2 * self.kv_dim))
-        self._gemm_cache: dict[int, tuple[float, float, float, float]] = {}
+        # (qkv, o, mlp_up, mlp_down seconds, whether a GEMM lies outside its measured table) by
+        # token count: the flag is memoised with the seconds, so a warm memo notes what a cold
+        # one does (a run's flags must not depend on what was costed before it)
+        self._gemm_cache: dict[int, tuple[float, float, float, float, bool]] = {}
         self._tok_cache: dict[int, tuple[float, float, bool]] = {}
         self.calibration = calibration
         # Operators this GPU's profile lacks, carried from another GPU's measured curve
@@ -300,7 +303,6 @@ class RooflineCostModel:
         # Decode attention is looked up at the context of equal bytes in the tables' KV dtype
         # (and of equal bytes read, when the kernel re-reads the cache per query head).
         self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads
-        self._gemm_extrap: set[int] = set()  # token counts beyond the measured GEMM range
         self._chunk_cache: dict[int | tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         # the TTFT split's memo of chunks' seconds alone (``prefill_alone_s``, by
         # sim/core/ttft.py ``solo_key``), shared by every replica that shares this model
@@ -386,10 +388,18 @@ class RooflineCostModel:
         return t
 
     def _gemms(self, tokens: int) -> tuple[float, float, float, float]:
-        """(qkv, o, mlp_up, mlp_down) seconds for all layers; cached by token count."""
+        """(qkv, o, mlp_up, mlp_down) seconds for all layers; cached by token count. Notes
+        (``_flag``) a GEMM outside its measured table, from the memo as when computed."""
         hit = self._gemm_cache.get(tokens)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._gemm_entry(tokens)
+        if hit[4]:
+            self._flag = True
+        return hit[0], hit[1], hit[2], hit[3]
+
+    def _gemm_entry(self, tokens: int) -> tuple[float, float, float, float, bool]:
+        """``_gemms``' memo entry of ``tokens``: the seconds and whether any GEMM extrapolated."""
+        saved, self._flag = self._flag, False
         m, L = self.model, self.model.num_layers
         Lm = m.num_moe_layers  # MoE layers; the others (all of a dense model) have a dense MLP
         up = down = 0.0
@@ -399,8 +409,9 @@ class RooflineCostModel:
         if L - Lm:
             up += (L - Lm) * self._linear_s(tokens, self._up, name="up")
             down += (L - Lm) * self._linear_s(tokens, self._down, name="down")
-        out = (L * self._linear_s(tokens, self._qkv, name="qkv"), L * self._linear_s(tokens, self._o, name="o"),
-               up, down)
+        qkv, o = L * self._linear_s(tokens, self._qkv, name="qkv"), L * self._linear_s(tokens, self._o, name="o")
+        out = (qkv, o, up, down, self._flag)
+        self._flag = saved
         self._gemm_cache[tokens] = out
         return out
 
@@ -614,15 +625,11 @@ class RooflineCostModel:
             hit = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)
         else:
             saved, self._flag = self._flag, False
-            if self._gemm_cal and tokens not in self._gemm_cache:
-                qkv, o, up, down = self._gemms(tokens)
-                if self._flag:
-                    self._gemm_extrap.add(tokens)
-            else:
-                qkv, o, up, down = self._gemms(tokens)
-            elem, ar, out = self._per_tokens(tokens)
-            hit = (qkv, o, up, down, elem, ar, tokens in self._gemm_extrap or out)
+            qkv, o, up, down = self._gemms(tokens)
+            gemm_out = self._flag
             self._flag = saved
+            elem, ar, out = self._per_tokens(tokens)
+            hit = (qkv, o, up, down, elem, ar, gemm_out or out)
         self._token_cache[tokens] = hit
         return hit
 

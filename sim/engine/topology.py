@@ -187,7 +187,6 @@ class Disaggregated:
                                    links.latency_s)
         self._changed = env.event()
         self._owner: dict[int, int] = {}  # request id -> prefill replica holding its KV
-        self._arrived: dict[int, tuple[int, int]] = {}  # request id -> (decode replica, its round count at KV arrival)
         for s in decode:
             s.on_admitted = self._release
         env.process(self._link_loop())
@@ -237,17 +236,11 @@ class Disaggregated:
 
     def _deliver(self, req: Request, d: int) -> None:
         req.transfer_end_s = self.env.now
-        self._arrived[req.request_id] = (d, self.decode_scheds[d].num_schedules)
         self.decode_scheds[d].add_transferred(req)
         self.decode[d].notify()
 
-    # -- decode admitted: its wait is recorded, the prefill side frees its copy -----------------
+    # -- decode admitted (its wait recorded by the decode scheduler): the prefill side frees its copy
     def _release(self, req: Request) -> None:
-        # the wait for decode admission, and the rounds before this one that could not admit
-        # it (full batch or KV): backpressure
-        d, arrival_round = self._arrived.pop(req.request_id)
-        req.decode_wait_s = self.env.now - req.transfer_end_s
-        req.decode_rounds_waited = self.decode_scheds[d].num_schedules - 1 - arrival_round
         p = self._owner.pop(req.request_id)
         self.prefill_scheds[p].release_handoff(req)
         self.prefill[p].notify()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from sim.compiled_core import mypyc_attr
 from sim.core.batch import Batch, BatchValues
@@ -86,8 +86,9 @@ class StepPlan:
     # multi-step block (``num_scheduler_steps`` > 1): all ``num_steps`` run, nothing joins
     # meanwhile, and the tokens of every sequence in it are released together at its end
     block: bool = False
-    # separate prefill steps: (extra seconds, sequences) whose gap to this plan's first decode
-    # step also spans the prompt steps that paused them
+    # (extra seconds, sequences) whose gap to this plan's first decode step also spans the
+    # steps that paused them since their last token (the token budget did not reach them, or a
+    # prompt step of its own ran: ``Scheduler._note_paused``)
     pause_extras: list[tuple[float, int]] = NONE
     planned_s: float = 0.0  # when it was planned (the step's start)
 
@@ -212,7 +213,9 @@ class Scheduler:
         self.num_schedules = 0               # scheduling rounds so far
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
         self.reserved_blocks = 0  # guaranteed_no_evict: KV blocks the running requests may grow to
-        self._pending_pause: list[list] = []  # separate prefill steps: [extra seconds, sequences]
+        # decodes that sat out steps since their last token (the budget pause above, or prompt
+        # steps of their own): key -> (request, seconds paused), in the order they first paused
+        self._pause_s: dict[Any, tuple[Request, float]] = {}
         self.admission = make_admission(limits.admission, kv.prefix_caching)
 
     @property
@@ -302,6 +305,41 @@ class Scheduler:
             self._admission.on_idle()  # sglang: an idle round resets new_token_ratio
         return plan
 
+    def _defer_ready_gaps(self, plan: StepPlan) -> None:
+        """Requests swapped in by a prompt step of its own sit it out: their wait so far
+        becomes paused time, and their next gap, at their first decode step, spans it all."""
+        for req, gap in zip(plan.kv_ready, plan.ready_gaps_s):
+            if gap == gap:  # (nan: no token yet, no gap)
+                self._note_paused(req, gap)
+        plan.ready_gaps_s = NONE
+
+    def _note_paused(self, req: Request, seconds: float) -> None:
+        """Decode ``req`` sat out a step of ``seconds`` (its next inter-token gap spans it)."""
+        hit = self._pause_s.get(req.key)
+        self._pause_s[req.key] = (req, seconds if hit is None else hit[1] + seconds)
+
+    def _lengthen_paused(self, plan: StepPlan) -> None:
+        """The paused decodes that ``plan`` runs: their gap to its first step's end also spans
+        the steps they sat out (``plan.pause_extras``; a multi-step block measures its gaps
+        itself). Those paused again keep accumulating; a preempted one's wait went into its
+        ``last_token_s`` (``_preempt``)."""
+        pending = self._pause_s
+        extras: list[tuple[float, int]] = []
+        for key, entry in list(pending.items()):
+            req, paused_s = entry
+            if req.in_decode:
+                del pending[key]
+                if plan.block or not paused_s > 0.0:
+                    continue
+                if extras and extras[-1][0] == paused_s:  # one entry per run of equal waits
+                    extras[-1] = (paused_s, extras[-1][1] + 1)
+                else:
+                    extras.append((paused_s, 1))
+            elif req.key not in self.running:
+                del pending[key]
+        if extras:
+            plan.pause_extras = extras
+
     def plan_step(self, now: float) -> StepPlan:
         """One vLLM V1 ``Scheduler.schedule()`` (vllm/v1/core/sched/scheduler.py): running
         requests first, in admission order, each given min(tokens left, budget,
@@ -321,6 +359,8 @@ class Scheduler:
             # _get_num_lookahead_slots(is_prefill=True) == 0).
             self._fill_prefills(plan, budget, now)
             if plan.chunks:
+                if plan.ready_gaps_s and self._prompt_steps_pause:
+                    self._defer_ready_gaps(plan)
                 return plan
         if self._hooks:
             self._admission.before_decode(self, plan, now)  # sglang: retract_decode when KV is short
@@ -347,17 +387,16 @@ class Scheduler:
         num_seqs = ds.num_seqs
         plan.num_decode_seqs = num_seqs
         plan.decode_context_tokens = ds.context_tokens + num_seqs
-        if self._swap_blocks:
+        if self._swap_blocks and (num_seqs or plan.chunks):
+            # the PCIe copies since the last step that ran (swap-outs of preemptions, swap-ins),
+            # charged to the next one that runs: a plan that only preempted is planned again
+            # (``schedule``) and its swap-outs still happened
             plan.swap_blocks, self._swap_blocks = self._swap_blocks, 0
         multi = self._multi
         if multi:
             plan.block = num_seqs > 0 and not plan.chunks
-        if self._pending_pause and num_seqs:
-            if not plan.preempted and not self._paused and not plan.block:
-                # NOTE: after a preemption (or a budget pause) the paused gaps are not lengthened;
-                # a multi-step block measures its gaps itself
-                plan.pause_extras = [(e, c) for e, c in self._pending_pause if e > 0]
-            self._pending_pause.clear()
+        if self._pause_s and num_seqs:
+            self._lengthen_paused(plan)
         if (plan.chunks or not num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
                 or self._paused):
             if deferred:
@@ -648,17 +687,13 @@ class Scheduler:
         for req in plan.kv_ready:
             if not req.num_generated:  # its first token is this decode step's (KV sent by a prefill replica)
                 req.first_token_s = now
-        pending = self._pending_pause
         # a prompt step of its own (separate_prefill_steps; a multi-step block measures its own
-        # gaps): every decode waiting meanwhile gains its length
-        paused_step = self._prompt_steps_pause and plan.chunks and not plan.num_decode_seqs
-        if paused_step:
+        # gaps): every decode waiting meanwhile sat it out
+        if self._prompt_steps_pause and plan.chunks and not plan.num_decode_seqs and ds.num_seqs:
             d = now - plan.planned_s
-            for e in pending:
-                e[0] += d
-            if ds.num_seqs and not pending:
-                pending.append([d, ds.num_seqs])
-            before = ds.num_seqs
+            for req in self.running.values():
+                if req.in_decode:
+                    self._note_paused(req, d)
         if plan.num_decode_seqs:
             k = plan.num_steps if steps_done is None else steps_done
             if k < plan.num_steps:
@@ -675,8 +710,10 @@ class Scheduler:
                     req.num_generated -= extra
                     self.tokens_emitted -= extra
                 self._finish(req, now, finished)
-        if self._paused:
+        if self._paused:  # decodes the token budget did not reach sat this step out
+            d = now - plan.planned_s
             for req in self._paused:
+                self._note_paused(req, d)
                 ds.add(req)
             self._paused.clear()
         for req, n in plan.chunks:
@@ -695,8 +732,6 @@ class Scheduler:
                 self._finish(req, now, finished)
             else:
                 self._on_prefill_done(req, now)
-        if paused_step and ds.num_seqs > before:
-            pending.append([0.0, ds.num_seqs - before])  # joined now: their wait starts here
         return finished
 
     def _release_burst(self, now: float) -> None:
@@ -744,7 +779,13 @@ class Scheduler:
         if req.in_decode:  # it emitted a token at the end of the step that just ended
             self.decode.remove(req)
             self.kv.cache(req, req.prompt_tokens + req.num_generated - 1)
-            req.last_token_s = now
+            # its last token came at the end of the last step it ran (before any it sat out)
+            paused = self._pause_s.get(req.key)
+            if paused is None:
+                req.last_token_s = now
+            else:
+                del self._pause_s[req.key]
+                req.last_token_s = now - paused[1]
             swap = self._swap
         else:
             del self.prefilling[req.key]

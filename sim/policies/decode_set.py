@@ -141,7 +141,7 @@ class DecodeSet:
         -1 without sliding groups."""
         if not self._sliding:
             return -1
-        return (req.kv_hit_blocks + self.groups.window_blocks - 1) * self.block_size
+        return (self.kv.hit_blocks(req) + self.groups.window_blocks - 1) * self.block_size
 
     def _filling(self, req: Request) -> bool:
         """Whether ``req`` (in the set) still fills its sliding windows: its next opening event

@@ -78,19 +78,29 @@ class DecodeScheduler(ChunkedScheduler):
     def __init__(self, limits, kv):
         super().__init__(limits, kv)
         self.on_admitted: Callable[[Request], None] = lambda req: None
-        self._arriving: set[int] = set()  # requests whose KV a prefill replica sent, not yet admitted
+        # the requests whose KV a prefill replica sent here, not yet admitted (the one record of
+        # them): request id -> this scheduler's rounds so far when the KV arrived
+        self._arriving: dict[int, int] = {}
 
     def add_transferred(self, req: Request) -> None:
-        self._arriving.add(req.request_id)
+        """``req``'s KV arrived (``req.transfer_end_s``): it waits for blocks and a batch slot."""
+        self._arriving[req.request_id] = self.num_schedules
         req.kv_ready = True
         req.status = "waiting"
         self.incoming -= 1
         self.waiting.append(req)
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
-        if req.request_id in self._arriving:  # not a swap-in
-            self._arriving.remove(req.request_id)
-            self.on_admitted(req)
+        """A sent request admitted (not a swap-in): its wait for decode admission and the rounds
+        before this one that could not admit it (full batch or KV: backpressure) are recorded,
+        then ``on_admitted`` (the cluster frees its prefill-side KV)."""
+        arrival_round = self._arriving.get(req.request_id)
+        if arrival_round is None:  # a swap-in
+            return
+        del self._arriving[req.request_id]
+        req.decode_wait_s = now - req.transfer_end_s
+        req.decode_rounds_waited = self.num_schedules - 1 - arrival_round
+        self.on_admitted(req)
 
 
 register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
