@@ -173,11 +173,12 @@ def capacity(
     payload = {"scenario": str(scenario), "slo": {t.name: t.limit_ms for t in terms}, "seeds": seed_list,
                "tolerance": tolerance, "configurations": records}
     from sim.atomic import atomic_path, write_text
+    from sim.text import arrow_file
 
     write_text(out_dir / "capacity.json", json.dumps(payload, indent=2, default=str) + "\n")
     if res.rows.height:
-        with atomic_path(out_dir / "probes.parquet") as tmp:
-            res.rows.write_parquet(tmp)
+        with atomic_path(out_dir / "probes.parquet") as tmp, arrow_file(tmp, "wb") as sink:
+            res.rows.write_parquet(sink)
     capacity_page(records, res.probe_records(), f"Capacity: {base.name}", notes).write(out_dir / "capacity.html")
     header, rows = capacity_table(records)
     from rich.table import Table

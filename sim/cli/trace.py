@@ -12,6 +12,7 @@ import typer
 from sim.cli.consoles import LazyConsole
 from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
+from sim.text import shown
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Inspect a request trace, or convert it to simsrv's normalised Parquet.")
@@ -63,7 +64,7 @@ def inspect(
         return
     from rich.table import Table
 
-    t = Table(title=f"{file}")
+    t = Table(title=shown(file))
     t.add_column("figure")
     t.add_column("value", justify="right")
     from sim.analysis.trace_report import CHARTS, _fmt
@@ -114,7 +115,7 @@ def convert(
     n_in = len(arr)
     arr = apply(arr, "trace convert", start_s, duration_s, sample_n, seed, time_scale, target_rate)
     meta = {
-        "source_file": file.name, "source_format": source_format,
+        "source_file": shown(file.name), "source_format": source_format,
         "source_time_unit": {"azure": "datetime", "mooncake": "ms", "aiperf": "ns", "generic": time_unit}.get(
             source_format, "s"),
         "time_unit": "s", "converted_by": "simsrv trace convert", "converted_at": time.strftime("%Y-%m-%d"),

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.errors import UserError
+from sim.text import arrow_file
 
 if TYPE_CHECKING:
     import polars as pl
@@ -310,22 +311,23 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
         import pyarrow.parquet as pq
 
         names = parquet_columns(path)  # (a file Parquet cannot read is one error line)
-        pf = pq.ParquetFile(path)
-        schema = pf.schema_arrow
+        with arrow_file(path) as src:
+            pf = pq.ParquetFile(src)
+            schema = pf.schema_arrow
 
-        def fits(c: str) -> bool:  # a number, or text for a date-time column
-            t = schema.field(c).type
-            if c in text:
-                return arrow_is_text(t)
-            return pa.types.is_integer(t) or pa.types.is_floating(t)
+            def fits(c: str) -> bool:  # a number, or text for a date-time column
+                t = schema.field(c).type
+                if c in text:
+                    return arrow_is_text(t)
+                return pa.types.is_integer(t) or pa.types.is_floating(t)
 
-        if any(c not in names or not fits(c) for c in columns):
-            raise NotNumeric(path)
-        start = 1
-        for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
-            frame = _numeric(columns, [rb.column(c) for c in columns], text)
-            yield Batch(frame, np.arange(start, start + frame.height), "row")
-            start += frame.height
+            if any(c not in names or not fits(c) for c in columns):
+                raise NotNumeric(path)
+            start = 1
+            for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
+                frame = _numeric(columns, [rb.column(c) for c in columns], text)
+                yield Batch(frame, np.arange(start, start + frame.height), "row")
+                start += frame.height
         return
     try:
         reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns})
@@ -342,7 +344,8 @@ def parquet_columns(path: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path).schema_arrow.names
+        with arrow_file(path) as src:
+            return pq.ParquetFile(src).schema_arrow.names
     except Exception as e:
         raise UserError(f"{path}: cannot read as Parquet ({str(e).splitlines()[0]})") from None
 
@@ -357,10 +360,11 @@ def parquet_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
     import polars as pl
 
     start = 1
-    for rb in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns):
-        frame = pl.from_arrow(rb)
-        yield Batch(frame, np.arange(start, start + frame.height), "row")
-        start += frame.height
+    with arrow_file(path) as src:
+        for rb in pq.ParquetFile(src).iter_batches(batch_size=chunk_rows, columns=columns):
+            frame = pl.from_arrow(rb)
+            yield Batch(frame, np.arange(start, start + frame.height), "row")
+            start += frame.height
 
 
 def _polars_type(tag: str):

@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S
+from sim.text import arrow_file
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
 from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,
@@ -154,7 +155,8 @@ def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int, fields: t
 def _parquet_block_size(path: Path) -> int | None:
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(path).schema_arrow.metadata or {}
+    with arrow_file(path) as src:
+        meta = pq.ParquetFile(src).schema_arrow.metadata or {}
     v = meta.get(b"hash_block_size")
     return int(v) if v else None
 
