@@ -3,15 +3,22 @@ scenario name made of YAML surrogate escapes, a grid or trace named ``<!--<scrip
 
 Each command is run as a process (its stdout a pipe, strict UTF-8, as a shell's would be) with
 names drawn by a seeded generator from hostile pieces; it must succeed, print valid UTF-8,
-write its outputs, and every page it writes must keep its data script intact."""
+write its outputs, and every page it writes must keep its data script intact.
+
+And a hostile end: a sweep's pool workers end, silently, with the process that started them
+(after a SIGKILL of the parent they used to finish their task, then print two BrokenPipeError
+tracebacks sending its result to nobody)."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +189,55 @@ def test_every_page_embeds_its_data_through_one_escape():
     specs = _data_script(page.render().encode("utf-8"))
     assert json.loads(specs) == json.loads(script_json(page.specs))
     assert "<!--<script>x</script>\u2028&\\xe9" in _strings(json.loads(specs))  # the data, whole
+
+
+PARENT = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, os.getcwd())
+
+    def start_without_prctl():  # the portable path: the thread that waits on the parent's sentinel
+        import sim.sweep.executors as e
+        e._kill_with_parent = lambda: False
+        e._exit_with_parent()
+
+    if __name__ == "__main__":
+        import multiprocessing as mp
+        from sim.sweep.executors import LocalExecutor, _quiet_resource_tracker
+        if sys.argv[1] == "pool":
+            pool = LocalExecutor(1).pool
+        else:
+            import parent
+            _quiet_resource_tracker()
+            pool = mp.get_context("spawn").Pool(1, initializer=parent.start_without_prctl)
+        worker = pool.apply(os.getpid)
+        pool.apply_async(time.sleep, (4,))
+        print(worker, flush=True)
+        time.sleep(60)
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+@pytest.mark.parametrize("how", ["pool", "thread"])
+def test_pool_workers_die_quietly_with_a_killed_parent(tmp_path, how):
+    (tmp_path / "parent.py").write_text(PARENT)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    proc = subprocess.Popen([sys.executable, "parent.py", how], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    worker = int(proc.stdout.readline())  # a worker is up, and busy for 4 s
+    proc.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    # stderr ends when every process holding it (the worker, the resource tracker) has ended
+    _, err = proc.communicate(timeout=30)
+    assert err.decode() == "", err.decode()
+    assert time.monotonic() - t0 < 3.0, "the worker finished its task instead of ending with its parent"
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
