@@ -10,6 +10,7 @@ candidates are ranked by p99 TTFT gained per GPU added, then p99 TPOT paid.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,8 @@ def _trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) ->
     else:
         base = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml", sets)
     raw = base.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-    raw["workload"] = {"trace": {"path": str(trace.resolve())}}
+    # absolute, links not followed: /dev/fd/63 (a pipe: <(zcat t.gz)) resolves to "pipe:[...]"
+    raw["workload"] = {"trace": {"path": os.path.abspath(trace)}}
     raw["name"] = f"diagnose-{trace.stem}"
     return scenario_from_dict(raw, str(trace), base_dir=base.base_dir)
 

@@ -23,7 +23,7 @@ import io
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,21 +151,45 @@ class Batch:
     frame: pl.DataFrame | NumericColumns
     lines: np.ndarray
     label: str  # "line" (text files) or "row" (Parquet)
+    # a CSV's lines count its data rows as if it had no empty line (pyarrow skips them): this
+    # maps such a number to the file's line, for a message (CsvLines)
+    line_of: Callable[[int], int] | None = None
 
     def where(self, path: Path, i: int) -> str:
-        return f"{path}: {self.label} {int(self.lines[i])}"
+        line = int(self.lines[i])
+        return f"{path}: {self.label} {line if self.line_of is None else self.line_of(line)}"
 
     def without_first(self, n: int) -> Batch:
         """The batch less its first ``n`` rows (rows another reader has delivered already)."""
-        return Batch(self.frame.slice(n), self.lines[n:], self.label)
+        return Batch(self.frame.slice(n), self.lines[n:], self.label, self.line_of)
 
     def filter(self, keep: np.ndarray) -> Batch:
         """The rows where ``keep`` (a numpy bool mask) is true, with their lines."""
         if isinstance(self.frame, NumericColumns):
-            return Batch(self.frame.filter(keep), self.lines[keep], self.label)
+            return Batch(self.frame.filter(keep), self.lines[keep], self.label, self.line_of)
         import polars as pl
 
-        return Batch(self.frame.filter(pl.Series(keep)), self.lines[keep], self.label)
+        return Batch(self.frame.filter(pl.Series(keep)), self.lines[keep], self.label, self.line_of)
+
+
+class CsvLines:
+    """The file's line of a CSV data row numbered as if the file had no empty line (``first``:
+    the line of its first data row): pyarrow skips empty lines, so the numbers of the rows it
+    gives are only right up to the first; the file is read again, on an error's path only."""
+
+    def __init__(self, path: Path, first: int):
+        self.path, self.first = path, first
+
+    def __call__(self, line: int) -> int:
+        rows_before = line - self.first  # data rows before this one
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number < self.first or raw in (b"\n", b"\r\n"):
+                    continue
+                if rows_before == 0:
+                    return number
+                rows_before -= 1
+        return line
 
 
 def check_exists(path: Path) -> None:
@@ -220,10 +244,10 @@ def _csv_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path}: cannot read as CSV ({detail})")
 
 
-def _open_csv(path: Path, columns: list[str], column_types: dict):
+def _open_csv(path: Path, columns: list[str], column_types: dict, source=None):
     """(pyarrow's streaming reader of the named columns, each as its ``column_types`` type, line
     of the first data row); the header is checked first: missing or repeated names are one
-    error line."""
+    error line. ``source``: what pyarrow reads (``arrow_file``), default ``path``."""
     import pyarrow.csv as pacsv
 
     skipped, _line = _first_line_at(path)
@@ -235,13 +259,14 @@ def _open_csv(path: Path, columns: list[str], column_types: dict):
     if len(set(header)) < len(header):
         dup = sorted({c for c in header if header.count(c) > 1})
         raise UserError(f"{path}: line {skipped + 1}: column(s) {shown_columns(dup)} appear more than once in the header")
-    # NOTE: blank lines are kept (and rejected) so line numbers stay exact.
+    # Empty lines are skipped, as the JSON Lines readers skip blank ones; a row's line number
+    # counts them on an error's path only (CsvLines).
     reader = pacsv.open_csv(
-        path,
+        path if source is None else source,
         # our cleaned header names replace the file's (which may carry spaces or quotes)
         read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8", column_names=header,
                                        skip_rows=skipped + 1),
-        parse_options=pacsv.ParseOptions(ignore_empty_lines=False, newlines_in_values=False),
+        parse_options=pacsv.ParseOptions(ignore_empty_lines=True, newlines_in_values=False),
         convert_options=pacsv.ConvertOptions(
             include_columns=columns, column_types=column_types,
             strings_can_be_null=False, quoted_strings_can_be_null=False),
@@ -278,14 +303,16 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
     import pyarrow as pa
 
     # NOTE: every column is read as text and converted by us, so a bad value is reported with its line
-    try:
-        reader, start = _open_csv(path, columns, {c: pa.string() for c in columns})
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise _csv_error(path, e) from None
-    for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
-        frame = pl.concat([pl.from_arrow(rb) for rb in group])
-        yield Batch(frame, np.arange(start, start + frame.height), "line")
-        start += frame.height
+    with arrow_file(path) as source:
+        try:
+            reader, start = _open_csv(path, columns, {c: pa.string() for c in columns}, source)
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+            raise _csv_error(path, e) from None
+        line_of = CsvLines(path, start)
+        for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
+            frame = pl.concat([pl.from_arrow(rb) for rb in group])
+            yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
+            start += frame.height
 
 
 def _numeric(columns: list[str], arrays: list, text: tuple[str, ...]) -> NumericColumns:
@@ -329,15 +356,17 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
                 yield Batch(frame, np.arange(start, start + frame.height), "row")
                 start += frame.height
         return
-    try:
-        reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns})
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise NotNumeric(path) from e
-
-    for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
-        frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
-        yield Batch(frame, np.arange(start, start + frame.height), "line")
-        start += frame.height
+    with arrow_file(path) as source:
+        try:
+            reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns},
+                                      source)
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+            raise NotNumeric(path) from e
+        line_of = CsvLines(path, start)
+        for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
+            frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
+            yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
+            start += frame.height
 
 
 def parquet_columns(path: Path) -> list[str]:
