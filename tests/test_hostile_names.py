@@ -241,3 +241,49 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return False
+
+
+COMMANDS = {  # a command line per command that writes, its output named by OUT
+    "run": ["run", "s.yaml", "--out", "OUT"],
+    "compare": ["compare", "s.yaml", "--policies", "chunked", "--out", "OUT"],
+    "diagnose": ["diagnose", "t.jsonl", "--out", "OUT"],
+    "sweep": ["sweep", "s.yaml", "--grid", "g.yaml", "--seeds", "1", "--workers", "1", "--out", "OUT"],
+    "capacity": ["capacity", "s.yaml", "--slo", "ttft_p99_ms=500", "--seeds", "1", "--workers", "1", "--out", "OUT"],
+    "trace inspect": ["trace", "inspect", "t.jsonl", "--html", "OUT"],
+    "trace convert": ["trace", "convert", "t.jsonl", "-o", "OUT"],
+    "report": ["report", "run-dir", "-o", "OUT"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, command):
+    from tests.inproc_cli import simsrv
+
+    raw = small_scenario()
+    raw["workload"]["synthetic"]["num_requests"] = 10
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "g.yaml").write_text("engine.max_num_batched_tokens: [512]\n")
+    (tmp_path / "t.jsonl").write_text("".join(TRACE.read_text().splitlines(keepends=True)[:30]))
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("simulated before checking the output")
+
+    # modules that bind run_scenario when imported, imported first: they keep the real one
+    import sim.analysis.compare  # noqa: F401
+    import sim.analysis.diagnose  # noqa: F401
+    import sim.analysis.diagnose_fixes  # noqa: F401
+    import sim.cli.app  # noqa: F401
+    import sim.run
+    import sim.sweep.task  # noqa: F401
+    import sim.workload.inspect
+
+    monkeypatch.setattr(sim.run, "run_scenario", no_work)
+    monkeypatch.setattr(sim.workload.inspect, "trace_stats", no_work)
+    suffix = {"trace inspect": ".html", "trace convert": ".parquet", "report": ".html"}.get(command, "")
+    args = [a.replace("OUT", f"a-file/out{suffix}") for a in COMMANDS[command]]
+    out = simsrv(*args)
+    assert out.clean and out.code == 2, out.stderr
+    flag = args[args.index(next(a for a in args if a.startswith("a-file"))) - 1]
+    assert out.lines[-1].startswith(f"error: {flag} a-file/out{suffix}: a-file is not a directory"), out.stderr

@@ -61,6 +61,7 @@ def _run_progress(total: int):
 def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set_: List[str], out: Optional[Path],
                 quiet: bool, force: bool) -> None:
     """Simulate one scenario; print a summary table and write the run directory."""
+    from sim.cli.outputs import check_output
     from sim.output import check_new_run_dir, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
@@ -71,6 +72,7 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     s = load_scenario(scenario, overrides(policy, chunk, set_))
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
     out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
+    check_output(out, "--out", directory=True)
     check_new_run_dir(out, force)
     if should_stream(s):  # a large trace is fed to the simulation chunk by chunk
         with err_console.status("simulating (streaming the trace)"):

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.outputs import check_output
 from sim.errors import UserError
 
 out_console = LazyConsole()
@@ -80,6 +81,7 @@ def sweep(
     base, points = _points(scenario, set_, grid, None)
     seed_list = seeds_from(base.seed, seeds)
     out_dir = out or Path("reports/sweeps") / base.dir_name
+    check_output(out_dir, "--out", directory=True)
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("points")
     task = progress.add_task("sweep", total=len(points))
@@ -148,6 +150,7 @@ def capacity(
     base, points = _points(scenario, set_, grid, policies)
     seed_list = seeds_from(base.seed, seeds)
     out_dir = out or Path("reports/capacity") / base.dir_name
+    check_output(out_dir, "--out", directory=True)
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("configurations searched", eta=False)
     task = progress.add_task("capacity", total=len(points))

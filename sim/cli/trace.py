@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.outputs import check_output
 from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
 from sim.text import shown
@@ -54,6 +55,8 @@ def inspect(
 
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
                     None, 0)
+    if html_out is not None:
+        check_output(html_out, "--html", directory=False)
     stats = trace_stats(file, opts)
     if html_out is not None:
         from sim.analysis.trace_report import write_trace_html
@@ -108,6 +111,7 @@ def convert(
 
     if out.suffix != ".parquet":
         raise UserError(f"-o {out}: the output is Parquet; name it *.parquet")
+    check_output(out, "-o", directory=False)
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
                     spread_grid_s, seed)
     source_format = detect_format(file) if fmt == "auto" else fmt
