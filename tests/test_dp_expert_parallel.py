@@ -213,8 +213,9 @@ def test_dp1_keeps_the_colocated_layout_and_cost_model():
     (["model=llama-3-8b"], "needs a MoE model"),
     (["engine.policy=continuous", "engine.num_scheduler_steps=8"], "num_scheduler_steps"),
 ])
-def test_bad_data_parallel_settings_exit_2_with_one_line(sets, needle):
-    args = [sys.executable, "-m", "sim", "run", "scenarios/deepseek_v3_dp8_ep.yaml", "--out", "/dev/null/x"]
+def test_bad_data_parallel_settings_exit_2_with_one_line(tmp_path, sets, needle):
+    # (an --out that can be written: one under /dev/null is refused first, before any work)
+    args = [sys.executable, "-m", "sim", "run", "scenarios/deepseek_v3_dp8_ep.yaml", "--out", str(tmp_path / "x")]
     for x in sets:
         args += ["--set", x]
     p = subprocess.run(args, capture_output=True, text=True)
