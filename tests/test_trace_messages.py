@@ -72,8 +72,8 @@ def test_blank_lines_are_skipped_in_every_text_format(tmp_path, fmt):
     want = _read(path, opts)
     rng = random.Random(sorted(TRACES).index(fmt))
     lines = path.read_text().splitlines(keepends=True)
-    for _ in range(5):  # empty lines (LF and CRLF) at seeded places after the header, and at the end
-        lines.insert(rng.randint(2, len(lines)), rng.choice(["\n", "\r\n"]))
+    for _ in range(6):  # blank lines (empty, CRLF, spaces, a tab) at seeded places after the header, and at the end
+        lines.insert(rng.randint(2, len(lines)), rng.choice(["\n", "\r\n", "   \n", "\t\r\n"]))
     lines.append("\n")
     blank = tmp_path / f"blank-{path.name}"
     blank.write_text("".join(lines), newline="")
@@ -92,9 +92,15 @@ def test_a_bad_value_after_blank_lines_is_named_by_its_own_line(tmp_path, fmt):
     fields[col] = "oops"
     lines[bad] = ",".join(fields)
     for at in sorted(rng.sample(range(2, bad), 3), reverse=True):
-        lines.insert(at, "\n")
+        lines.insert(at, rng.choice(["\n", "  \n", "\t\n"]))
     path.write_text("".join(lines))
     assert f": line {bad + 1 + 3}: " in _message(path, opts)
+
+
+def test_a_short_row_after_a_blank_line_is_named_by_its_own_line(tmp_path):
+    p = tmp_path / "v.csv"
+    p.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n   \n\n1,2\n")
+    assert ": line 5: 2 fields, the header has 3" in _message(p)
 
 
 @pytest.mark.parametrize("fmt", sorted(TRACES))

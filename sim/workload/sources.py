@@ -173,18 +173,19 @@ class Batch:
 
 
 class CsvLines:
-    """The file's line of a CSV data row numbered as if the file had no empty line (``first``:
-    the line of its first data row): pyarrow skips empty lines, so the numbers of the rows it
-    gives are only right up to the first; the file is read again, on an error's path only."""
+    """The file's line of a CSV data row numbered as if the file had no blank line (``first``:
+    the line of its first data row): the reader skips blank lines (``_open_csv``), so the numbers
+    of the rows it gives are only right up to the first; the file is read again, on an error's
+    path only. ``spaces``: a line of spaces or tabs is blank too (a file of 2 columns or more)."""
 
-    def __init__(self, path: Path, first: int):
-        self.path, self.first = path, first
+    def __init__(self, path: Path, first: int, spaces: bool = True):
+        self.path, self.first, self.spaces = path, first, spaces
 
     def __call__(self, line: int) -> int:
         rows_before = line - self.first  # data rows before this one
         with open(self.path, "rb") as f:
             for number, raw in enumerate(f, start=1):
-                if number < self.first or raw in (b"\n", b"\r\n"):
+                if number < self.first or raw in (b"\n", b"\r\n") or (self.spaces and not raw.strip()):
                     continue
                 if rows_before == 0:
                     return number
@@ -237,7 +238,8 @@ def _csv_error(path: Path, e: Exception) -> UserError:
             rows = csv.reader(f)
             width = len(next(rows, []))
             for line, row in enumerate(rows, start=2):
-                if row and len(row) != width:
+                blank = width > 1 and len(row) == 1 and not row[0].strip()  # skipped by the reader
+                if row and len(row) != width and not blank:
                     return UserError(f"{path}: line {line}: {len(row)} fields, the header has {width} ({detail})")
     except (OSError, csv.Error):
         pass
@@ -259,19 +261,33 @@ def _open_csv(path: Path, columns: list[str], column_types: dict, source=None):
     if len(set(header)) < len(header):
         dup = sorted({c for c in header if header.count(c) > 1})
         raise UserError(f"{path}: line {skipped + 1}: column(s) {shown_columns(dup)} appear more than once in the header")
-    # Empty lines are skipped, as the JSON Lines readers skip blank ones; a row's line number
-    # counts them on an error's path only (CsvLines).
+    # Blank lines are skipped, as the JSON Lines readers skip them: empty ones by pyarrow, those of
+    # spaces or tabs (a row of one field where the header has more) by _blank_row; a row's line
+    # number counts them on an error's path only (CsvLines).
     reader = pacsv.open_csv(
         path if source is None else source,
         # our cleaned header names replace the file's (which may carry spaces or quotes)
         read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8", column_names=header,
                                        skip_rows=skipped + 1),
-        parse_options=pacsv.ParseOptions(ignore_empty_lines=True, newlines_in_values=False),
+        parse_options=pacsv.ParseOptions(ignore_empty_lines=True, newlines_in_values=False,
+                                         invalid_row_handler=_blank_row if len(header) > 1 else None),
         convert_options=pacsv.ConvertOptions(
             include_columns=columns, column_types=column_types,
             strings_can_be_null=False, quoted_strings_can_be_null=False),
     )
     return reader, skipped + 2
+
+
+def _blank_row(row) -> str:
+    """pyarrow's verdict on a row whose number of fields is wrong: a line of spaces or tabs is
+    skipped, any other is an error (named with its line by ``_csv_error``)."""
+    return "skip" if not row.text.strip() else "error"
+
+
+def csv_lines(path: Path, first: int) -> CsvLines:
+    """``CsvLines`` as ``_open_csv`` reads ``path``: spaces make a line blank where the header
+    has more than one column."""
+    return CsvLines(path, first, spaces=len(csv_header(path)) > 1)
 
 
 def _grouped(reader, chunk_rows: int, on_error) -> Iterator[list]:
@@ -308,7 +324,7 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
             reader, start = _open_csv(path, columns, {c: pa.string() for c in columns}, source)
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
             raise _csv_error(path, e) from None
-        line_of = CsvLines(path, start)
+        line_of = csv_lines(path, start)
         for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
             frame = pl.concat([pl.from_arrow(rb) for rb in group])
             yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
@@ -362,7 +378,7 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
                                       source)
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
             raise NotNumeric(path) from e
-        line_of = CsvLines(path, start)
+        line_of = csv_lines(path, start)
         for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
             frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
             yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
