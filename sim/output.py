@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from sim.atomic import atomic_path, simsrv_leftover, write_text
+from sim.text import arrow_file
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
@@ -109,9 +110,11 @@ def write_parquet(path, num_rows: int, rows) -> None:
             encodings[f.name] = "DELTA_BINARY_PACKED"
         elif f.type == pa.float64():
             encodings[f.name] = "BYTE_STREAM_SPLIT"
-    with pq.ParquetWriter(path if not isinstance(path, Path) else str(path), first.schema, compression="zstd",
-                          compression_level=1, use_dictionary=strings, column_encoding=encodings,
-                          write_statistics=False) as writer:
+    # a path that is not UTF-8 (caf\xe9/) opened by Python: Arrow refuses it (sim/text.py)
+    with arrow_file(path, "wb") as sink, pq.ParquetWriter(sink, first.schema, compression="zstd",
+                                                          compression_level=1, use_dictionary=strings,
+                                                          column_encoding=encodings,
+                                                          write_statistics=False) as writer:
         writer.write_table(first, row_group_size=ROW_GROUP_ROWS)
         for start in range(ROW_GROUP_ROWS, num_rows, ROW_GROUP_ROWS):
             writer.write_table(rows(start, min(start + ROW_GROUP_ROWS, num_rows)), row_group_size=ROW_GROUP_ROWS)

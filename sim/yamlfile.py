@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from sim.errors import UserError
+from sim.text import shown
 
 # NOTE: no scenario nests deeper than ~6 levels; PyYAML's composer recurses per level, so a
 # 5000-deep document would hit Python's recursion limit (a RecursionError, not a YAML error).
@@ -79,6 +80,14 @@ class _UniqueKeys(yaml.SafeLoader):
                         "keep only the last", key_node.start_mark)
                 first_line[key] = line
         return super().construct_mapping(node, deep)
+
+    def construct_scalar(self, node):
+        """Every scalar's text (keys too) with no surrogate (sim/text.py ``shown``): YAML's
+        ``"\\ud83d\\ude00"`` escapes give a pair of surrogates, here the one character they
+        encode, and a lone one is kept as its escape's text; either used to stop a page or a
+        Parquet file from being written after the whole simulation (issue 38)."""
+        value = super().construct_scalar(node)
+        return shown(value) if isinstance(value, str) else value
 
 
 # YAML 1.2's floats: PyYAML (YAML 1.1) reads 1e15 and 1.0e15 (no dot or no exponent sign) as

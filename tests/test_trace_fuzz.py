@@ -69,7 +69,8 @@ def test_random_corruption_is_a_clean_error(root, tmp_path, name, data):
      "line 2", "not valid JSON"),
     ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5}\n{"timestamp": NaN, "input_length": 3, '
      '"output_length": 5}\n', "line 2", "timestamp"),
-    ("v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n\n2,2,2\n", "line 3", "arrived_at is ''"),
+    # an empty line is skipped (as in JSON Lines), and counted in the line of a bad value after it
+    ("v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n\n2,x,2\n", "line 4", "num_prefill_tokens is 'x'"),
     ("e.csv", "", "", "empty"),
     ("e.jsonl", "\n\n", "", "empty"),
     ("x.json", '{"input_lens": [1, 2], "output_lens": [1, 1], "start_times": [0, "soon"]}', "", "start_times[1]"),

@@ -10,6 +10,7 @@ candidates are ranked by p99 TTFT gained per GPU added, then p99 TPOT paid.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,8 @@ def trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> 
     raw.pop("base_dir", None)
     workload = raw.get("workload")
     kept = workload.get("trace") if isinstance(workload, dict) else None
-    raw["workload"] = {"trace": {**(kept if isinstance(kept, dict) else {}), "path": str(trace.resolve())}}
+    # absolute, links not followed: /dev/fd/63 (a pipe: <(zcat t.gz)) resolves to "pipe:[...]"
+    raw["workload"] = {"trace": {**(kept if isinstance(kept, dict) else {}), "path": os.path.abspath(trace)}}
     raw["name"] = f"diagnose-{trace.stem}"
     given: list[tuple[str, str]] = []
     for text in sets:

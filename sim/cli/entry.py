@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     from sim.cli.run_argv import parse_run_argv
 
     words = sys.argv[1:] if argv is None else list(argv)
+    _shown_streams()
     if argv is None:  # the process's own entry point (tests calling main() keep their handlers)
         signal.signal(signal.SIGTERM, _terminated)
         # One BLAS thread unless the user says otherwise, set before numpy is imported: simsrv's
@@ -87,6 +88,21 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted()
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _shown_streams() -> None:
+    """stdout and stderr write what they cannot encode (a file name's undecodable byte, a lone
+    surrogate from a YAML escape) as ``sim.text.shown`` writes it (``caf\\xe9``), never raising
+    ``UnicodeEncodeError``: every line a command prints, a table's title included."""
+    import sim.text  # noqa: F401 - registers the "shown" error handler
+
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="shown")
+            except (ValueError, OSError):  # a closed or detached stream: left as it is
+                pass
 
 
 def _terminated(signum, frame) -> None:

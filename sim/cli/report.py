@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.outputs import check_output
 from sim.errors import UserError
 from sim.policies import policy_names
 
@@ -36,6 +37,7 @@ def compare(
         pols = parse_policies(policies)
     name = load_scenario(scenario, set_).dir_name
     out_dir = out or Path("reports/compare") / name
+    check_output(out_dir, "--out", directory=True)
 
     def ms(x) -> str:  # None: no request completed under that policy
         return "-" if x is None else f"{x:,.1f}"
@@ -61,6 +63,7 @@ def report(
     from sim.reporting.compare_page import build_compare_page
     from sim.reporting.rundata import load_run
 
+    check_output(output, "-o", directory=False)
     runs = [load_run(d) for d in run_dirs]
     if len({r.label for r in runs}) < len(runs):
         runs = [load_run(d, f"{d.parent.name}/{d.name}") for d in run_dirs]
@@ -87,6 +90,7 @@ def diagnose(
     if not trace.exists():
         raise UserError(f"{trace}: trace file not found")
     out_dir = out or Path("reports/diagnose") / trace.stem
+    check_output(out_dir, "--out", directory=True)
     with replacing_dir(out_dir, force, not_report_files) as stage:  # run and report replaced whole
         d = run_diagnose(trace, scenario, set_)
         write_run(d.result, d.summary, stage / "run")

@@ -62,6 +62,7 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
                 quiet: bool, force: bool) -> None:
     """Simulate one scenario; print a summary table and write the run directory."""
     from sim.atomic import replacing_dir
+    from sim.cli.outputs import check_output
     from sim.output import not_run_files, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
@@ -72,6 +73,7 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     s = load_scenario(scenario, overrides(policy, chunk, set_))
     tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
     out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
+    check_output(out, "--out", directory=True)
     # the name is claimed before simulating and the directory replaced whole when written
     with replacing_dir(out, force, not_run_files) as stage:
         if should_stream(s):  # a large trace is fed to the simulation chunk by chunk

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.outputs import check_output
 from sim.cli.run_cmd import core_note
 from sim.errors import UserError
 
@@ -81,6 +82,7 @@ def sweep(
     base, points = _points(scenario, set_, grid, None)
     seed_list = seeds_from(base.seed, seeds)
     out_dir = out or Path("reports/sweeps") / base.dir_name
+    check_output(out_dir, "--out", directory=True)
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("points")
     task = progress.add_task("sweep", total=len(points))
@@ -169,6 +171,7 @@ def capacity(
     base, points = _points(scenario, set_, grid, policies)
     seed_list = seeds_from(base.seed, seeds)
     out_dir = out or Path("reports/capacity") / base.dir_name
+    check_output(out_dir, "--out", directory=True)
     ex = make_executor(executor, workers, address, _gpus(points))
     progress = _progress("configurations searched", eta=False)
     task = progress.add_task("capacity", total=len(points))
@@ -194,11 +197,12 @@ def capacity(
     payload = {"scenario": str(scenario), "slo": {t.name: t.limit_ms for t in terms}, "seeds": seed_list,
                "tolerance": tolerance, "configurations": records}
     from sim.atomic import atomic_path, write_text
+    from sim.text import arrow_file
 
     write_text(out_dir / "capacity.json", json.dumps(payload, indent=2, default=str) + "\n")
     if res.rows.height:
-        with atomic_path(out_dir / "probes.parquet") as tmp:
-            res.rows.write_parquet(tmp)
+        with atomic_path(out_dir / "probes.parquet") as tmp, arrow_file(tmp, "wb") as sink:
+            res.rows.write_parquet(sink)
     capacity_page(records, res.probe_records(), f"Capacity: {base.name}", notes).write(out_dir / "capacity.html")
     header, rows = capacity_table(records)
     from rich.table import Table

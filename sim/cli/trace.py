@@ -10,8 +10,10 @@ from typing import Optional
 import typer
 
 from sim.cli.consoles import LazyConsole
+from sim.cli.outputs import check_output
 from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
+from sim.text import shown
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Inspect a request trace, or convert it to simsrv's normalised Parquet.")
@@ -53,6 +55,8 @@ def inspect(
 
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
                     None, 0)
+    if html_out is not None:
+        check_output(html_out, "--html", directory=False)
     stats = trace_stats(file, opts)
     if html_out is not None:
         from sim.analysis.trace_report import write_trace_html
@@ -63,7 +67,7 @@ def inspect(
         return
     from rich.table import Table
 
-    t = Table(title=f"{file}")
+    t = Table(title=shown(file))
     t.add_column("figure")
     t.add_column("value", justify="right")
     from sim.analysis.trace_report import CHARTS, _fmt
@@ -107,6 +111,7 @@ def convert(
 
     if out.suffix != ".parquet":
         raise UserError(f"-o {out}: the output is Parquet; name it *.parquet")
+    check_output(out, "-o", directory=False)
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
                     spread_grid_s, seed)
     source_format = detect_format(file) if fmt == "auto" else fmt
@@ -114,7 +119,7 @@ def convert(
     n_in = len(arr)
     arr = apply(arr, "trace convert", start_s, duration_s, sample_n, seed, time_scale, target_rate)
     meta = {
-        "source_file": file.name, "source_format": source_format,
+        "source_file": shown(file.name), "source_format": source_format,
         "source_time_unit": {"azure": "datetime", "mooncake": "ms", "aiperf": "ns", "generic": time_unit}.get(
             source_format, "s"),
         "time_unit": "s", "converted_by": "simsrv trace convert", "converted_at": time.strftime("%Y-%m-%d"),

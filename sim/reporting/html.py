@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import altair as alt
 
 from sim.reporting.vega_bundle import vega_bundle_js
+from sim.text import shown, shown_data
 
 
 CSS = """
@@ -33,6 +34,21 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 
 _NUMBER = re.compile(r"^[-+]?[\d,.]+(%| ms| s)?( \[[-+\d,. ]+\]| - [\d,.]+)?$|^[<>]=? ?[\d,.]+.*$")
 PAGE_CHART_WIDTH = 880   # px: the page's 1,200 px less margins and a legend, for charts that cannot use "container"
+
+
+# what may not appear as such in a <script> block: "</script" ends it, "<!--" (with "<script")
+# makes the HTML parser look for two closing tags and swallow the page after it
+_SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_SCRIPT_UNSAFE_RE = re.compile("[<>&\u2028\u2029]")
+
+
+def script_json(value) -> str:
+    """``value`` as JSON (ASCII) to put inside a <script> block: every string ``shown`` (no lone
+    surrogate) and ``<``, ``>``, ``&`` as \\u escapes, which can only occur inside JSON strings,
+    where they mean the same character. The one way every page embeds data (issue 38: a grid or
+    trace named ``<!--<script>`` drew one chart of seven and hid most of the page's text)."""
+    text = json.dumps(shown_data(value), separators=(",", ":"))
+    return _SCRIPT_UNSAFE_RE.sub(lambda m: _SCRIPT_UNSAFE[m.group()], text)
 
 
 def _numeric(v) -> bool:
@@ -94,15 +110,14 @@ class Page:
         self.parts.append(f'<div class="chart" id="{cid}"></div>')
 
     def render(self) -> str:
-        specs = json.dumps(self.specs, separators=(",", ":")).replace("</", "<\\/")
         body = "\n".join(self.parts)
-        return (
+        return shown(
             "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(self.title)}</title><style>{CSS}</style></head><body>\n"
             f"<h1>{html.escape(self.title)}</h1>\n{body}\n"
             f"<script type=\"module\">{vega_bundle_js()}</script>\n"
             "<script type=\"module\">\n"
-            f"const specs = {specs};\n"
+            f"const specs = {script_json(self.specs)};\n"
             "for (const [id, spec] of Object.entries(specs)) {\n"
             "  window.vegaEmbed('#' + id, spec, {renderer: 'svg', actions: false})"
             ".catch(e => console.error(id, e));\n}\n"
@@ -110,6 +125,8 @@ class Page:
         )
 
     def write(self, path) -> None:
+        """The page, UTF-8: every text in it passed through ``shown`` (render), so a file or
+        scenario name that holds an undecodable byte or a lone surrogate cannot stop the write."""
         from sim.atomic import write_text
 
         write_text(path, self.render())

@@ -10,6 +10,7 @@ import polars as pl
 import yaml
 
 from sim.errors import UserError
+from sim.text import arrow_file, shown
 
 
 @dataclass
@@ -35,12 +36,14 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
     try:
         summary = json.loads((p / "result.json").read_text())
         scenario = yaml.safe_load((p / "scenario.resolved.yaml").read_text()) or {}
-        requests = pl.read_parquet(p / "requests.parquet")
-        steps = pl.read_parquet(p / "steps.parquet")
+        with arrow_file(p / "requests.parquet") as src:
+            requests = pl.read_parquet(src)
+        with arrow_file(p / "steps.parquet") as src:
+            steps = pl.read_parquet(src)
     except (json.JSONDecodeError, yaml.YAMLError, pl.exceptions.PolarsError, OSError) as e:
         raise UserError(f"{p}: cannot read the run ({str(e).splitlines()[0]})") from None
     check_one_run(p, summary, requests.height, steps.height, scenario)
-    return RunData(label or p.name, p, summary, requests, steps, scenario)
+    return RunData(shown(label or p.name), p, summary, requests, steps, scenario)
 
 
 def check_one_run(p: Path, summary: dict, num_requests: int, num_step_rows: int, scenario: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 from collections.abc import Iterable, Iterator
 
 from sim.errors import UserError
@@ -37,6 +38,68 @@ class SerialExecutor:
         pass
 
 
+def _start_worker(gpus: tuple[str, ...]) -> None:
+    """A pool worker's start: it ends with its parent, then loads the GPUs' calibrations."""
+    _exit_with_parent()
+    warm_worker(gpus)
+
+
+def _exit_with_parent() -> None:
+    """End this pool worker, silently, as soon as the process that started it is gone.
+
+    Why: a sweep killed with SIGKILL (the OOM killer, ``kill -9``, a batch system) cannot end
+    its pool; each worker went on simulating its task to the end, then printed two
+    BrokenPipeError tracebacks sending the result to nobody (multiprocessing/pool.py ``worker``).
+    On Linux the kernel kills the worker with its parent (prctl PR_SET_PDEATHSIG, set by the
+    worker itself; a parent already gone by then is caught by the ppid check); elsewhere a
+    daemon thread waits on the parent's sentinel and exits the process (``os._exit``: no
+    clean-up, no output), which covers Linux too should prctl be unavailable."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+    if _kill_with_parent():
+        if os.getppid() != parent.pid:
+            os._exit(0)
+        return
+    import threading
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        wait([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="simsrv-parent-watch", daemon=True).start()
+
+
+def _kill_with_parent() -> bool:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) on this process; False where there is no such call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+    except (OSError, AttributeError):
+        return False
+
+
+# The pool's locks are semaphores that multiprocessing's resource tracker (a process of its own)
+# removes when this process ends; after a SIGKILL it does so with a two-line UserWarning that
+# they "appear to be leaked" (multiprocessing/resource_tracker.py ``main``).
+_TRACKER_WARNING = "ignore:resource_tracker:UserWarning:multiprocessing.resource_tracker"
+
+
+def _quiet_resource_tracker() -> None:
+    """No leaked-semaphore warning from the resource tracker, which cleans them up anyway:
+    it takes the interpreter's -W options from ``sys.warnoptions`` when the first pool starts
+    it (multiprocessing/util.py ``_args_from_interpreter_flags``)."""
+    if _TRACKER_WARNING not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_WARNING)
+
+
 def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict]:
     i, task = item
     return i, run_task(task)
@@ -51,7 +114,8 @@ class LocalExecutor:
 
     def __init__(self, workers: int, gpus: tuple[str, ...] = ()):
         self.workers = workers
-        self.pool = mp.get_context("spawn").Pool(workers, initializer=warm_worker, initargs=(tuple(gpus),))
+        _quiet_resource_tracker()
+        self.pool = mp.get_context("spawn").Pool(workers, initializer=_start_worker, initargs=(tuple(gpus),))
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
         tasks = list(tasks)

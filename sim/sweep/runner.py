@@ -25,6 +25,7 @@ from sim.errors import UserError
 from sim.sweep.grid import Point
 from sim.sweep.stats import aggregate
 from sim.sweep.task import Task
+from sim.text import arrow_file
 
 ROWS_FILE = "sweep.parquet"
 AGGREGATE_FILE = "aggregate.parquet"
@@ -149,6 +150,6 @@ def run_sweep(points: list[Point], seeds: list[int], out_dir: str | Path, execut
     group_cols = [c for c in override_frame(points).columns]
     agg = aggregate(rows, group_cols)
     for frame, name in ((rows, ROWS_FILE), (agg, AGGREGATE_FILE)):
-        with atomic_path(out_dir / name) as tmp:
-            frame.write_parquet(tmp)
+        with atomic_path(out_dir / name) as tmp, arrow_file(tmp, "wb") as sink:
+            frame.write_parquet(sink)
     return SweepResult(rows, agg, points, seeds, out_dir, ran, len(done), time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.text import shown
 from sim.workload.readers import ReadOptions, ReadState
 from sim.workload.sources import CHUNK_ROWS
 from sim.workload.trace import check_span, emit_notes, nothing_left, raw_chunks
@@ -68,7 +69,7 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
     seconds[-1] = max(span - 60.0 * (len(counts) - 1), 1.0) if len(counts) > 1 or span > 0 else 60.0
     per_min = counts / seconds
     stats = {
-        "file": str(path),
+        "file": shown(path),
         "num_requests": n,
         "span_s": span,
         "mean_rate_per_s": (n - 1) / span if span > 0 else float("inf"),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.text import arrow_file
 from sim.workload.arrays import RequestArrays
 
 ROW_GROUP_ROWS = 1_000_000
@@ -43,7 +44,7 @@ def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict | N
         meta["hash_block_size"] = str(arrays.hash_block_size)
     from sim.atomic import atomic_path
 
-    with atomic_path(path) as tmp:  # whole or absent (sim/atomic.py)
+    with atomic_path(path) as tmp, arrow_file(tmp, "wb") as sink:  # whole or absent (sim/atomic.py)
         writer = None
         try:
             for start in range(0, max(len(arrays), 1), ROW_GROUP_ROWS):
@@ -51,7 +52,7 @@ def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict | N
                 table = _table(part, start)
                 if writer is None:
                     table = table.replace_schema_metadata(meta)
-                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                    writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
                 writer.write_table(table.replace_schema_metadata(meta))
         finally:
             if writer is not None:

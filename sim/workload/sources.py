@@ -23,7 +23,7 @@ import io
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.errors import UserError
+from sim.text import arrow_file
 
 if TYPE_CHECKING:
     import polars as pl
@@ -150,21 +151,46 @@ class Batch:
     frame: pl.DataFrame | NumericColumns
     lines: np.ndarray
     label: str  # "line" (text files) or "row" (Parquet)
+    # a CSV's lines count its data rows as if it had no empty line (pyarrow skips them): this
+    # maps such a number to the file's line, for a message (CsvLines)
+    line_of: Callable[[int], int] | None = None
 
     def where(self, path: Path, i: int) -> str:
-        return f"{path}: {self.label} {int(self.lines[i])}"
+        line = int(self.lines[i])
+        return f"{path}: {self.label} {line if self.line_of is None else self.line_of(line)}"
 
     def without_first(self, n: int) -> Batch:
         """The batch less its first ``n`` rows (rows another reader has delivered already)."""
-        return Batch(self.frame.slice(n), self.lines[n:], self.label)
+        return Batch(self.frame.slice(n), self.lines[n:], self.label, self.line_of)
 
     def filter(self, keep: np.ndarray) -> Batch:
         """The rows where ``keep`` (a numpy bool mask) is true, with their lines."""
         if isinstance(self.frame, NumericColumns):
-            return Batch(self.frame.filter(keep), self.lines[keep], self.label)
+            return Batch(self.frame.filter(keep), self.lines[keep], self.label, self.line_of)
         import polars as pl
 
-        return Batch(self.frame.filter(pl.Series(keep)), self.lines[keep], self.label)
+        return Batch(self.frame.filter(pl.Series(keep)), self.lines[keep], self.label, self.line_of)
+
+
+class CsvLines:
+    """The file's line of a CSV data row numbered as if the file had no blank line (``first``:
+    the line of its first data row): the reader skips blank lines (``_open_csv``), so the numbers
+    of the rows it gives are only right up to the first; the file is read again, on an error's
+    path only. ``spaces``: a line of spaces or tabs is blank too (a file of 2 columns or more)."""
+
+    def __init__(self, path: Path, first: int, spaces: bool = True):
+        self.path, self.first, self.spaces = path, first, spaces
+
+    def __call__(self, line: int) -> int:
+        rows_before = line - self.first  # data rows before this one
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number < self.first or raw in (b"\n", b"\r\n") or (self.spaces and not raw.strip()):
+                    continue
+                if rows_before == 0:
+                    return number
+                rows_before -= 1
+        return line
 
 
 def check_exists(path: Path) -> None:
@@ -212,17 +238,18 @@ def _csv_error(path: Path, e: Exception) -> UserError:
             rows = csv.reader(f)
             width = len(next(rows, []))
             for line, row in enumerate(rows, start=2):
-                if row and len(row) != width:
+                blank = width > 1 and len(row) == 1 and not row[0].strip()  # skipped by the reader
+                if row and len(row) != width and not blank:
                     return UserError(f"{path}: line {line}: {len(row)} fields, the header has {width} ({detail})")
     except (OSError, csv.Error):
         pass
     return UserError(f"{path}: cannot read as CSV ({detail})")
 
 
-def _open_csv(path: Path, columns: list[str], column_types: dict):
+def _open_csv(path: Path, columns: list[str], column_types: dict, source=None):
     """(pyarrow's streaming reader of the named columns, each as its ``column_types`` type, line
     of the first data row); the header is checked first: missing or repeated names are one
-    error line."""
+    error line. ``source``: what pyarrow reads (``arrow_file``), default ``path``."""
     import pyarrow.csv as pacsv
 
     skipped, _line = _first_line_at(path)
@@ -234,18 +261,33 @@ def _open_csv(path: Path, columns: list[str], column_types: dict):
     if len(set(header)) < len(header):
         dup = sorted({c for c in header if header.count(c) > 1})
         raise UserError(f"{path}: line {skipped + 1}: column(s) {shown_columns(dup)} appear more than once in the header")
-    # NOTE: blank lines are kept (and rejected) so line numbers stay exact.
+    # Blank lines are skipped, as the JSON Lines readers skip them: empty ones by pyarrow, those of
+    # spaces or tabs (a row of one field where the header has more) by _blank_row; a row's line
+    # number counts them on an error's path only (CsvLines).
     reader = pacsv.open_csv(
-        path,
+        path if source is None else source,
         # our cleaned header names replace the file's (which may carry spaces or quotes)
         read_options=pacsv.ReadOptions(block_size=1 << 24, encoding="utf8", column_names=header,
                                        skip_rows=skipped + 1),
-        parse_options=pacsv.ParseOptions(ignore_empty_lines=False, newlines_in_values=False),
+        parse_options=pacsv.ParseOptions(ignore_empty_lines=True, newlines_in_values=False,
+                                         invalid_row_handler=_blank_row if len(header) > 1 else None),
         convert_options=pacsv.ConvertOptions(
             include_columns=columns, column_types=column_types,
             strings_can_be_null=False, quoted_strings_can_be_null=False),
     )
     return reader, skipped + 2
+
+
+def _blank_row(row) -> str:
+    """pyarrow's verdict on a row whose number of fields is wrong: a line of spaces or tabs is
+    skipped, any other is an error (named with its line by ``_csv_error``)."""
+    return "skip" if not row.text.strip() else "error"
+
+
+def csv_lines(path: Path, first: int) -> CsvLines:
+    """``CsvLines`` as ``_open_csv`` reads ``path``: spaces make a line blank where the header
+    has more than one column."""
+    return CsvLines(path, first, spaces=len(csv_header(path)) > 1)
 
 
 def _grouped(reader, chunk_rows: int, on_error) -> Iterator[list]:
@@ -277,14 +319,16 @@ def csv_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS) ->
     import pyarrow as pa
 
     # NOTE: every column is read as text and converted by us, so a bad value is reported with its line
-    try:
-        reader, start = _open_csv(path, columns, {c: pa.string() for c in columns})
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise _csv_error(path, e) from None
-    for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
-        frame = pl.concat([pl.from_arrow(rb) for rb in group])
-        yield Batch(frame, np.arange(start, start + frame.height), "line")
-        start += frame.height
+    with arrow_file(path) as source:
+        try:
+            reader, start = _open_csv(path, columns, {c: pa.string() for c in columns}, source)
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+            raise _csv_error(path, e) from None
+        line_of = csv_lines(path, start)
+        for group in _grouped(reader, chunk_rows, lambda e: _csv_error(path, e)):
+            frame = pl.concat([pl.from_arrow(rb) for rb in group])
+            yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
+            start += frame.height
 
 
 def _numeric(columns: list[str], arrays: list, text: tuple[str, ...]) -> NumericColumns:
@@ -310,39 +354,43 @@ def numeric_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
         import pyarrow.parquet as pq
 
         names = parquet_columns(path)  # (a file Parquet cannot read is one error line)
-        pf = pq.ParquetFile(path)
-        schema = pf.schema_arrow
+        with arrow_file(path) as src:
+            pf = pq.ParquetFile(src)
+            schema = pf.schema_arrow
 
-        def fits(c: str) -> bool:  # a number, or text for a date-time column
-            t = schema.field(c).type
-            if c in text:
-                return arrow_is_text(t)
-            return pa.types.is_integer(t) or pa.types.is_floating(t)
+            def fits(c: str) -> bool:  # a number, or text for a date-time column
+                t = schema.field(c).type
+                if c in text:
+                    return arrow_is_text(t)
+                return pa.types.is_integer(t) or pa.types.is_floating(t)
 
-        if any(c not in names or not fits(c) for c in columns):
-            raise NotNumeric(path)
-        start = 1
-        for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
-            frame = _numeric(columns, [rb.column(c) for c in columns], text)
-            yield Batch(frame, np.arange(start, start + frame.height), "row")
-            start += frame.height
+            if any(c not in names or not fits(c) for c in columns):
+                raise NotNumeric(path)
+            start = 1
+            for rb in pf.iter_batches(batch_size=chunk_rows, columns=columns):
+                frame = _numeric(columns, [rb.column(c) for c in columns], text)
+                yield Batch(frame, np.arange(start, start + frame.height), "row")
+                start += frame.height
         return
-    try:
-        reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns})
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise NotNumeric(path) from e
-
-    for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
-        frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
-        yield Batch(frame, np.arange(start, start + frame.height), "line")
-        start += frame.height
+    with arrow_file(path) as source:
+        try:
+            reader, start = _open_csv(path, columns, {c: pa.string() if c in text else pa.float64() for c in columns},
+                                      source)
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+            raise NotNumeric(path) from e
+        line_of = csv_lines(path, start)
+        for group in _grouped(reader, chunk_rows, lambda e: NotNumeric(path)):
+            frame = _numeric(columns, [pa.chunked_array([rb.column(c) for rb in group]) for c in columns], text)
+            yield Batch(frame, np.arange(start, start + frame.height), "line", line_of)
+            start += frame.height
 
 
 def parquet_columns(path: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path).schema_arrow.names
+        with arrow_file(path) as src:
+            return pq.ParquetFile(src).schema_arrow.names
     except Exception as e:
         raise UserError(f"{path}: cannot read as Parquet ({str(e).splitlines()[0]})") from None
 
@@ -357,10 +405,11 @@ def parquet_batches(path: Path, columns: list[str], chunk_rows: int = CHUNK_ROWS
     import polars as pl
 
     start = 1
-    for rb in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns):
-        frame = pl.from_arrow(rb)
-        yield Batch(frame, np.arange(start, start + frame.height), "row")
-        start += frame.height
+    with arrow_file(path) as src:
+        for rb in pq.ParquetFile(src).iter_batches(batch_size=chunk_rows, columns=columns):
+            frame = pl.from_arrow(rb)
+            yield Batch(frame, np.arange(start, start + frame.height), "row")
+            start += frame.height
 
 
 def _polars_type(tag: str):

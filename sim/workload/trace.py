@@ -18,11 +18,13 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S
+from sim.text import arrow_file
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
 from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,
                                   first_line, json_limit, jsonl_batches, jsonl_numeric_batches, looks_binary, numeric_batches,
                                   parquet_batches, parquet_columns, shown_columns)
+from sim.workload.staged import readable
 
 FORMAT_NAMES = [f for f in FORMATS]
 # formats whose needed columns are numbers (times, token counts) or text the numeric reader hands
@@ -46,9 +48,10 @@ def _columns(path: Path) -> tuple[str, list[str]]:
     if path.suffix == ".parquet":
         return "table", parquet_columns(path)
     if looks_binary(path):
-        raise UserError(f"{path}: binary data, not a trace (expected CSV, JSON Lines, vLLM bench JSON or Parquet "
-                        "named *.parquet)")
+        raise UserError(f"{path}: binary data{_compression(path)}, not a trace (expected CSV, JSON Lines, vLLM bench "
+                        "JSON or Parquet named *.parquet, or any of them gzip-compressed)")
     line = first_line(path)
+    _refuse_json_array(path, line)
     if line.startswith("{"):
         if path.suffix == ".json":
             return "json", []
@@ -62,9 +65,42 @@ def _columns(path: Path) -> tuple[str, list[str]]:
     return "table", csv_header(path)
 
 
+# the magic bytes of compressions simsrv does not read (gzip it does: sim/workload/staged.py)
+_COMPRESSED = {b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip",
+               b"\x04\x22\x4d\x18": "lz4"}
+
+
+def _compression(path: Path) -> str:
+    """ " (zstd-compressed: decompress it first)" for a file that starts with the magic bytes of
+    a compression simsrv does not read; "" otherwise."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    for magic, name in _COMPRESSED.items():
+        if head.startswith(magic):
+            return f" ({name}-compressed: decompress it first, or gzip it)"
+    return ""
+
+
+def _refuse_json_array(path: Path, line: str) -> None:
+    """A file that starts with a JSON array (``[1, 2]``, ``[{...}, ...]``, a lone ``[``) is one
+    error line, where its first line was read as a CSV header (``columns ['[1', '2]']``)."""
+    if not line.startswith("["):
+        return
+    if line.rstrip() == "[" or line[1:].lstrip()[:1] in ("{", "[", '"'):
+        is_array = True
+    else:
+        try:
+            is_array = isinstance(json.loads(line), list)
+        except (ValueError, RecursionError):
+            is_array = False
+    if is_array:
+        raise UserError(f"{path}: line 1: a JSON array, not a trace; simsrv reads JSON Lines (one JSON object per "
+                        "line), a vLLM bench JSON object, CSV with a header row, or Parquet")
+
+
 def detect_format(path: str | Path) -> str:
     """The format whose columns the file has; an error lists what each format needs."""
-    path = Path(path)
+    path = readable(path)
     kind, cols = _columns(path)
     if kind == "json":
         return "vllm_bench"
@@ -96,8 +132,10 @@ def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
     if path.suffix == ".parquet":
         names = parquet_columns(path) if fmt == "normalized" else []
         return need + [c for c in names if c in OPTIONAL_NORMALIZED or c.startswith("measured_")]
-    if first_line(path).startswith("{"):
+    line = first_line(path)
+    if line.startswith("{"):
         raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
+    _refuse_json_array(path, line)
     header = csv_header(path) if fmt == "normalized" else []
     return need + [c for c in header if c in ("session_id", "priority") or c.startswith("measured_")]
 
@@ -154,7 +192,8 @@ def _batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int, fields: t
 def _parquet_block_size(path: Path) -> int | None:
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(path).schema_arrow.metadata or {}
+    with arrow_file(path) as src:
+        meta = pq.ParquetFile(src).schema_arrow.metadata or {}
     v = meta.get(b"hash_block_size")
     return int(v) if v else None
 
@@ -162,7 +201,7 @@ def _parquet_block_size(path: Path) -> int | None:
 def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadState | None = None,
                chunk_rows: int = CHUNK_ROWS) -> Iterator[RequestArrays]:
     """Validated chunks in file order, arrival in absolute seconds (not sorted, not shifted)."""
-    path = Path(path)
+    path = readable(path)  # a pipe or a gzip file: read from its copy, named as given
     opts = opts or ReadOptions()
     state = state if state is not None else ReadState()
     fmt = detect_format(path) if opts.format == "auto" else opts.format
@@ -325,7 +364,7 @@ def read_column(path: Path, column: str, where: str) -> np.ndarray:
     """One token-count column of a CSV or Parquet file (for ``dist: empirical``)."""
     from sim.workload.validate import tokens
 
-    path = Path(path)
+    path = readable(path)
     check_exists(path)
     if path.suffix != ".parquet" and column not in csv_header(path):
         raise UserError(f"{where}: {path} has no column {column!r}; columns: {shown_columns(csv_header(path))}")
