@@ -20,6 +20,7 @@ from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
+from sim.policies.budget import scenario_budget_error
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -401,11 +402,9 @@ class Scenario(_Strict):
         if e.separate_prefill_steps and e.policy != "continuous":
             raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
                              f"not {e.policy}")
-        if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
-            raise ValueError(
-                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "
-                f"engine.max_num_seqs ({e.max_num_seqs}) for chunked prefill, as vLLM requires"
-            )
+        budget = scenario_budget_error(e)  # vLLM's start-up rule, every policy (sim/policies/budget.py)
+        if budget:
+            raise ValueError(budget)
         return self
 
     @property

@@ -95,4 +95,4 @@ class DecodeScheduler(ChunkedScheduler):
 
 register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
                     None, ("sim.policies.disagg", "sim.engine.topology", "sim.engine.link", "sim.policies.continuous", "sim.policies.chunked"),
-                    pools=True, order=3))
+                    pools=True, pool_chunked_prefill=(("prefill", False), ("decode", True)), order=3))
