@@ -210,3 +210,20 @@ def test_a_static_batch_over_the_budget_is_prefilled_in_steps_then_decoded_toget
     assert (prompt_steps["decode_tokens"] == 0).all()
     decodes = steps.filter(steps["prefill_tokens"] == 0)
     assert set(decodes["num_seqs"].to_list()) == {8}
+
+
+@pytest.mark.parametrize("cls", ["static", "prefill"])
+def test_a_hand_built_scheduler_fails_a_prompt_over_its_budget_with_the_reason(cls):
+    """The scenario check keeps every prompt within a legal budget; a scheduler built by hand
+    (tests, library use) with a smaller one fails such a prompt with the reason instead of
+    leaving it waiting forever (static) or running it over the budget (the prefill pool)."""
+    from sim.core.kv import KVBlockManager
+    from sim.core.request import Request
+    from sim.policies import POLICIES, EngineLimits
+    from sim.policies.disagg import PrefillScheduler
+
+    limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=10_000)
+    sched = (POLICIES["static"] if cls == "static" else PrefillScheduler)(limits, KVBlockManager(100, 16, False))
+    req = Request(request_id=0, arrival_s=0.0, prompt_tokens=65, output_tokens=1)
+    assert not sched.add_request(req, 0.0)
+    assert req.status == "failed" and "prompt 65 tokens > max_num_batched_tokens 64" in req.fail_reason

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from sim.policies.registry import get_policy
 
+# in every refusal's line: ``simsrv compare`` leaves a policy so refused out of its default list
+REFUSED = "vLLM refuses this at start-up (SchedulerConfig._verify_args)"
+
 # vllm/utils/__init__.py DEFAULT_MAX_NUM_BATCHED_TOKENS (vLLM 0.11.0)
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -60,13 +63,13 @@ def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: 
         runs = (f"policy {engine.policy} prefills whole prompts" if where == "engine"
                 else f"the {where} pool of policy {engine.policy} prefills whole prompts")
         return (f"{key} {budget} must be >= {max_len_source} {max_model_len}: {runs} (no chunked prefill), so a "
-                "prompt longer than the budget could never run, and vLLM refuses this at start-up "
-                "(SchedulerConfig._verify_args); raise engine.max_num_batched_tokens to at least "
-                f"{max_model_len}, lower engine.max_model_len, or use policy chunked")
+                f"prompt longer than the budget could never run, and {REFUSED}; raise "
+                f"engine.max_num_batched_tokens to at least {max_model_len}, lower engine.max_model_len, "
+                "or use policy chunked")
     if budget < engine.max_num_seqs:
         return (f"{pool}{key} {budget} must be >= engine.max_num_seqs {engine.max_num_seqs}: a step could not give "
-                "every running sequence its token, and vLLM refuses this at start-up "
-                "(SchedulerConfig._verify_args); raise engine.max_num_batched_tokens or lower engine.max_num_seqs")
+                f"every running sequence its token, and {REFUSED}; raise engine.max_num_batched_tokens or lower "
+                "engine.max_num_seqs")
     return ""
 
 

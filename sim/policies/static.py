@@ -33,6 +33,16 @@ class StaticScheduler(Scheduler):
         # KV blocks free when the batch began, and the full-length blocks its members reserve
         self._batch_free = self._batch_reserved = 0
 
+    def admission_error(self, req) -> str:
+        """A prompt is prefilled whole, so it must fit the budget (as ``continuous``; the
+        scenario check refuses a budget below max_model_len, so only a scheduler built by hand
+        meets this)."""
+        reason = super().admission_error(req)
+        if not reason and req.prompt_tokens > self.limits.max_num_batched_tokens:
+            reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
+                      "(policy static: whole prompts)")
+        return reason
+
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         return remaining if remaining <= budget else 0  # whole prompts, within the step's budget
 
