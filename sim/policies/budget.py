@@ -38,7 +38,7 @@ def budget_tokens(engine, chunked: bool, max_model_len: int | None) -> int | Non
     prefill and below ``max_model_len``, vLLM's default for that mode instead:
     min(max_num_seqs x max_model_len, max(max_model_len, 2048)) (vllm/config/scheduler.py
     ``SchedulerConfig.__post_init__``; ``_set_default_args`` gives max_model_len itself, the same
-    for any max_model_len >= 2048), which the rule always accepts. None while an unset budget
+    for any max_model_len >= 2048), never below max_model_len. None while an unset budget
     depends on a ``max_model_len`` not known yet (the model's context length)."""
     budget = engine.max_num_batched_tokens
     if chunked or "max_num_batched_tokens" in engine.model_fields_set:
