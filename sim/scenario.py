@@ -22,6 +22,7 @@ from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
+from sim.policies.budget import scenario_budget_error
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -471,11 +472,9 @@ class Scenario(_Strict):
         if e.separate_prefill_steps and e.policy != "continuous":
             raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
                              f"not {e.policy}")
-        if e.policy == "chunked" and e.max_num_batched_tokens < e.max_num_seqs:
-            raise ValueError(
-                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "
-                f"engine.max_num_seqs ({e.max_num_seqs}) for chunked prefill, as vLLM requires"
-            )
+        budget = scenario_budget_error(e)  # vLLM's start-up rule, every policy (sim/policies/budget.py)
+        if budget:
+            raise ValueError(budget)
         return self
 
     @property
@@ -510,6 +509,11 @@ class Scenario(_Strict):
 
         # an unset max_num_batched_tokens under continuous follows max_model_len (vLLM's default)
         lengths = dict(zip(("max_model_len", "max_num_batched_tokens"), engine_lengths(self)))
+        # an unset budget of a pools policy is each pool's own default (sim/policies/budget.py):
+        # the prefill pool's without chunked prefill, the decode pool's with it; left unset
+        pool_defaults = get_policy(self.engine.policy).pools and "max_num_batched_tokens" not in self.engine.model_fields_set
+        if pool_defaults:
+            del lengths["max_num_batched_tokens"]
         update: dict[str, Any] = {"engine": self.engine.model_copy(update=lengths)}
         syn = self.workload.synthetic
         if syn is not None and syn.prefix_groups is not None:
@@ -520,6 +524,8 @@ class Scenario(_Strict):
         if get_policy(self.engine.policy).pools:
             update["disaggregation"] = self._resolved_pools()
         data = self.model_copy(update=update).model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
+        if pool_defaults:
+            del data["engine"]["max_num_batched_tokens"]
         if self.hardware.custom is not None:
             del data["hardware"]["gpu"]  # the inline GPU replaces the catalogue one (one of the two)
         _absolute_paths(data, self.resolve_path)

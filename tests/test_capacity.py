@@ -137,9 +137,10 @@ def test_capacity_cli_table_json_and_chart(tmp_path):
     raw["hardware"]["price_per_gpu_hour"] = 2.0
     raw["workload"]["synthetic"]["num_requests"] = 150
     raw["cluster"] = {"replicas": 2}
+    raw["engine"]["max_model_len"] = 1024  # continuous: the budget must hold it (sim/policies/budget.py)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump([{"engine.max_num_batched_tokens": 512},
-                                                     {"engine.max_num_batched_tokens": 1024}]))
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump([{"engine.max_num_batched_tokens": 1024},
+                                                     {"engine.max_num_batched_tokens": 2048}]))
     p = subprocess.run([sys.executable, "-m", "sim", "capacity", tmp_path / "s.yaml", "--slo",
                         "ttft_p99_ms=150,ttft_mean_ms=60", "--policies", "continuous,chunked", "--grid",
                         tmp_path / "g.yaml", "--seeds", "2", "--workers", "2", "--out", tmp_path / "cap"],

@@ -110,8 +110,8 @@ def test_verbose_shows_traceback():
 def test_every_policy_runs_from_the_cli(tmp_path, policy):
     s = tmp_path / "s.yaml"
     s.write_text(yaml.safe_dump(small_scenario()))
-    # continuous prefills a prompt whole, so its budget must hold the longest (4000) prompt, as in vLLM
-    budget = ["--set", "engine.max_num_batched_tokens=4096"] if policy == "continuous" else []
+    # without chunked prefill (all but chunked) the budget must hold max_model_len (8192), as in vLLM
+    budget = ["--set", "engine.max_num_batched_tokens=8192"] if policy != "chunked" else []
     p = simsrv("run", s, "--policy", policy, *budget, "--out", tmp_path / "run")
     assert p.returncode == 0, p.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -66,10 +66,20 @@ def test_completed_and_failed_open_the_table():
     assert "never best on latency" in html
 
 
+def _page_bests(html: str, labels: list[str]) -> dict:
+    table = html[html.index("<table>"):html.index("</table>")]
+    page_best = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table)[1:]:
+        cells = re.findall(r"<td([^>]*)>([^<]*)</td>", row)
+        marked = [j for j, (attrs, _) in enumerate(cells) if "best" in attrs]
+        if len(marked) == 1:
+            metric = next(r.metric for r in ROWS if r.label == cells[0][1])
+            page_best[metric] = labels[marked[0] - 1]
+    return page_best
+
+
 def test_compare_json_holds_every_run_and_the_pages_bests(tmp_path):
-    """continuous refuses prompts over its 1,024-token budget (14 of 200 fail) and so has the
-    lowest TTFT of the three; it was marked best on every latency row."""
-    raw = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 1024, "max_num_seqs": 64})
+    raw = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 8192, "max_num_seqs": 64})
     raw["workload"]["synthetic"]["request_rate"] = 40
     s = tmp_path / "s.yaml"
     s.write_text(yaml.safe_dump(raw))
@@ -84,22 +94,35 @@ def test_compare_json_holds_every_run_and_the_pages_bests(tmp_path):
         assert list(r)[:4] == ["policy", "gpus", "completed", "failed"]
         assert {k: v for k, v in r.items() if k not in ("policy", "gpus")} == result
         assert r["gpus"] == result["simsrv_num_gpus"] == 1
-    assert runs["continuous"]["failed"] > 0 == runs["chunked"]["failed"] == runs["static"]["failed"]
-    assert runs["continuous"]["p99_ttft_ms"] < runs["chunked"]["p99_ttft_ms"]
-    latency = {r.metric for r in ROWS if r.latency}
-    assert doc["best"] and not [k for k, p in doc["best"].items() if k in latency and p == "continuous"]
-    assert doc["best"]["p99_ttft_ms"] == "chunked"
     # the same bests as the page highlights
-    html = (tmp_path / "c/report.html").read_text()
-    table = html[html.index("<table>"):html.index("</table>")]
-    page_best = {}
-    for row in re.findall(r"<tr>(.*?)</tr>", table)[1:]:
-        cells = re.findall(r"<td([^>]*)>([^<]*)</td>", row)
-        marked = [j for j, (attrs, _) in enumerate(cells) if "best" in attrs]
-        if len(marked) == 1:
-            metric = next(r.metric for r in ROWS if r.label == cells[0][1])
-            page_best[metric] = ["static", "continuous", "chunked"][marked[0] - 1]
-    assert page_best == doc["best"]
+    assert doc["best"] and _page_bests((tmp_path / "c/report.html").read_text(),
+                                       ["static", "continuous", "chunked"]) == doc["best"]
+
+
+def test_a_run_that_fails_requests_is_not_best_in_compare_json(tmp_path):
+    """continuous with max_model_len 1,024 fails the longer prompts (their requests exceed it) and
+    so has the lowest TTFT over what it served; it must not be best on a latency row."""
+    from sim.analysis.compare import compare_json
+    from sim.reporting.compare_page import build_compare_page
+    from sim.reporting.rundata import load_run
+
+    raw = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 1024, "max_num_seqs": 64})
+    raw["workload"]["synthetic"]["request_rate"] = 40
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(raw))
+    sets = {"continuous": ["--policy", "continuous", "--set", "engine.max_model_len=1024"], "chunked": []}
+    for policy, extra in sets.items():
+        out = simsrv("run", s, *extra, "--out", tmp_path / policy, "-q")
+        assert out.code == 0, out.stderr
+    runs = [load_run(tmp_path / p, p) for p in sets]
+    doc = compare_json(runs, list(sets))
+    byp = {r["policy"]: r for r in doc["runs"]}
+    assert byp["continuous"]["failed"] > 0 == byp["chunked"]["failed"]
+    assert byp["continuous"]["p99_ttft_ms"] < byp["chunked"]["p99_ttft_ms"]
+    latency = {r.metric for r in ROWS if r.latency}
+    assert not [k for k, p in doc["best"].items() if k in latency and p == "continuous"]
+    page = build_compare_page(runs, "t")
+    assert _page_bests("".join(page.parts), list(sets)) == doc["best"]
 
 
 def test_best_by_metric_leaves_out_a_row_with_one_best_per_gpu_count():

@@ -71,6 +71,7 @@ def test_compare_validates_every_policy_before_running_any(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "policy chunked" in p.stderr
     assert not (tmp_path / "a").exists()
     raw = small_scenario(model="llama-3-70b", cluster={"tensor_parallel_size": 4},
+                         engine={"policy": "chunked", "max_num_batched_tokens": 8192},  # legal for every policy
                          disaggregation={"prefill": {"tensor_parallel_size": 1}})  # pools default to TP 4
     s.write_text(yaml.safe_dump(raw))
     p = simsrv("compare", s, "--out", tmp_path / "b")
@@ -79,10 +80,10 @@ def test_compare_validates_every_policy_before_running_any(tmp_path):
 
 
 def test_compare_prints_a_policy_that_completes_nothing(tmp_path):
-    """continuous refuses prompts over its token budget: every request fails, and its line says
-    so instead of crashing on the missing latencies; chunked's 6 requests leave none between
-    the TTFT's p45 and p55, and the decomposition chart leaves that group out."""
-    raw = small_scenario(engine={"max_num_batched_tokens": 512},
+    """Prompts and outputs over max_model_len: every request fails under both policies, and
+    their lines say so instead of crashing on the missing latencies (continuous no longer fails
+    prompts over its budget: vLLM refuses such a budget at start-up, sim/policies/budget.py)."""
+    raw = small_scenario(engine={"max_num_batched_tokens": 1000, "max_model_len": 1000},
                          workload={"synthetic": {"num_requests": 6, "request_rate": 5,
                                                  "input_tokens": {"dist": "fixed", "value": 1000},
                                                  "output_tokens": {"dist": "fixed", "value": 10}}})
@@ -100,8 +101,14 @@ def test_compare_default_leaves_out_a_disaggregated_form_the_layout_lacks():
     from sim.analysis.compare import usable_policies
 
     dp = ROOT / "scenarios" / "deepseek_v3_dp8_ep.yaml"
-    usable, skipped = usable_policies(dp, None, [])
+    usable, skipped = usable_policies(dp, None, ["engine.max_num_batched_tokens=8192"])
     assert usable == ["static", "continuous", "chunked"]
     assert len(skipped) == 1 and skipped[0].startswith("policy disaggregated: ") and "data_parallel_size" in skipped[0]
+    # as shipped, its chunked budget (4096) is below max_model_len (8192): the policies without
+    # chunked prefill are left out too, each with vLLM's refusal
+    usable, skipped = usable_policies(dp, None, [])
+    assert usable == ["chunked"] and [s.split(":")[0] for s in skipped] == [
+        "policy static", "policy continuous", "policy disaggregated"]
+    assert "must be >= engine.max_model_len 8192" in skipped[0] and "data_parallel_size" in skipped[2]
     usable, skipped = usable_policies(ROOT / "scenarios" / "chat.yaml", None, [])
     assert "disaggregated" in usable and skipped == []

@@ -91,7 +91,7 @@ def _scenario(policy, cost_model, gpu, n, rate, out_mean, seed, profile="vllm-v1
     raw = {"name": "ff", "seed": seed, "model": "llama-3-8b",
            "hardware": {"gpu": gpu, "cost_model": cost_model},
            "engine": {"policy": policy, "max_num_seqs": 32, "profile": profile,
-                      "max_num_batched_tokens": 512 if policy == "chunked" else 4096},
+                      "max_num_batched_tokens": 512 if policy == "chunked" else 4096, "max_model_len": 4096},
            "workload": {"synthetic": {"num_requests": n, "request_rate": rate,
                                       "input_tokens": {"dist": "lognormal", "mean": 300, "sigma": 0.8, "max": 2000},
                                       "output_tokens": {"dist": "lognormal", "mean": out_mean, "sigma": 0.6,
@@ -134,7 +134,7 @@ def test_extrapolated_steps_are_counted_per_replica():
     other replica, 3,138 counted against 2,845)."""
     raw = {"name": "x", "model": "llama-3-8b", "hardware": {"gpu": "a100-80g"},
            "cluster": {"replicas": 2, "router": "round_robin"},
-           "engine": {"max_num_batched_tokens": 16384, "max_model_len": 20000, "allow_long_max_model_len": True},
+           "engine": {"max_num_batched_tokens": 20000, "max_model_len": 20000, "allow_long_max_model_len": True},
            "workload": {"synthetic": {"num_requests": 1}}}
     # round robin: even requests (500-token prompts, decoding as one batch of 8: in range) to
     # replica 0, odd ones (16,000-token prompts: beyond the A100 GEMM table) to replica 1,

@@ -44,6 +44,7 @@ def work(tmp_path) -> Path:
         pytest.skip("this file system refuses names that are not UTF-8")
     raw = small_scenario()
     raw["workload"]["synthetic"]["num_requests"] = 20
+    raw["engine"]["max_model_len"] = 512  # a 512 budget legal for continuous too (vLLM's start-up rule)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     (tmp_path / "t.jsonl").write_text("".join(TRACE.read_text().splitlines(keepends=True)[:30]))
     return tmp_path

@@ -150,15 +150,15 @@ def test_max_model_len_above_context_needs_the_explicit_key():
     assert build_deployment(scenario_from_dict(over)).limits.max_model_len == 100_000
 
 
-def test_continuous_fails_a_prompt_above_the_budget_as_vllm(tmp_path):
+def test_continuous_refuses_a_budget_below_max_model_len_as_vllm(tmp_path):
     from sim.engine.deployment import build_deployment
     from sim.run import run_scenario
 
+    # vLLM refuses it at start-up without chunked prefill (every policy: tests/test_derived_bounds.py)
     over = small_scenario(engine={"policy": "continuous", "max_num_batched_tokens": 2048})
     over["workload"]["synthetic"].update(num_requests=4, input_tokens={"dist": "fixed", "value": 3000})
-    r = run_scenario(scenario_from_dict(over)).requests
-    assert r["status"].to_list() == ["failed"] * 4
-    assert "max_num_batched_tokens 2048" in r["fail_reason"][0]
+    with pytest.raises(UserError, match="max_num_batched_tokens 2048 must be >= engine.max_model_len"):
+        run_scenario(scenario_from_dict(over))
     # unset: vLLM's default without chunked prefill, max(max_model_len, 2048)
     s = scenario_from_dict(small_scenario(engine={"policy": "continuous"}, model="qwen2.5-7b"))
     d = build_deployment(s)

@@ -33,7 +33,9 @@ def num_chart_divs(html: str) -> int:
 def compare_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("compare")
     s = d / "s.yaml"
-    s.write_text(yaml.safe_dump(small_scenario(slo={"ttft_ms": 500, "tpot_ms": 50})))
+    # a budget that holds max_model_len (8192), as the policies without chunked prefill need; chunked: 512
+    s.write_text(yaml.safe_dump(small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 8192},
+                                               slo={"ttft_ms": 500, "tpot_ms": 50})))
     p = simsrv("compare", s, "--policies", "static,continuous,chunked,disaggregated", "--chunk", "512", "--out", d / "out")
     assert p.returncode == 0, p.stderr
     return d / "out"

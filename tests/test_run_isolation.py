@@ -31,7 +31,8 @@ from tests.conftest import ROOT, without_wall_clock
 # scenario, overrides of both runs, then A's and B's own
 CASES = {
     "dp8 ep: static, then continuous": (
-        "deepseek_v3_dp8_ep.yaml", ["workload.synthetic.num_requests=60"],
+        # max_model_len at the scenario's 4,096-token budget: legal without chunked prefill
+        "deepseek_v3_dp8_ep.yaml", ["workload.synthetic.num_requests=60", "engine.max_model_len=4096"],
         ["engine.policy=static"], ["engine.policy=continuous"]),
     "dp8 ep: longer prompts, then the scenario": (
         "deepseek_v3_dp8_ep.yaml", ["workload.synthetic.num_requests=60"],

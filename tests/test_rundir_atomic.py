@@ -25,9 +25,11 @@ from sim.reporting.rundata import load_run
 from tests.conftest import ROOT, small_scenario
 
 
-def _scenario(tmp_path, num_requests=60, seed=1, name="s.yaml") -> Path:
+def _scenario(tmp_path, num_requests=60, seed=1, name="s.yaml", every_policy=False) -> Path:
     raw = small_scenario(seed=seed)
     raw["workload"]["synthetic"]["num_requests"] = num_requests
+    if every_policy:  # the 512 budget legal for static and continuous too (vLLM's start-up rule)
+        raw["engine"]["max_model_len"] = 512
     p = tmp_path / name
     p.write_text(yaml.safe_dump(raw))
     return p
@@ -90,12 +92,12 @@ def test_a_full_disk_under_force_leaves_the_old_run_whole(tmp_path, monkeypatch,
 
 def test_a_full_disk_during_compare_leaves_the_old_runs_and_report_whole(tmp_path, monkeypatch):
     out = tmp_path / "cmp"
-    run_compare(_scenario(tmp_path, 30), ["static", "continuous"], None, [], out)
+    run_compare(_scenario(tmp_path, 30, every_policy=True), ["static", "continuous"], None, [], out)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     # the first policy's run is written whole, the second's finds the disk full
     _failing_parquet_writer(monkeypatch, 3)
     with pytest.raises(OSError):
-        run_compare(_scenario(tmp_path, 50, seed=3, name="t.yaml"), ["static", "continuous"], None, [], out,
+        run_compare(_scenario(tmp_path, 50, seed=3, name="t.yaml", every_policy=True), ["static", "continuous"], None, [], out,
                     force=True)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert _siblings(tmp_path, {"cmp", "s.yaml", "t.yaml"}) == []
@@ -288,7 +290,7 @@ def test_compare_is_refused_while_another_command_writes_its_out(tmp_path):
     out = tmp_path / "cmp"
     with replacing_dir(out, False, lambda p: []):
         with pytest.raises(UserError, match="is writing it now"):
-            run_compare(_scenario(tmp_path, 20), ["static"], None, [], out)
+            run_compare(_scenario(tmp_path, 20, every_policy=True), ["static"], None, [], out)
 
 
 # -- what --force may replace ------------------------------------------------------------------

@@ -143,6 +143,9 @@ def fuzzed_scenario(seed: int) -> dict:
         engine["max_num_seqs"] = min(engine["max_num_seqs"], engine["max_num_batched_tokens"])
     if rng.random() < 0.3:
         engine["max_model_len"] = 4096
+    if policy != "chunked" and "max_num_batched_tokens" in engine:
+        # vLLM's start-up rule without chunked prefill: the budget holds a whole max_model_len
+        engine["max_model_len"] = engine["max_num_batched_tokens"]
     raw: dict = {"name": f"fuzz{seed}", "seed": rng.randint(0, 1000), "model": rng.choice(MODELS),
                  "hardware": _hardware(rng), "engine": engine,
                  "cluster": {"replicas": rng.randint(1, 3), "tensor_parallel_size": rng.choice([1, 1, 2]),

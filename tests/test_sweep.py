@@ -59,7 +59,8 @@ def test_grid_points_are_validated_before_running(tmp_path):
 
 def test_local_sweep_two_points_two_seeds_then_resume(tmp_path):
     raw = tiny()
-    raw["engine"]["max_num_batched_tokens"] = 4096  # >= every prompt: continuous fails longer ones, as vLLM
+    raw["engine"]["max_num_batched_tokens"] = 4096  # >= max_model_len: continuous, as vLLM, needs it
+    raw["engine"]["max_model_len"] = 4096
     base = scenario_from_dict(raw)
     points = expand(base, grid_points({"engine.policy": ["chunked", "continuous"]}))
     seeds = seeds_from(base.seed, 2)

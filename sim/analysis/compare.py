@@ -15,6 +15,7 @@ from sim.atomic import replacing_dir, write_text
 from sim.errors import UserError
 from sim.output import not_report_files, write_run
 from sim.policies import get_policy, policy_names
+from sim.policies.budget import REFUSED
 from sim.reporting.compare_page import build_compare_page
 from sim.reporting.metrics_table import best_by_metric
 from sim.reporting.rundata import load_run
@@ -37,15 +38,20 @@ def parse_policies(text: str) -> list[str]:
 def usable_policies(scenario_path: Path, chunk: int | None, sets: list[str]) -> tuple[list[str], list[str]]:
     """The default policy list: every registered policy, except a disaggregated (pools) policy
     when the scenario has no ``disaggregation`` section and its deployment has no disaggregated
-    form (data- or pipeline-parallel layouts); one line per policy left out, naming why. A
-    policy the scenario does configure and that fails is an error, as with ``--policies``."""
-    configured = load_scenario(scenario_path, sets).disaggregation is not None
+    form (data- or pipeline-parallel layouts), and a policy other than the scenario's whose
+    token budget vLLM would refuse (a chunked scenario's budget below max_model_len, for the
+    policies without chunked prefill: sim/policies/budget.py); one line per policy left out,
+    naming why. A policy the scenario does configure and that fails otherwise is an error, as
+    with ``--policies``."""
+    base = load_scenario(scenario_path, sets)
+    configured = base.disaggregation is not None
     usable, skipped = [], []
     for policy in policy_names():
         try:
             policy_scenarios(scenario_path, [policy], chunk, sets)
         except UserError as e:
-            if configured or not get_policy(policy).pools:
+            budget_refused = REFUSED in str(e) and policy != base.engine.policy
+            if (configured or not get_policy(policy).pools) and not budget_refused:
                 raise
             skipped.append(f"{e}")
             continue

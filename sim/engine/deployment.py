@@ -19,6 +19,7 @@ from sim.hardware import GPUSpec, scenario_gpu
 from sim.memory import MemoryPlan, plan_memory
 from sim.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
+from sim.policies.budget import budget_error, budget_tokens, policy_engines
 from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
 
@@ -110,7 +111,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                         "attention with expert parallelism spreads the experts over the ranks; for independent "
                         "copies of a dense model use cluster.replicas")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
-    max_model_len, budget = _checked_lengths(s, model)
+    max_model_len, budget = _checked_lengths(s, model, where)
     engine = engine_profile(e)
     # A disaggregated pool runs with a KV connector; vLLM then disables its hybrid KV cache
     # manager (VllmConfig: "Hybrid KV cache manager is not compatible with KV transfer"; later
@@ -213,11 +214,6 @@ def engine_profile(e):
     return replace(p, num_scheduler_steps=e.num_scheduler_steps) if e.num_scheduler_steps > 1 else p
 
 
-# vLLM's max_num_batched_tokens default without chunked prefill is max(max_model_len, 2048)
-# (vllm/config SchedulerConfig: _DEFAULT_MAX_NUM_BATCHED_TOKENS)
-_VLLM_MIN_DEFAULT_BATCHED_TOKENS = 2048
-
-
 def engine_lengths(s: Scenario) -> tuple[int, int]:
     """(max_model_len, max_num_batched_tokens) every replica of ``s`` runs with: what its resolved
     scenario writes (``Scenario.resolved``), set, so the resolved file runs with the same."""
@@ -225,16 +221,14 @@ def engine_lengths(s: Scenario) -> tuple[int, int]:
                                          Path(s.base_dir)))
 
 
-def _checked_lengths(s: Scenario, model: ModelSpec) -> tuple[int, int]:
+def _checked_lengths(s: Scenario, model: ModelSpec, where: str = "scenario") -> tuple[int, int]:
     """(max_model_len, max_num_batched_tokens) as vLLM would accept them, or a ``UserError``.
 
     - ``max_model_len`` above the model's context length is refused unless
       ``engine.allow_long_max_model_len`` (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1;
       vllm/config: _get_and_verify_max_len).
-    - ``continuous`` (no chunked prefill): an unset budget takes vLLM's default for that mode,
-      max(max_model_len, 2048); a budget set below it limits the prompt length (vLLM V0's
-      prompt limit min(max_model_len, max_num_batched_tokens): a longer prompt is rejected, here
-      failed with that reason by ``ContinuousScheduler.admission_error``).
+    - the budget of this engine (the replica, or the pool ``where``): its default and vLLM's
+      start-up rule, for every policy (sim/policies/budget.py), now that max_model_len is known.
     """
     e = s.engine
     context = model.max_position_embeddings
@@ -243,7 +237,12 @@ def _checked_lengths(s: Scenario, model: ModelSpec) -> tuple[int, int]:
                         f"({context} tokens); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: set "
                         "engine.allow_long_max_model_len: true to allow it")
     max_len = e.max_model_len or context
-    budget = e.max_num_batched_tokens
-    if e.policy == "continuous" and budget < max_len and "max_num_batched_tokens" not in e.model_fields_set:
-        budget = max(max_len, _VLLM_MIN_DEFAULT_BATCHED_TOKENS)
+    engines = dict(policy_engines(e.policy))
+    pool = "engine" if where == "scenario" else where
+    chunked = engines.get(pool, False)
+    budget = budget_tokens(e, chunked, max_len)
+    source = "engine.max_model_len" if e.max_model_len else f"engine.max_model_len (unset: {model.name}'s context length)"
+    msg = budget_error(e, pool, chunked, budget, max_len, source)
+    if msg:
+        raise UserError(msg)
     return max_len, budget

@@ -41,4 +41,4 @@ class ChunkedScheduler(Scheduler):
 
 
 register(PolicySpec("chunked", "chunked prefill mixed with decodes under max_num_batched_tokens",
-                    ChunkedScheduler, ("sim.policies.chunked",), order=2))
+                    ChunkedScheduler, ("sim.policies.chunked",), chunked_prefill=True, order=2))

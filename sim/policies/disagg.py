@@ -41,6 +41,9 @@ class PrefillScheduler(ContinuousScheduler):
     def admission_error(self, req: Request) -> str:
         if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
             return f"prompt+output {req.prompt_tokens + req.output_tokens} tokens > max_model_len {self.limits.max_model_len}"
+        if req.prompt_tokens > self.limits.max_num_batched_tokens:  # whole prompts, as ``continuous``
+            return (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
+                    "(prefill pool: no chunked prefill)")
         need = self.kv.blocks_for(req.prompt_tokens)
         if need > self.kv.num_blocks:
             return f"prompt needs {need} KV blocks; prefill replica has {self.kv.num_blocks}"
@@ -105,4 +108,4 @@ class DecodeScheduler(ChunkedScheduler):
 
 register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
                     None, ("sim.policies.disagg", "sim.engine.topology", "sim.engine.link", "sim.policies.continuous", "sim.policies.chunked"),
-                    pools=True, order=3))
+                    pools=True, pool_chunked_prefill=(("prefill", False), ("decode", True)), order=3))

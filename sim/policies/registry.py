@@ -19,6 +19,11 @@ class PolicySpec:
     scheduler: type | None = None     # the colocated scheduler class; None when ``pools``
     note_modules: tuple[str, ...] = ()  # dotted module names whose NOTE: lines apply
     pools: bool = False               # runs as a prefill pool -> KV link -> decode pool topology
+    # splits a prompt over steps under max_num_batched_tokens (vLLM's enable_chunked_prefill);
+    # without it the budget must hold max_model_len (sim/policies/budget.py)
+    chunked_prefill: bool = False
+    # ``pools``: each pool's (name under ``disaggregation``, chunked_prefill)
+    pool_chunked_prefill: tuple[tuple[str, bool], ...] = ()
     order: int = 100                  # position in listings (help, compare's default)
 
 

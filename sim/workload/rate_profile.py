@@ -13,6 +13,9 @@ import math
 
 import numpy as np
 
+from sim.errors import UserError
+from sim.limits import check_last_arrival_s
+
 
 def _unit_times(rng: np.random.Generator, n: int, burstiness: float) -> np.ndarray:
     gaps = rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=n)
@@ -41,11 +44,26 @@ def diurnal_cumulative(t: np.ndarray, min_rate: float, max_rate: float, period_s
     return m * t + a / w * (np.sin(w * (t - peak_s)) - math.sin(-w * peak_s))
 
 
+# points of the diurnal profile's interpolation grid (8 bytes each, twice): 2,000 per period
+MAX_DIURNAL_GRID_POINTS = 20_000_000
+
+
 def diurnal_times(lam: np.ndarray, min_rate: float, max_rate: float, period_s: float, peak_s: float) -> np.ndarray:
-    """Inverse of the diurnal Lambda by interpolation on a grid of P/2000 steps (Lambda is smooth)."""
+    """Inverse of the diurnal Lambda by interpolation on a grid of P/2000 steps (Lambda is smooth).
+
+    Lambda(t) lies within m t +- P / pi (the sine term is at most a / w <= m P / (2 pi)), so the
+    last arrival is known to within a period before the grid is built: one past ``MAX_TIME_S``,
+    or a grid past ``MAX_DIURNAL_GRID_POINTS``, is refused first."""
     m = (min_rate + max_rate) / 2.0
+    key = "workload.synthetic.rate_profile"
+    check_last_arrival_s(float(lam[-1]) / m - period_s, key, f"a diurnal mean rate of {m:g} req/s for {len(lam):,} arrivals")
     t_end = float(lam[-1]) / m + period_s
-    grid = np.linspace(0.0, t_end, int(t_end / period_s * 2000) + 2)
+    points = int(t_end / period_s * 2000) + 2
+    if points > MAX_DIURNAL_GRID_POINTS:
+        raise UserError(f"{key}.period_s: the arrivals span {t_end:.3g} s, {t_end / period_s:.3g} periods of "
+                        f"{period_s:g} s; at most {MAX_DIURNAL_GRID_POINTS // 2000:,} periods are drawn: "
+                        "lengthen the period or shorten the workload")
+    grid = np.linspace(0.0, t_end, points)
     cum = diurnal_cumulative(grid, min_rate, max_rate, period_s, peak_s)
     return np.interp(lam, cum, grid)
 

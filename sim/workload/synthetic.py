@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from sim.errors import UserError
-from sim.limits import MAX_TOKENS
+from sim.limits import MAX_TOKENS, check_last_arrival_s
 from sim.workload.arrays import RequestArrays
 
 
@@ -19,7 +19,9 @@ def arrival_times_s(rng: np.random.Generator, n: int, rate_per_s: float, burstin
     """Gamma(shape=burstiness, scale=1/(rate*burstiness)) gaps, first request at t=0 (vLLM bench)."""
     if math.isinf(rate_per_s):
         return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate_per_s * burstiness), size=n)
+    product = rate_per_s * burstiness
+    # a product that underflows to 0 (rate 5e-324) means infinite gaps: check_last_arrival_s refuses them
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / product if product > 0 else math.inf, size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps)
 
@@ -63,6 +65,16 @@ def _arrivals(rng: np.random.Generator, n: int, spec) -> np.ndarray:
     return arrival_times_s(rng, n, spec.request_rate, spec.burstiness)
 
 
+def _check_arrivals(spec, arrival_s: np.ndarray, what: str) -> None:
+    """The arrivals (or session starts) drawn from the rate or the rate profile end within
+    ``MAX_TIME_S`` (``check_last_arrival_s``)."""
+    if spec.rate_profile is not None:
+        key, rate = "workload.synthetic.rate_profile", f"the {spec.rate_profile.shape} rate profile"
+    else:
+        key, rate = "workload.synthetic.request_rate", f"{spec.request_rate:g} req/s"
+    check_last_arrival_s(float(arrival_s[-1]), key, f"{rate} (burstiness {spec.burstiness:g}) for {len(arrival_s):,} {what}")
+
+
 def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArrays:
     """Draw arrivals, then input lengths, then output lengths, from one seeded generator.
 
@@ -73,17 +85,32 @@ def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArra
         raise UserError("workload.synthetic.num_requests: must be >= 1")
     if spec.prefix_groups is not None and spec.multi_turn is not None:
         raise UserError("workload.synthetic: give prefix_groups or multi_turn, not both")
+    _check_closed_loop(spec)
     rng = np.random.default_rng(seed)
     if spec.prefix_groups is not None:
         return _prefix_groups(spec, rng, resolve_path)
     if spec.multi_turn is not None:
         return _multi_turn(spec, rng, resolve_path)
     arrival = _arrivals(rng, spec.num_requests, spec)
+    _check_arrivals(spec, arrival, "requests")
     inp = sample_lengths(rng, spec.num_requests, spec.input_tokens, resolve_path, "workload.synthetic.input_tokens")
     out = sample_lengths(rng, spec.num_requests, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
     if spec.shared_prefix_tokens:
         return with_shared_prefix(rng, RequestArrays(arrival, inp, out), spec.shared_prefix_tokens, spec.num_prefixes)
     return RequestArrays(arrival, inp, out)
+
+
+def _check_closed_loop(spec) -> None:
+    """With ``max_concurrency`` c, some client sends ceil(n / c) of the n requests, each
+    ``think_time_s`` after its previous one ended: its last send is at least
+    (ceil(n / c) - 1) x think_time_s, whatever the service times."""
+    c, think = spec.max_concurrency, spec.think_time_s
+    if c is None or think <= 0:
+        return
+    per_client = -(-spec.num_requests // c)
+    check_last_arrival_s((per_client - 1) * think, "workload.synthetic.think_time_s",
+                         f"{think:g} s before each of a client's {per_client - 1:,} later requests "
+                         f"({spec.num_requests:,} requests over max_concurrency {c:,} clients)")
 
 
 SHARED_PREFIX_HASH_BLOCK_TOKENS = 16
@@ -124,6 +151,7 @@ def _prefix_groups(spec, rng: np.random.Generator, resolve_path) -> RequestArray
         raise UserError(f"workload.synthetic.num_requests is {spec.num_requests} but prefix_groups makes "
                         f"num_groups x prompts_per_group = {n} requests; drop num_requests or make them agree")
     arrival = _arrivals(rng, n, spec)
+    _check_arrivals(spec, arrival, "requests")
     inp, hashes, group = prefix_group_prompts(rng, g, spec.hash_block_size)
     out = sample_lengths(rng, n, spec.output_tokens, resolve_path, "workload.synthetic.output_tokens")
     return RequestArrays(arrival, inp, out, hash_ids=hashes, hash_block_size=spec.hash_block_size, session_id=group)
@@ -148,8 +176,11 @@ def _multi_turn(spec, rng: np.random.Generator, resolve_path) -> RequestArrays:
     gaps = rng.exponential(mt.think_time_s, size=m) if mt.think_time_s > 0 else np.zeros(m)
     arrival, inp, out, hashes, sess = session_requests(starts[:num_sessions], turns, new, out, gaps,
                                                        spec.hash_block_size)
+    _check_arrivals(spec, starts[:num_sessions], "sessions")
     order = np.argsort(arrival, kind="stable")[:n]
     order.sort(kind="stable")  # keep the chosen turns, then order them by time
     arr = RequestArrays(arrival, inp, out, hash_ids=hashes, hash_block_size=spec.hash_block_size, session_id=sess)
     chosen = arr.take(order)
+    check_last_arrival_s(float(chosen.arrival_s.max()), "workload.synthetic.multi_turn.think_time_s",
+                         f"{mt.think_time_s:g} s mean think time between the turns of a session")
     return chosen.take(np.argsort(chosen.arrival_s, kind="stable"))

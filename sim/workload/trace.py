@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
-from sim.limits import MAX_TRACE_SPAN_S
+from sim.limits import MAX_TRACE_SPAN_S, check_last_arrival_s
 from sim.text import arrow_file
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
@@ -310,7 +310,15 @@ def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     if opts.spread_grid_s:
         arr = spread_in_grid(arr, opts.spread_grid_s, np.random.default_rng(opts.seed))
     emit_notes(path, state)
-    return arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
+    out = arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
+    check_scaled_span(out, time_scale)
+    return out
+
+
+def check_scaled_span(arr: RequestArrays, time_scale: float, key: str = "workload.trace.time_scale") -> None:
+    """The trace's arrivals once multiplied by its time scale (or the factor a target rate gives)
+    end within ``MAX_TIME_S`` (``check_last_arrival_s``)."""
+    check_last_arrival_s(float(arr.arrival_s[-1]), key, f"a time scale of {time_scale:g}")
 
 
 def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: float = 1.0,
@@ -350,11 +358,15 @@ def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: 
         if t0 is None:
             t0 = float(chunk.arrival_s[0])
         n_out += len(chunk)
-        yield chunk.with_arrivals((chunk.arrival_s - t0) * time_scale)
+        chunk = chunk.with_arrivals((chunk.arrival_s - t0) * time_scale)
+        check_scaled_span(chunk, time_scale)
+        yield chunk
     if carry is not None and len(carry):
         t0 = float(carry.arrival_s[0]) if t0 is None else t0
         n_out += len(carry)
-        yield carry.with_arrivals((carry.arrival_s - t0) * time_scale)
+        carry = carry.with_arrivals((carry.arrival_s - t0) * time_scale)
+        check_scaled_span(carry, time_scale)
+        yield carry
     if n_out == 0:
         raise nothing_left(path, state)
     emit_notes(path, state)

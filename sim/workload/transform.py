@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from sim.errors import UserError
+from sim.limits import check_last_arrival_s
 from sim.workload.arrays import RequestArrays
 
 
@@ -61,7 +62,15 @@ def rescale(arr: RequestArrays, time_scale: float | None, target_rate_per_s: flo
         return arr
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise UserError(f"{where}: time scale must be a finite number > 0 (got {time_scale})")
-    return arr.with_arrivals(arr.arrival_s * time_scale)
+    out = arr.with_arrivals(arr.arrival_s * time_scale)
+    scenario = where.startswith("workload.trace")  # else a command line's flags (trace convert)
+    if target_rate_per_s is not None:
+        check_last_arrival_s(float(out.arrival_s[-1]), "workload.trace.target_rate" if scenario else f"{where} --target-rate",
+                             f"{target_rate_per_s:g} req/s (a time scale of {time_scale:.3g} on the trace's gaps)")
+    else:
+        check_last_arrival_s(float(out.arrival_s[-1]), "workload.trace.time_scale" if scenario else f"{where} --time-scale",
+                             f"a time scale of {time_scale:g}")
+    return out
 
 
 def apply(arr: RequestArrays, where: str, start_s=None, duration_s=None, sample_n=None, seed: int = 0,
