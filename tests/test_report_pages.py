@@ -75,7 +75,8 @@ def test_trace_page_plain_numbers_prompt_lengths_and_axis_from_the_first_request
     assert not re.search(r"\de[+-]\d", table)              # no scientific notation
     assert "prompt tokens, p99" in table and "61,593.3" in table
     specs = list(_specs(html).values())
-    rate, lengths = specs
+    rate, lengths, outputs = specs
+    assert "output-length distribution" in outputs["title"]
     assert rate["encoding"]["x"]["scale"]["domain"] == [0, stats["span_s"] / 60]
     assert rate["encoding"]["x"]["scale"]["nice"] is False
     assert "prompt-length distribution" in lengths["title"]

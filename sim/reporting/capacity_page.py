@@ -12,7 +12,8 @@ import altair as alt
 import polars as pl
 
 from sim.reporting.html import Page
-from sim.reporting.sweep_page import _fmt, band_chart
+from sim.reporting.sweep_page import _fmt, band_chart, clip_for_log
+from sim.reporting.units import latency_unit
 
 
 def _knee_text(r: dict) -> str:
@@ -63,16 +64,21 @@ def capacity_page(records: list[dict], probes: list[dict], title: str, notes: li
         return page
     page.heading("SLO figures against the offered rate (mean over seeds, 95% band; dashed: SLO limit; "
                  "dotted: knee)")
+    order = [r["label"] for r in records]  # the grid's order (replicas 1, 2, 10), not the labels' text order
     for slo in frame["slo"].unique(maintain_order=True).to_list():
         f = frame.filter(pl.col("slo") == slo).sort("config", "rate_per_s").rename({"label": "configuration"})
         limit = float(f["limit_ms"][0])
+        # latencies from 10,000 ms up in s (the columns keep their _ms names: the axis title names the unit)
+        unit, k = latency_unit([*f["value_ms"].to_list(), *f["ci95_high_ms"].to_list(), limit])
+        f = clip_for_log(f.with_columns(pl.col("value_ms", "ci95_low_ms", "ci95_high_ms") * k), "value_ms", "ci95_low_ms")
         curves = band_chart(f, "rate_per_s", "value_ms", "ci95_low_ms", "ci95_high_ms", "configuration",
-                            f"{slo} against request rate", "request rate (req/s)", f"{slo} (ms, log scale)", y_log=True)
-        line = alt.Chart(pl.DataFrame({"limit_ms": [limit]})).mark_rule(color="red", strokeDash=[6, 4]).encode(
+                            f"{slo} against request rate", "request rate (req/s)", f"{slo} ({unit}, log scale)",
+                            y_log=True, color_sort=order)
+        line = alt.Chart(pl.DataFrame({"limit_ms": [limit * k]})).mark_rule(color="red", strokeDash=[6, 4]).encode(
             y="limit_ms:Q")
         layers = [curves, line]
         if knees.height:
             layers.append(alt.Chart(knees.rename({"label": "configuration"})).mark_rule(strokeDash=[2, 2]).encode(
-                x="knee_rate_per_s:Q", color=alt.Color("configuration:N")))
+                x="knee_rate_per_s:Q", color=alt.Color("configuration:N", sort=order)))
         page.chart(alt.layer(*layers).resolve_scale(color="shared").properties(width="container", height=320))
     return page

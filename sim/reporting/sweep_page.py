@@ -146,14 +146,21 @@ def _curve_frame(agg: pl.DataFrame, m: str, x: str, bands: bool) -> pl.DataFrame
     return frame
 
 
+def clip_for_log(frame: pl.DataFrame, y: str, lo: str) -> pl.DataFrame:
+    """A band reaching 0 (or below) on a log axis is cut at half the smallest positive ``y``:
+    a zero would break the whole scale (the chart came out blank)."""
+    vals = frame[y].to_numpy()
+    positive = vals[vals > 0]
+    return frame.with_columns(pl.col(lo).clip(lower_bound=float(positive.min()) / 2)) if len(positive) else frame
+
+
 def _log_axis(frame: pl.DataFrame, m: str) -> tuple[bool, pl.DataFrame]:
     """Curves spanning more than LOG_RATIO (a saturated configuration next to a healthy one) go
-    on a log axis; a band reaching 0 there is cut at half the smallest positive value."""
+    on a log axis."""
     vals = frame[f"{m}_mean"].to_numpy()
     if not ((vals > 0).all() and vals.max() > LOG_RATIO * vals.min()):
         return False, frame
-    floor = float(vals.min()) / 2
-    return True, frame.with_columns(pl.col(f"{m}_ci95_low").clip(lower_bound=floor))
+    return True, clip_for_log(frame, f"{m}_mean", f"{m}_ci95_low")
 
 
 def sweep_page(agg: pl.DataFrame, grid_keys: list[str], rate_key: str | None, title: str, notes: list[str],
