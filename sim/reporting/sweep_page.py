@@ -205,7 +205,7 @@ def sweep_page(agg: pl.DataFrame, grid_keys: list[str], rate_key: str | None, ti
         if limit is not None:
             chart = alt.layer(chart, slo_rule(limit, f"SLO {slo_key.removesuffix('_ms')} <= {limit:,.6g} {unit} "
                                                      "(per request)"))
-        page.chart(chart.properties(width="container", height=300))
+        page.chart(chart.properties(width="container", height=300, title=f"{label} ({unit})"))
     if slo and any(v is not None for v in slo.values()):
         page.paragraph("Dashed black lines: the scenario's SLO limits, which each request must meet to count "
                        "towards goodput (the p99 line crossing it means more than 1% of requests miss it).", "note")
