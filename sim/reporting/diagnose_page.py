@@ -11,7 +11,7 @@ from sim.reporting import charts
 from sim.reporting.metrics_table import metrics_table
 from sim.reporting.html import Page
 from sim.reporting.rundata import RunData
-from sim.reporting.units import fmt_latency_ms
+from sim.reporting.units import NUMBER_CELLS_STYLE, fmt_latency_ms
 
 MAX_TAIL_MARKS = 200
 
@@ -24,6 +24,7 @@ def build_diagnose_page(d, run_dir) -> Page:
     page.raw("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in d.sentences) + "</ul>")
     page.paragraph(f"Verdict: {d.cause}.", cls="note")
 
+    page.raw(NUMBER_CELLS_STYLE)
     page.heading("What would fix it")
     base = d.summary
     # latencies with their unit in each cell: ms, or s from 10,000 ms up (sim/reporting/units.py)

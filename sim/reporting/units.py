@@ -11,6 +11,8 @@ import math
 from typing import Iterable
 
 SECONDS_FROM_MS = 10_000.0   # from this many ms up a latency is shown in seconds
+# for a page whose table cells carry units: a number stays on one line with its unit ("216.3 ms")
+NUMBER_CELLS_STYLE = "<style>td.num { white-space: nowrap; }</style>"
 
 
 def _missing(v) -> bool:
