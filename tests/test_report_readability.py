@@ -245,3 +245,26 @@ def test_trace_inspect_prints_and_draws_the_new_figures(tmp_path):
     page = html.read_text()
     assert "output-length distribution" in page and "Timestamp grid: arrivals are rounded" in page
     assert "busiest 10 s / mean rate" in page
+
+
+def test_capacity_page_legend_in_grid_order_and_a_log_rate_axis_when_probes_span_100x():
+    from sim.reporting.capacity_page import capacity_page, capacity_table
+
+    def record(label, knee, low, high, censored=None):
+        return {"label": label, "error": None, "warning": None, "knee_rate_per_s": knee, "censored": censored,
+                "knee_ci95_low": knee, "knee_ci95_high": knee, "bracket_low_per_s": low, "bracket_high_per_s": high,
+                "binding_slo": "ttft_p99_ms", "utilization_at_knee": 0.9, "num_gpus": 1,
+                "requests_per_s_per_gpu": knee, "requests_per_dollar": None, "seeds_identical": False}
+
+    records = [record("replicas=1", 20.0, 19.0, 21.0), record("replicas=2", 70.0, 68.0, 72.0),
+               record("replicas=10", 40_000.0, 40_000.0, None, censored="above")]
+    probes = [{"config": i, "label": r["label"], "slo": "ttft_p99_ms", "rate_per_s": rate, "limit_ms": 500.0,
+               "value_ms": v, "ci95_low_ms": 0.0, "ci95_high_ms": v * 1.2}
+              for i, r in enumerate(records) for rate, v in ((10.0, 40.0), (r["bracket_low_per_s"], 450.0))]
+    page = capacity_page(records, probes, "t", [])
+    spec = next(iter(page.specs.values()))
+    dumped = json.dumps(spec)
+    assert dumped.count('"sort": ["replicas=1", "replicas=2", "replicas=10"]') >= 2   # curves and knee rules
+    xs = [lay["encoding"]["x"] for lay in _layers(spec) if lay["encoding"].get("x", {}).get("field") == "rate_per_s"]
+    assert xs and all(x["scale"]["type"] == "log" for x in xs) and "request rate (req/s, log scale)" in dumped
+    assert capacity_table(records)[1][2][2] == ">= 40,000.00"                   # no "40,000.00 - -"

@@ -16,6 +16,9 @@ from sim.reporting.sweep_page import _fmt, band_chart, clip_for_log
 from sim.reporting.units import latency_unit
 
 
+X_LOG_RATIO = 100.0
+
+
 def _knee_text(r: dict) -> str:
     if r["error"]:
         return "error"
@@ -26,13 +29,25 @@ def _knee_text(r: dict) -> str:
     return f"{_fmt(r['knee_rate_per_s'], 2)} [{_fmt(r['knee_ci95_low'], 2)}, {_fmt(r['knee_ci95_high'], 2)}]"
 
 
+def _bracket_text(r: dict) -> str:
+    """The probed rates around the knee; an open end ("- -" before) as a bound."""
+    low, high = r["bracket_low_per_s"], r["bracket_high_per_s"]
+    if low is None and high is None:
+        return "-"
+    if high is None:
+        return f">= {_fmt(low, 2)}"
+    if low is None:
+        return f"< {_fmt(high, 2)}"
+    return f"{_fmt(low, 2)} - {_fmt(high, 2)}"
+
+
 def capacity_table(records: list[dict]) -> tuple[list[str], list[list]]:
     header = ["configuration", "knee req/s [95% CI]", "bracket req/s", "binding SLO", "utilisation at knee",
               "GPUs", "req/s per GPU", "requests per $"]
     rows = []
     for r in records:
         rows.append([r["label"], _knee_text(r),
-                     f"{_fmt(r['bracket_low_per_s'], 2)} - {_fmt(r['bracket_high_per_s'], 2)}",
+                     _bracket_text(r),
                      r["binding_slo"] or "-", _fmt(r["utilization_at_knee"], 3), r["num_gpus"],
                      _fmt(r["requests_per_s_per_gpu"], 2), _fmt(r["requests_per_dollar"], 0)])
     return header, rows
@@ -71,10 +86,14 @@ def capacity_page(records: list[dict], probes: list[dict], title: str, notes: li
         # latencies from 10,000 ms up in s (the columns keep their _ms names: the axis title names the unit)
         unit, k = latency_unit([*f["value_ms"].to_list(), *f["ci95_high_ms"].to_list(), limit])
         f = clip_for_log(f.with_columns(pl.col("value_ms", "ci95_low_ms", "ci95_high_ms") * k), "value_ms", "ci95_low_ms")
+        # probes spanning 100x and more (a configuration meeting the SLO at every rate doubles its
+        # probe up to the bound): a log axis, or every knee is squeezed against 0
+        rates = f["rate_per_s"].to_numpy()
+        x_log = bool((rates > 0).all() and rates.max() > X_LOG_RATIO * rates.min())
         curves = band_chart(f, "rate_per_s", "value_ms", "ci95_low_ms", "ci95_high_ms", "configuration",
-                            f"{slo} against request rate", "request rate (req/s)", f"{slo} ({unit}, log scale)",
-                            y_log=True, color_sort=order)
-        line = alt.Chart(pl.DataFrame({"limit_ms": [limit * k]})).mark_rule(color="red", strokeDash=[6, 4]).encode(
+                            f"{slo} against request rate", "request rate (req/s" + (", log scale)" if x_log else ")"),
+                            f"{slo} ({unit}, log scale)", y_log=True, color_sort=order, x_log=x_log)
+        line = alt.Chart(pl.DataFrame({"limit_ms": [limit * k]})).mark_rule(color="black", strokeDash=[6, 4]).encode(
             y="limit_ms:Q")
         layers = [curves, line]
         if knees.height:

@@ -97,16 +97,17 @@ def with_configuration(agg: pl.DataFrame, grid_keys: list[str], x_key: str | Non
 
 def band_chart(frame: pl.DataFrame, x: str, y: str, lo: str, hi: str, color: str, title: str, x_title: str,
                y_title: str, x_nominal: bool = False, y_log: bool = False, x_sort: list | None = None,
-               color_sort: list | None = None, bands: bool = True) -> alt.LayerChart:
+               color_sort: list | None = None, bands: bool = True, x_log: bool = False) -> alt.LayerChart:
     """Mean as a line with points, its 95% interval as a translucent band (``bands``), one
     colour per ``color``. ``x_sort``: the x values in order, for an ordinal x (numbers kept in
-    numeric order); ``x_nominal``: one error bar per x value, in ``x_sort`` order."""
+    numeric order); ``x_nominal``: one error bar per x value, in ``x_sort`` order; ``x_log``: a
+    quantitative x on a log scale."""
     if x_nominal or x_sort is not None:
         kind = "N" if x_nominal else "O"
         xe = alt.X(f"{x}:{kind}", title=x_title, sort=x_sort,
                    axis=alt.Axis(labelAngle=-30 if x_nominal else 0, labelLimit=260, labelOverlap=True))
     else:
-        xe = alt.X(f"{x}:Q", title=x_title, axis=alt.Axis())
+        xe = alt.X(f"{x}:Q", title=x_title, axis=alt.Axis(), scale=alt.Scale(type="log") if x_log else alt.Undefined)
     base = alt.Chart(frame, title=title)
     col = alt.Color(f"{color}:N", title="configuration", sort=color_sort, legend=alt.Legend(labelLimit=400))
     tip = [alt.Tooltip(f"{color}:N"), alt.Tooltip(f"{x}:{'Q' if x_sort is None and not x_nominal else 'N'}"),
