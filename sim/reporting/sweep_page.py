@@ -67,15 +67,24 @@ def _numeric(agg: pl.DataFrame, key: str) -> bool:
     return key in agg.columns and agg[key].dtype.is_numeric()
 
 
-def choose_x(agg: pl.DataFrame, grid_keys: list[str], rate_key: str | None) -> tuple[str | None, str]:
-    """The x axis: the measured request rate when the grid sweeps the rate, else the first
-    numeric grid key with more than one value, else None (one mark per point, in grid order)."""
+def choose_x(agg: pl.DataFrame, grid_keys: list[str], rate_key: str | None) -> tuple[str | None, str | None, str]:
+    """The x axis as (grid key, column, title): the measured request rate when the grid sweeps
+    the rate, else the first numeric grid key with more than one value, else (None, None,
+    "point"): one mark per point, in grid order."""
     if rate_key and "request_rate_mean" in agg.columns and agg["request_rate_mean"].null_count() < agg.height:
-        return rate_key, "request rate (req/s)"
+        return rate_key, "request_rate_mean", "request rate (req/s)"
     for k in grid_keys:
         if _numeric(agg, k) and agg[k].n_unique() > 1:
-            return k, short_key(k)
-    return None, "point"
+            return k, k, short_key(k)
+    return None, None, "point"
+
+
+def _first_seen(values: pl.Series) -> dict[str, int]:
+    order: dict[str, int] = {}
+    for v in values.cast(pl.String).to_list():
+        if v is not None and v not in order:
+            order[v] = len(order)
+    return order
 
 
 def with_configuration(agg: pl.DataFrame, grid_keys: list[str], x_key: str | None) -> pl.DataFrame:
@@ -86,8 +95,12 @@ def with_configuration(agg: pl.DataFrame, grid_keys: list[str], x_key: str | Non
     labels = [", ".join(f"{short_key(k)}={value_text(r[k])}" for k in others) or "all"
               for r in agg.iter_rows(named=True)]
     keys = [k for k in grid_keys if k in agg.columns]
-    indexed = agg.with_row_index("_i")
-    sorted_i = indexed.sort([*keys, "_i"], nulls_last=True)["_i"].to_list() if keys else list(range(agg.height))
+    # numbers sort as numbers; other values (policies, JSON text) keep the grid file's order
+    ranks = [pl.col(k) if _numeric(agg, k) else
+             pl.col(k).cast(pl.String).replace_strict(_first_seen(agg[k]), return_dtype=pl.Int64, default=None)
+             for k in keys]
+    indexed = agg.with_row_index("_i").with_columns(*(r.alias(f"_rank{j}") for j, r in enumerate(ranks)))
+    sorted_i = indexed.sort([*(f"_rank{j}" for j in range(len(keys))), "_i"], nulls_last=True)["_i"].to_list()
     rank = [0] * agg.height
     for pos, i in enumerate(sorted_i):
         rank[i] = pos
@@ -177,15 +190,14 @@ def sweep_page(agg: pl.DataFrame, grid_keys: list[str], rate_key: str | None, ti
         page.paragraph(n, "note")
     if not bands:
         page.paragraph(NO_INTERVAL_NOTE, "note")
-    x_key, x_title = choose_x(agg, grid_keys, rate_key)
+    x_key, x_col, x_title = choose_x(agg, grid_keys, rate_key)
     agg = with_configuration(agg, grid_keys, x_key)
-    x_col = "request_rate_mean" if x_key is not None and x_key == rate_key else x_key
     frame_all = agg.with_columns((pl.col(x_col) if x_col else pl.col("label")).alias(X_FIELD))
     x_nominal = x_col is None
     x_sort = None
     if x_nominal:
         x_sort = frame_all.sort("order")["label"].to_list()
-    elif x_key != rate_key:
+    elif x_col != "request_rate_mean":
         x_sort = sorted(frame_all[X_FIELD].drop_nulls().unique().to_list())
     color_sort = list(dict.fromkeys(frame_all.sort("order")["configuration"].to_list()))
     page.heading("Curves (mean over seeds, 95% confidence band)" if bands else "Curves (one seed per point)")
