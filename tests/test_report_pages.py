@@ -53,7 +53,7 @@ def test_compare_page_charts_use_the_page_width_and_separate_different_scales():
     dec = next(s for s in specs.values() if "decomposition" in json.dumps(s.get("title", "")))
     assert dec["encoding"]["x"]["stack"] == "normalize" and "row" in dec["encoding"]
     labels = {r["label"] for r in next(iter(dec["datasets"].values()))}
-    assert any(lab.startswith("static (") and lab.endswith(" ms)") for lab in labels)
+    assert any(lab.startswith("static (") and lab.endswith((" ms)", " s)")) for lab in labels)
 
 
 def test_text_columns_left_numbers_right():
@@ -75,7 +75,8 @@ def test_trace_page_plain_numbers_prompt_lengths_and_axis_from_the_first_request
     assert not re.search(r"\de[+-]\d", table)              # no scientific notation
     assert "prompt tokens, p99" in table and "61,593.3" in table
     specs = list(_specs(html).values())
-    rate, lengths = specs
+    rate, lengths, outputs = specs
+    assert "output-length distribution" in outputs["title"]
     assert rate["encoding"]["x"]["scale"]["domain"] == [0, stats["span_s"] / 60]
     assert rate["encoding"]["x"]["scale"]["nice"] is False
     assert "prompt-length distribution" in lengths["title"]

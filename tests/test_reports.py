@@ -166,7 +166,7 @@ def test_trace_inspect_page_is_offline(tmp_path):
     p = simsrv("trace", "inspect", "traces/azure_conv.parquet", "--html", out)
     assert p.returncode == 0, p.stderr
     html = out.read_text()
-    assert num_chart_divs(html) == 2 and "<script src=" not in html  # rate per minute, prompt lengths
+    assert num_chart_divs(html) == 3 and "<script src=" not in html  # rate per minute, prompt and output lengths
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian package chromium; .ci/run installs it)")

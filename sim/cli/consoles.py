@@ -11,6 +11,12 @@ import os
 import sys
 from typing import Any
 
+# Output to a file or a pipe: rich would lay tables out for 80 columns (its default when it
+# finds no terminal), wrapping every cell and cutting labels to "request_rate=…". Tables are
+# laid out this wide instead (a rich table takes only the width it needs) and text lines are
+# never wrapped. A COLUMNS variable, or a width given to the console, still decides.
+NON_TERMINAL_WIDTH = 240
+
 
 class LazyConsole:
     """Stands for ``rich.console.Console(**kwargs)``, which it builds on the first attribute
@@ -26,7 +32,11 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._kwargs)
+            console = Console(**self._kwargs)
+            if "width" not in self._kwargs and not os.environ.get("COLUMNS") and not console.is_terminal:
+                console.width = NON_TERMINAL_WIDTH
+                console.soft_wrap = True
+            self._console = console
         return self._console
 
     def __getattr__(self, name: str) -> Any:  # only for names not set in __init__

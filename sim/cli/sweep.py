@@ -55,10 +55,10 @@ def _progress(label: str, eta: bool = True):
     return Progress(*cols, console=err_console.console, transient=True, disable=not err_console.is_terminal)
 
 
-def _ci_text(r: dict, m: str) -> str:
-    if r.get(f"{m}_mean") is None:
-        return "-"
-    return f"{r[f'{m}_mean']:,.1f} [{r[f'{m}_ci95_low']:,.1f}, {r[f'{m}_ci95_high']:,.1f}]"
+def _slo_limits(base, grid_keys: list[str]) -> dict[str, float | None]:
+    """The scenario's SLO limits for the sweep page's lines; a limit the grid varies has no one line."""
+    limits = base.slo.model_dump()
+    return {k: (None if f"slo.{k}" in grid_keys else v) for k, v in limits.items()}
 
 
 def sweep(
@@ -96,33 +96,34 @@ def sweep(
     finally:
         ex.close()
     key = rate_key(points)
-    by_point = {p.point_id: p for p in points}
-    agg = res.aggregate.with_columns(
-        configuration=res.aggregate["point_id"].map_elements(lambda pid: by_point[pid].label((key,) if key else ()),
-                                                               return_dtype=str))
-    x, x_title = ("request_rate_mean", "request rate (req/s)") if key else (None, "point")
-    if x and ("request_rate_mean" not in agg.columns or agg["request_rate_mean"].null_count() == agg.height):
-        x = None
+    agg = res.aggregate
+    grid_keys = list(dict.fromkeys(k for p in points for k in p.overrides))
     notes = [f"{base.name}: {len(points)} points x {len(seed_list)} seeds (seeds {seed_list[0]}..{seed_list[-1]}); "
              f"{res.num_ran} runs now, {res.num_skipped} from an earlier run, in {res.wall_s:.1f} s with "
-             f"{ex.workers} workers ({executor}).",
-             "95% intervals over seeds: Student's t for means and throughputs, a percentile bootstrap over seeds "
-             "for percentiles."]
+             f"{ex.workers} workers ({executor})."]
+    if len(seed_list) > 1:
+        notes.append("95% intervals over seeds: Student's t for means and throughputs, a percentile bootstrap over "
+                     "seeds for percentiles.")
     if agg.height and bool(agg["seeds_identical"].any()):
         notes.append("Some points gave identical results for every seed (a trace replay does not depend on the "
                      "seed): their intervals have width 0 and say nothing about sampling noise.")
-    sweep_page(agg, x, x_title, f"Sweep: {base.name}", notes).write(out_dir / "report.html")
+    sweep_page(agg, grid_keys, key, f"Sweep: {base.name}", notes, _slo_limits(base, grid_keys)).write(
+        out_dir / "report.html")
     from rich.table import Table
 
-    t = Table(title=f"sweep {base.name}: mean [95% CI] over {len(seed_list)} seeds")
-    for c in ("point", "p99 TTFT ms", "p99 TPOT ms", "req/s", "errors"):
+    from sim.reporting.sweep_page import _ci, _latency_ci
+
+    t = Table(title=f"sweep {base.name}: " + (f"mean [95% CI] over {len(seed_list)} seeds" if len(seed_list) > 1
+                                              else "one seed (intervals need --seeds >= 2)"))
+    for c in ("point", "p99 TTFT", "p99 TPOT", "req/s", "errors"):
         t.add_column(c, justify="left" if c == "point" else "right")
     for r in agg.iter_rows(named=True):
-        t.add_row(r["label"], _ci_text(r, "p99_ttft_ms"), _ci_text(r, "p99_tpot_ms"),
-                  _ci_text(r, "request_throughput"), str(r["num_errors"]))
+        t.add_row(r["label"], _latency_ci(r, "p99_ttft_ms"), _latency_ci(r, "p99_tpot_ms"),
+                  _ci(r, "request_throughput"), str(r["num_errors"]))
     out_console.print(t)
-    for n in notes[:1] + notes[2:]:
-        out_console.print(n, markup=False, highlight=False)
+    for n in notes:
+        if not n.startswith("95% intervals"):
+            out_console.print(n, markup=False, highlight=False)
     out_console.print(f"wrote {out_dir}/ (sweep.parquet, aggregate.parquet, report.html)")
     core_note()
 

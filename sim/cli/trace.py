@@ -50,7 +50,8 @@ def inspect(
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML page with an altair chart."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ):
-    """Count, span, rates over time, burstiness, token percentiles, prefix reuse."""
+    """Count, span, rates over time, burstiness (busiest 1 s and 10 s against the mean), a timestamp
+    grid, token percentiles and histograms, prefix reuse."""
     from sim.workload.inspect import sparkline, trace_stats
 
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
@@ -70,7 +71,8 @@ def inspect(
     t = Table(title=shown(file))
     t.add_column("figure")
     t.add_column("value", justify="right")
-    from sim.analysis.trace_report import CHARTS, _fmt
+    from sim.analysis.trace_report import CHARTS, HISTOGRAMS, _fmt, shape_lines
+    from sim.workload.inspect import text_histogram
 
     for k, v in stats.items():
         if k in (*CHARTS, "file", "notes"):
@@ -79,6 +81,12 @@ def inspect(
     _out.print(t)
     _out.print(f"rate per minute (peak {stats['peak_minute_rate_per_s']:.3g} req/s):")
     _out.print(sparkline(stats["rate_per_minute"]), markup=False, highlight=False)
+    for line in shape_lines(stats):
+        _out.print(line, markup=False, highlight=False)
+    for key, what in HISTOGRAMS:
+        _out.print(f"{what} tokens (power-of-two bins), requests:", markup=False, highlight=False)
+        for line in text_histogram(stats[key]):
+            _out.print(line, markup=False, highlight=False)
     if html_out is not None:
         _out.print(f"wrote {html_out}")
 

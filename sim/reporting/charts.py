@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from sim.reporting.html import PAGE_CHART_WIDTH
+from sim.reporting.units import fmt_latency_ms, latency_unit
 from sim.core.ttft import TTFT_PARTS
 
 CDF_POINTS = 200
@@ -33,6 +34,13 @@ def cdf_frame(values_by_label: dict[str, np.ndarray], scale: float = 1e3) -> pl.
         if len(v):
             rows.append(pl.DataFrame({"run": label, "value": np.quantile(v, q) * scale, "fraction": q}))
     return pl.concat(rows) if rows else pl.DataFrame({"run": [], "value": [], "fraction": []})
+
+
+def in_latency_unit(frame: pl.DataFrame, col: str = "value") -> tuple[pl.DataFrame, str]:
+    """A frame of latencies in ms, in s instead when they reach 10,000 ms (sim/reporting/units.py);
+    and the unit, for the axis title."""
+    unit, k = latency_unit(frame[col].to_list() if frame.height else [])
+    return (frame.with_columns(pl.col(col) * k) if k != 1.0 else frame), unit
 
 
 def cdf_chart(frame: pl.DataFrame, title: str, unit: str) -> alt.Chart:
@@ -86,9 +94,12 @@ def time_chart(frame: pl.DataFrame, field: str, title: str, unit: str) -> alt.Ch
     if not scales_differ(frame, [field]):
         return base.properties(width="container", height=200, title=title)
     n = frame["run"].n_unique()
-    return base.properties(width=PAGE_CHART_WIDTH, height=max(70, 200 // n)).facet(
+    # panels as short as 70 px: a y title per panel would run into the next panel's, so the unit
+    # is named once, in the chart's title
+    return base.encode(y=alt.Y(f"{field}:Q", title=None)).properties(
+        width=PAGE_CHART_WIDTH, height=max(70, 200 // n)).facet(
         row=alt.Row("run:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelLimit=200)),
-        title=f"{title} (one panel per run, each with its own scale)",
+        title=f"{title}, {unit} (one panel per run, each with its own scale)",
     ).resolve_scale(y="independent")
 
 
@@ -109,7 +120,7 @@ def decomposition_frame(requests: pl.DataFrame, label: str) -> pl.DataFrame:
         for part in TTFT_PARTS:
             if part in sel.columns:
                 rows.append({"run": label, "group": group, "part": PART_LABELS[part],
-                             "ms": float(sel[part].mean()) * 1e3, "label": f"{label} ({total:,.0f} ms)"})
+                             "ms": float(sel[part].mean()) * 1e3, "label": f"{label} ({fmt_latency_ms(total)})"})
     return pl.DataFrame(rows)
 
 

@@ -8,7 +8,7 @@ import altair as alt
 import polars as pl
 import yaml
 
-from sim.analysis.notes import notes_for
+from sim.analysis.notes import area, notes_for, run_facts
 from sim.analysis.run_warnings import uncertainty_notes
 from sim.reporting import charts
 from sim.reporting.html import Page
@@ -37,8 +37,8 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
 
     page.heading("Latency distributions")
     for col, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
-        frame = charts.cdf_frame({r.label: r.requests[col].to_numpy() for r in runs})
-        page.chart(charts.cdf_chart(frame, f"CDF of {name}", f"{name} (ms, log scale)"))
+        frame, unit = charts.in_latency_unit(charts.cdf_frame({r.label: r.requests[col].to_numpy() for r in runs}))
+        page.chart(charts.cdf_chart(frame, f"CDF of {name}", f"{name} ({unit}, log scale)"))
 
     page.heading("Over time")
     span = max(float(r.steps["start_s"].max() or 0) + 1e-9 for r in runs if r.steps.height) if any(
@@ -57,7 +57,7 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
         n = tok["run"].n_unique()
         chart = alt.Chart(tok).mark_line(interpolate="step-after").encode(
             x=alt.X("time_s:Q", title="simulated time (s)", scale=alt.Scale(nice=False)),
-            y=alt.Y("tokens:Q", title="tokens per step"),
+            y=alt.Y("tokens:Q", title=None),  # panels of 70 px: the title names the unit once
             color=alt.Color("kind:N", title="tokens")).properties(width=charts.PAGE_CHART_WIDTH,
                                                                   height=max(70, 240 // n)).facet(
             row=alt.Row("run:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelLimit=200)),
@@ -87,6 +87,8 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
     page.heading("Cost model")
     page.table(["run", "cost model"], [[r.label, str(r.summary.get("simsrv_cost_model", "-"))] for r in runs])
     page.heading("Modelling notes that apply")
-    page.raw("<ul>" + "".join(f"<li><code>{html.escape(m)}</code>: {html.escape(n)}</li>" for m, n in
-                              notes_for([r.policy for r in runs])) + "</ul>")
+    facts = [run_facts(r.scenario, r.requests["arrival_s"].to_numpy() if "arrival_s" in r.requests.columns else None)
+             for r in runs]
+    page.raw("<ul>" + "".join(f"<li><b>{html.escape(area(m))}</b>: {html.escape(n)}</li>" for m, n in
+                              notes_for([r.policy for r in runs], facts)) + "</ul>")
     return page

@@ -11,6 +11,7 @@ from sim.reporting import charts
 from sim.reporting.metrics_table import metrics_table
 from sim.reporting.html import Page
 from sim.reporting.rundata import RunData
+from sim.reporting.units import NUMBER_CELLS_STYLE, fmt_latency_ms
 
 MAX_TAIL_MARKS = 200
 
@@ -23,17 +24,19 @@ def build_diagnose_page(d, run_dir) -> Page:
     page.raw("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in d.sentences) + "</ul>")
     page.paragraph(f"Verdict: {d.cause}.", cls="note")
 
+    page.raw(NUMBER_CELLS_STYLE)
     page.heading("What would fix it")
     base = d.summary
-    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _f(base["p50_ttft_ms"]), _f(base["p99_ttft_ms"]), "-", "-",
-             _f(base["p99_tpot_ms"]), "-", f"{base['failed']:,}", ""]]
+    # latencies with their unit in each cell: ms, or s from 10,000 ms up (sim/reporting/units.py)
+    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _ms(base["p50_ttft_ms"]), _ms(base["p99_ttft_ms"]), "-", "-",
+             _ms(base["p99_tpot_ms"]), "-", f"{base['failed']:,}", ""]]
     for c in d.candidates:
-        rows.append([c.name, c.change, c.gpus, f"+{c.gpus_added}", _f(c.p50_ttft_ms), _f(c.p99_ttft_ms),
-                     _f(c.ttft_gain_ms), _f(c.gain_per_gpu_ms), _f(c.p99_tpot_ms), _f(c.tpot_cost_ms, signed=True),
+        rows.append([c.name, c.change, c.gpus, f"+{c.gpus_added}", _ms(c.p50_ttft_ms), _ms(c.p99_ttft_ms),
+                     _ms(c.ttft_gain_ms), _ms(c.gain_per_gpu_ms), _ms(c.p99_tpot_ms), _ms(c.tpot_cost_ms, signed=True),
                      f"{c.failed:,}", c.note])
     good = d.candidates and (d.candidates[0].ttft_gain_ms or 0) > 0
-    page.table(["candidate", "change", "GPUs", "GPUs added", "p50 TTFT ms", "p99 TTFT ms", "p99 TTFT gained ms",
-                "gained per GPU added ms", "p99 TPOT ms", "p99 TPOT cost ms", "failed", "note"], rows,
+    page.table(["candidate", "change", "GPUs", "GPUs added", "p50 TTFT", "p99 TTFT", "p99 TTFT gained",
+                "gained per GPU added", "p99 TPOT", "p99 TPOT cost", "failed", "note"], rows,
                {(1, 7 if d.candidates[0].gpus_added > 0 else 6)} if good else set())
     page.paragraph("Each candidate is a full simulation of every request of the trace with that one change (the "
                    "long-prompt pools: the deployment as is serves the other requests, a second pool of 1-3 more "
@@ -67,13 +70,20 @@ def build_diagnose_page(d, run_dir) -> Page:
         page.chart(charts.decomposition_chart(dec, "TTFT decomposition: near the median vs the slowest 1%"))
     if d.measured:
         page.heading("Simulated vs measured")
-        page.table(["figure", "value"], [[k, _f(v)] for k, v in d.measured.items()])
+        page.table(["figure", "value"], [[k, _ms(v) if k.endswith("_ms") else _f(v)] for k, v in d.measured.items()])
 
     page.heading("Deployment and run")
     metrics_table(page, [RunData("as is", run_dir, base, d.result.requests, d.result.steps, {})])
     page.preformatted(yaml.safe_dump(d.scenario.model_dump(mode="json", exclude_none=True, exclude={"base_dir"}),
                                      sort_keys=False))
     return page
+
+
+def _ms(v, signed: bool = False) -> str:
+    """A latency in ms with its unit ("412.3 ms", "12.41 s"); ``signed``: "+" before a positive one."""
+    if v is None:
+        return "-"
+    return ("+" if signed and v > 0 else "") + fmt_latency_ms(v)
 
 
 def _f(v, signed: bool = False) -> str:

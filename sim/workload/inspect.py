@@ -1,4 +1,5 @@
-"""What is in a trace: size, span, rates over time, burstiness, lengths, prefix reuse.
+"""What is in a trace: size, span, rates over time, burstiness (the busiest 1 s and 10 s
+windows against the mean), a timestamp grid, lengths, prefix reuse.
 
 Why: before replaying a trace users need to know its load and shape; the figures are computed
 from bounded batches (compact columns, never Python objects per request) so a 10-million-row
@@ -17,6 +18,9 @@ from sim.workload.sources import CHUNK_ROWS
 from sim.workload.trace import check_span, emit_notes, nothing_left, raw_chunks
 
 PERCENTILES = (50, 90, 99)
+BURST_WINDOWS_S = (1, 10)       # peak arrival rates over windows of these lengths
+GRID_MIN_ZERO_GAPS = 0.01       # a timestamp grid is reported when at least this share of gaps is 0
+GRID_TOLERANCE = 1e-3           # instants within this fraction of the step of a multiple are on the grid
 
 
 class _BlockCounter:
@@ -86,7 +90,10 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
         for p in PERCENTILES:
             stats[f"p{p}_{name}"] = float(np.percentile(col, p))
         stats[f"max_{name}"] = int(col.max())
+    stats.update(burst_peaks(arrival, stats["mean_rate_per_s"]))
+    stats.update(timestamp_grid(arrival, gaps))
     stats["input_tokens_histogram"] = log2_histogram(inp_all)
+    stats["output_tokens_histogram"] = log2_histogram(out_all)
     if blocks.total:
         stats["hash_block_size"] = block_size
         stats["num_prefix_blocks"] = blocks.total
@@ -94,6 +101,46 @@ def trace_stats(path: str | Path, opts: ReadOptions | None = None, chunk_rows: i
         # share of prompt blocks already seen earlier in the trace: the hit ratio of an infinite cache
         stats["prefix_block_reuse_ratio"] = 1.0 - len(blocks.seen) / blocks.total
     return stats
+
+
+def burst_peaks(arrival_s: np.ndarray, mean_rate_per_s: float) -> dict:
+    """The busiest window of each BURST_WINDOWS_S length (windows from the first request, a
+    request counted in the window its arrival falls in), as a rate and as a multiple of the
+    mean rate: a trace whose 1 s peak is 20x its mean queues in bursts a Poisson one never sees."""
+    out: dict = {}
+    for w in BURST_WINDOWS_S:
+        peak = float(np.bincount((arrival_s // w).astype(np.int64)).max()) / w
+        out[f"peak_{w}s_rate_per_s"] = peak
+        finite = np.isfinite(mean_rate_per_s) and mean_rate_per_s > 0
+        out[f"peak_{w}s_over_mean"] = peak / mean_rate_per_s if finite else None
+    return out
+
+
+def timestamp_grid(arrival_s: np.ndarray, gaps_s: np.ndarray) -> dict:
+    """``zero_gap_fraction``: the share of inter-arrival gaps that are 0 (requests at the same
+    instant); ``timestamp_grid_s``: the step when the timestamps are rounded to a grid (every
+    distinct instant a multiple of the smallest gap between instants, and at least
+    GRID_MIN_ZERO_GAPS of the gaps 0: Mooncake's ~3 s), else None. Such a trace is replayed
+    in bursts unless spread over the grid (workload.trace.spread_grid_s, trace convert --spread-grid)."""
+    zero = float((gaps_s == 0).mean()) if len(gaps_s) else 0.0
+    out = {"zero_gap_fraction": zero, "timestamp_grid_s": None}
+    instants = np.unique(arrival_s)
+    if zero < GRID_MIN_ZERO_GAPS or len(instants) < 2:
+        return out
+    step = float(np.diff(instants).min())
+    multiples = (instants - instants[0]) / step
+    if np.all(np.abs(multiples - np.round(multiples)) <= GRID_TOLERANCE):
+        out["timestamp_grid_s"] = step
+    return out
+
+
+def text_histogram(bins: list[dict], width: int = 40) -> list[str]:
+    """A power-of-two histogram as text lines: "   128-256     1,234 ████████"."""
+    if not bins:
+        return []
+    top = max(b["count"] for b in bins) or 1
+    return [f"{b['from_tokens']:>9,}-{b['to_tokens']:<9,} {b['count']:>10,} " + "█" * round(b["count"] / top * width)
+            for b in bins]
 
 
 def log2_histogram(values: np.ndarray) -> list[dict]:
