@@ -184,7 +184,7 @@ def feasibility(s: Scenario, arrays: RequestArrays, summary: dict, terms: list[S
             ttft, _, why = solo_run(s, prompt)
             what = f"the {t.key.split('_', 1)[0]} prompt ({prompt:,} tokens) alone on an idle replica"
             if ttft is None:
-                out.append(Feasibility(t, seen, None, f"Its {what} cannot run: {why}.", False))
+                out.append(Feasibility(t, seen, None, f"No floor: {what} cannot run ({why}).", False))
                 continue
             bad = ttft > t.limit_ms and not cached
             out.append(Feasibility(t, seen, ttft, what, bad, _alternatives(s, prompt, t.limit_ms) if bad else []))
