@@ -80,7 +80,7 @@ def test_saturation_and_the_replicas_that_keep_up_lead_the_diagnosis(saturated):
     assert d.payload["saturated"] is True and d.payload["served_rate"] < 0.9 * d.payload["offered_rate"]
     assert d.verdict[0].startswith("Saturated: ") and "req/s offered" in d.verdict[0]
     n = d.payload["replicas_needed"]
-    assert n == 2 and "2 replicas of this shape keep up" in d.verdict[0] and "1 do not" in d.verdict[0]
+    assert n == 2 and "2 replicas of this shape (2 GPUs) keep up" in d.verdict[0] and "1 do not" in d.verdict[0]
     # the claim is simulated: the candidate at 2 replicas keeps up, the run as is (1) does not
     two = next(c for c in d.candidates if c.name == "add capacity")
     assert two.gpus == 2 and two.meets_slo

@@ -253,18 +253,17 @@ def _verdict(s: Scenario, summary: dict, sat, search: ReplicaSearch, feas: list,
     share = sat.served_per_s / sat.offered_per_s if sat.offered_per_s > 0 else float("nan")
     queue = (f"median queue time {sat.mid_queue_s:,.1f} s mid-trace, {sat.last_queue_s:,.1f} s for the last 10% "
              "of arrivals")
+    per_replica = summary["simsrv_num_gpus"] // max(1, s.cluster.replicas)
     if sat.saturated:
-        n = search.answer
-        more = "" if n is None else f" (+{(n - s.cluster.replicas) * summary['simsrv_num_gpus'] // max(1, s.cluster.replicas):,} GPUs)"
         head = (f"Saturated: while requests arrived the deployment served {sat.served_per_s:.2f} of the "
                 f"{sat.offered_per_s:.2f} req/s offered ({share:.0%}) and its queue grew ({queue}): latencies "
                 "grow with the trace's length, and no fix that leaves capacity as it is can hold them. "
-                + search.sentence().rstrip(".") + more + ".")
+                + search.sentence(per_replica))
     else:
         head = (f"Keeps up: while requests arrived the deployment served {sat.served_per_s:.2f} of the "
                 f"{sat.offered_per_s:.2f} req/s offered ({share:.0%}); its queue did not grow for the whole "
-                f"window ({queue}). " + search.sentence())
-    return [head, *(f.sentence() for f in feas), burst_sentence(burst)]
+                f"window ({queue}). " + search.sentence(per_replica))
+    return [head, *(f.sentence() for f in feas), burst_sentence(burst, sat.saturated)]
 
 
 def _best_fix(cands: list[Candidate], summary: dict) -> str:

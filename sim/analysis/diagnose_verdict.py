@@ -53,13 +53,16 @@ def bursts(arrival_s: np.ndarray, tail_arrival_s: np.ndarray) -> dict:
             "slowest_1pct_first_s": float(tail.min()) if len(tail) else 0.0}
 
 
-def burst_sentence(b: dict) -> str:
+def burst_sentence(b: dict, saturated: bool = False) -> str:
     mean = b["mean_rate"]
     text = (f"Arrivals: {mean:.2f} req/s on average, peaks of {b['peak_1s_rate']:.0f} req/s over 1 s "
             f"({b['peak_1s_rate'] / mean:.0f}x the mean) and {b['peak_10s_rate']:.1f} req/s over 10 s "
             f"({b['peak_10s_rate'] / mean:.1f}x).")
     n, span = b["slowest_1pct_count"], b["slowest_1pct_span_s"]
-    if n and span <= ONE_BURST_SHARE * b["trace_span_s"]:
+    if n and saturated and span <= ONE_BURST_SHARE * b["trace_span_s"]:
+        text += (f" All {n} of the slowest 1% arrived within {span:,.1f} s (from t = {b['slowest_1pct_first_s']:,.0f} s) "
+                 "of a saturated run: the requests that found the queue longest, not a burst of their own.")
+    elif n and span <= ONE_BURST_SHARE * b["trace_span_s"]:
         text += (f" All {n} of the slowest 1% arrived within {span:,.1f} s (from t = {b['slowest_1pct_first_s']:,.0f} s): "
                  "one burst, not a steady overload.")
     elif n:
@@ -270,7 +273,7 @@ class ReplicaSearch:
     def answer(self) -> int | None:
         return None if self.disaggregated else self.shape.pass_n
 
-    def sentence(self) -> str:
+    def sentence(self, gpus_per_replica: int = 0) -> str:
         if self.disaggregated:
             return "(The replica search covers one pool; this deployment is disaggregated: search its pools with capacity --grid.)"
         n = self.answer
@@ -278,5 +281,6 @@ class ReplicaSearch:
             return f"No replica count up to {self.cap} of this shape keeps up (simulated)."
         below = self.tried.get(n - 1)
         tail = f"; {n - 1} do not" if below is False else ("" if n > 1 else "")
-        return (f"{n} replica{'s' if n > 1 else ''} of this shape keep{'s' if n == 1 else ''} up with the offered rate "
-                f"(each count simulated on the whole trace{tail}).")
+        gpus = f" ({n * gpus_per_replica} GPUs)" if gpus_per_replica else ""
+        return (f"{n} replica{'s' if n > 1 else ''} of this shape{gpus} keep{'s' if n == 1 else ''} up with the offered "
+                f"rate (each count simulated on the whole trace{tail}).")
