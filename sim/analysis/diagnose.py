@@ -226,7 +226,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     cands = assemble(p, rows, summary, num_gpus(s), terms)
     verdict = _verdict(s, summary, sat, search, feas, burst)
     sentences.extend(identical_results(cands))
-    sentences.append(_best_fix(cands, summary))
+    sentences.append(_best_fix(cands, summary, terms))
     if floor:
         sentences.append(
             f"Check by hand: a decode step at batch {floor['batch']:.1f} and {floor['context_tokens']:,.0f} tokens of "
@@ -266,9 +266,12 @@ def _verdict(s: Scenario, summary: dict, sat, search: ReplicaSearch, feas: list,
     return [head, *(f.sentence() for f in feas), burst_sentence(burst, sat.saturated)]
 
 
-def _best_fix(cands: list[Candidate], summary: dict) -> str:
+def _best_fix(cands: list[Candidate], summary: dict, terms) -> str:
     if not cands:
         return "No candidate fix applies."
+    if terms and all(summary.get(t.key) is not None and summary[t.key] <= t.limit_ms for t in terms):
+        return ("As is, the deployment meets every SLO (" + ", ".join(t.name for t in terms) + "): the candidates "
+                "below only lower latency further.")
     best = cands[0]
     gpus = "no extra GPU" if best.gpus_added <= 0 else f"+{best.gpus_added} GPU{'s' if best.gpus_added > 1 else ''}, {best.gpus} in all"
     if best.meets_slo:

@@ -281,6 +281,7 @@ class ReplicaSearch:
             return f"No replica count up to {self.cap} of this shape keeps up (simulated)."
         below = self.tried.get(n - 1)
         tail = f"; {n - 1} do not" if below is False else ("" if n > 1 else "")
-        gpus = f" ({n * gpus_per_replica} GPUs)" if gpus_per_replica else ""
+        k = n * gpus_per_replica
+        gpus = f" ({k} GPU{'s' if k != 1 else ''})" if gpus_per_replica else ""
         return (f"{n} replica{'s' if n > 1 else ''} of this shape{gpus} keep{'s' if n == 1 else ''} up with the offered "
                 f"rate (each count simulated on the whole trace{tail}).")
