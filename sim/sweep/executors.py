@@ -118,8 +118,8 @@ class RayExecutor:
                 yield self.pending.pop(ref), self.ray.get(ref)
 
     def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
-        remote = self.ray.remote(max_retries=2)(_sharing(fn))
-        self.pending = {remote.remote(x): x for x in items}
+        remote = self.ray.remote(max_retries=2)(_call_sharing)
+        self.pending = {remote.remote((fn, x)): x for x in items}
         while self.pending:
             done, _ = self.ray.wait(list(self.pending), num_returns=1)
             for ref in done:
@@ -132,17 +132,13 @@ class RayExecutor:
         self.pending = {}
 
 
-class _sharing:
-    """``fn`` in a Ray worker that keeps its cost models for its next calls (``run_task_sharing``)."""
+def _call_sharing(call: tuple[Callable, object]) -> object:
+    """``fn(item)`` in a Ray worker that keeps its cost models for its next calls (``run_task_sharing``)."""
+    from sim.engine.deployment import share_cost_models_in_this_process
 
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def __call__(self, item):
-        from sim.engine.deployment import share_cost_models_in_this_process
-
-        share_cost_models_in_this_process()
-        return self.fn(item)
+    fn, item = call
+    share_cost_models_in_this_process()
+    return fn(item)
 
 
 def make_executor(kind: str, workers: int | None, address: str | None, gpus: tuple[str, ...] = ()):
