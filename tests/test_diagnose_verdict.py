@@ -153,3 +153,17 @@ def test_progress_is_reported_for_every_simulation(traces):
     ex = make_executor("local", 1, None)
     diagnose(traces["sat"], None, [], executor=ex, progress=lambda done, total: seen.append((done, total)))
     assert seen and seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, len(seen) + 1))
+
+
+def test_with_prefix_caching_the_floor_is_the_part_no_cache_can_spare():
+    """Before, a trace with prefix hashes under prefix caching was never judged infeasible; the
+    floor is now the prompt less the longest leading run of blocks an earlier prompt held."""
+    from sim.analysis.diagnose_verdict import uncached_tokens
+    from sim.workload import RequestArrays
+
+    ids = [np.array([1, 2, 3]), np.array([1, 2, 9, 10]), np.array([7, 2]), np.array([1, 2, 3])]
+    arrays = RequestArrays(np.array([0.0, 1.0, 2.0, 3.0]), np.array([48, 64, 32, 48]), np.ones(4, dtype=np.int64),
+                           hash_ids=ids, hash_block_size=16)
+    # the second shares blocks 1, 2 with the first; the third's first block is new (a prefix
+    # match stops there); the fourth repeats the first whole: one token recomputed
+    assert uncached_tokens(arrays).tolist() == [48, 32, 32, 1]

@@ -199,9 +199,10 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     burst = bursts(arrays.arrival_s, tail["arrival_s"].to_numpy())
     feas = feasibility(s, arrays, summary, terms, floor)
     ex = executor if executor is not None else _serial(s)
-    search = ReplicaSearch(s, arrays, sat.saturated, sat.offered_per_s, sat.served_per_s, terms,
-                           getattr(ex, "workers", 1), max_replicas)
     p = plan(s, arrays, router_hint, terms)
+    planned = any(c.name == "add capacity" for c, _ in p.candidates)
+    search = ReplicaSearch(s, arrays, sat.saturated, sat.offered_per_s, sat.served_per_s, terms,
+                           getattr(ex, "workers", 1), max_replicas, (s.cluster.replicas + 1,) if planned else ())
     jobs = p.jobs + search.jobs()
     count = {"done": 0, "total": len(jobs)}
 
@@ -210,8 +211,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
         if progress:
             progress(count["done"], count["total"])
     rows = run_jobs(ex, jobs, tick)
-    capacity = next((c for c, _ in p.candidates if c.name == "add capacity"), None)
-    if capacity is not None and not rows["add capacity"].get("error") and not search.disaggregated:
+    if planned and not rows["add capacity"].get("error") and not search.disaggregated:
         search.known(s.cluster.replicas + 1, not rows["add capacity"]["saturated"])
     search.feed(rows)
     while more := search.jobs():

@@ -168,28 +168,51 @@ class Feasibility:
         return text
 
 
+def uncached_tokens(arrays: RequestArrays) -> np.ndarray:
+    """Per request, the fewest prompt tokens it must prefill with any prefix cache: its prompt
+    less the leading run of blocks some earlier request's prompt already held (an unbounded
+    cache's hit; vLLM matches whole leading blocks and recomputes at least one token,
+    vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``)."""
+    seen: set[int] = set()
+    out = np.empty(len(arrays), dtype=np.int64)
+    bs = arrays.hash_block_size
+    for i in np.argsort(arrays.arrival_s, kind="stable"):
+        ids = arrays.hash_ids[i].tolist()
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        out[i] = max(1, int(arrays.input_tokens[i]) - k * bs)
+        seen.update(ids)
+    return out
+
+
 def feasibility(s: Scenario, arrays: RequestArrays, summary: dict, terms: list[SLOTerm], decode: dict) -> list[Feasibility]:
     """Each SLO term's floor at the calibrated cost and whether adding replicas of this shape can
     meet it. TTFT: the term's percentile prompt (p99: the p99 prompt) alone on an idle replica;
     every request's TTFT is at least its own prompt's solo prefill, which grows with the prompt,
-    so the p-th percentile TTFT is at least the p-th percentile prompt's solo prefill (with a
-    cold prefix cache: a trace whose prompts share cached prefixes is not judged infeasible).
-    TPOT and ITL: one sequence decoding alone (more replicas cannot make the batch smaller)."""
+    so the p-th percentile TTFT is at least the p-th percentile prompt's solo prefill. With
+    prefix caching on a trace with prefix hashes, the prompt is the part no cache can spare
+    (``uncached_tokens``), prefilled with no context: still a floor. TPOT and ITL: one sequence
+    decoding alone (more replicas cannot make the batch smaller)."""
     out = []
     cached = s.engine.enable_prefix_caching and arrays.hash_ids is not None
+    lengths = uncached_tokens(arrays) if cached else arrays.input_tokens
     for t in terms:
         seen = summary.get(t.key)
         if t.metric == "ttft":
-            prompt = _prompt_at(t, arrays.input_tokens)
+            prompt = _prompt_at(t, lengths)
             if prompt is None:
                 out.append(Feasibility(t, seen, None, "", False))
                 continue
             ttft, _, why = solo_run(s, prompt)
-            what = f"the {t.key.split('_', 1)[0]} prompt ({prompt:,} tokens) alone on an idle replica"
+            stat = t.key.split("_", 1)[0]
+            what = (f"the {stat} prompt's uncached part ({prompt:,} tokens: a prompt less the longest prefix an "
+                    "earlier request could have cached) alone on an idle replica" if cached else
+                    f"the {stat} prompt ({prompt:,} tokens) alone on an idle replica")
             if ttft is None:
                 out.append(Feasibility(t, seen, None, f"No floor: {what} cannot run ({why}).", False))
                 continue
-            bad = ttft > t.limit_ms and not cached
+            bad = ttft > t.limit_ms
             out.append(Feasibility(t, seen, ttft, what, bad, _alternatives(s, prompt, t.limit_ms) if bad else []))
         elif t.metric in ("tpot", "itl") and decode:
             ctx = decode["context_tokens"]
@@ -215,8 +238,10 @@ class ReplicaSearch:
     up bisects downwards (fewer replicas may keep up too)."""
 
     def __init__(self, s: Scenario, arrays: RequestArrays, saturated: bool, offered: float, served: float,
-                 terms: list[SLOTerm], workers: int = 1, cap: int = MAX_REPLICAS):
+                 terms: list[SLOTerm], workers: int = 1, cap: int = MAX_REPLICAS, covered: tuple[int, ...] = ()):
+        """``covered``: replica counts another job replays anyway (fed with ``known``)."""
         self.s, self.arrays, self.terms, self.cap = s, arrays, terms, cap
+        self.covered = set(covered)
         self.shape = Shape({}, {})
         self.disaggregated = bool(get_policy(s.engine.policy).pools)
         self.n0 = s.cluster.replicas
@@ -252,7 +277,7 @@ class ReplicaSearch:
         if self.disaggregated:
             return []
         if self.first:
-            ns, self.first = [n for n in self.first if n not in self.tried], []
+            ns, self.first = [n for n in self.first if n not in self.tried and n not in self.covered], []
             if ns:
                 return [self._job(n) for n in ns]
         n = self.shape.next_replicas(self.cap)
