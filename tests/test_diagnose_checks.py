@@ -55,11 +55,13 @@ def test_prefix_reuse_far_above_the_hit_rate_proposes_the_cache_aware_router():
     assert reuse_check(one, arrays, {"simsrv_prefix_cache_hit_rate": 0.2})[1] is False  # one replica: no router
 
 
-def test_fixes_rank_per_gpu_added():
+def test_fixes_without_an_slo_rank_by_absolute_gain():
+    """No candidate meets an SLO here: the largest p99 gain first, whatever its GPUs (issue 36:
+    a 3.6% gain for no GPU used to rank above an 83% one for one GPU)."""
     free = Candidate("free", "", gpus_added=0, ttft_gain_ms=500.0)
     noise = Candidate("noise", "", gpus_added=0, ttft_gain_ms=10.0)       # under 2% of a 2,000 ms p99
     one = Candidate("one GPU", "", gpus_added=1, ttft_gain_ms=900.0)
     three = Candidate("three GPUs", "", gpus_added=3, ttft_gain_ms=1500.0)  # more gain, less per GPU
     worse = Candidate("worse", "", gpus_added=0, ttft_gain_ms=-300.0)
     assert [c.name for c in rank([three, worse, noise, one, free], 2000.0)] == [
-        "free", "one GPU", "three GPUs", "noise", "worse"]
+        "three GPUs", "one GPU", "free", "noise", "worse"]

@@ -127,8 +127,9 @@ def test_diagnose_bursty_trace_is_queueing(bursty):
     assert d.ttft_ratio > 3 * d.prompt_ratio
     assert any("queueing signature" in x for x in d.sentences)
     order = [c.name for c in d.candidates]
-    assert order[0] == "chunked prefill" and d.candidates[0].gpus_added == 0  # a gain with no extra GPU first
-    assert order.index("add capacity") < order.index("long-prompt pool +1")
+    # ranked as a planner would (issue 36): one more replica's far larger gain above chunked prefill's
+    assert order[0] == "add capacity" and order.index("add capacity") < order.index("long-prompt pool +1")
+    assert order.index("add capacity") < order.index("chunked prefill")
     pools = [c for c in d.candidates if c.name.startswith("long-prompt pool")]
     # every candidate simulates every request, and the long-prompt pools count their GPUs (TP 4 each)
     assert {c.num_requests for c in d.candidates} == {s["num_prompts"]}

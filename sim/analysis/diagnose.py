@@ -3,13 +3,16 @@
 Why: users come with "p99 TTFT is 13x the median" and need the cause and the fix. The cause
 is read from the exact TTFT decomposition of the slowest 1% (sim/core/ttft.py) and from the
 signature the serving literature uses: a p99/p50 TTFT ratio far above what prompt-length
-variance explains (each prompt's prefill alone) means queueing. Fixes are not guessed: the
-trace's every request is re-run with each candidate change (sim/analysis/diagnose_fixes.py) and the
-candidates are ranked by p99 TTFT gained per GPU added, then p99 TPOT paid.
+variance explains (each prompt's prefill alone) means queueing. It leads with the verdict
+(sim/analysis/diagnose_verdict.py): saturation and the replicas that keep up, each SLO's floor
+and whether replicas can meet it, bursts. Fixes are not guessed: the trace's every request is
+re-run with each candidate change (sim/analysis/diagnose_fixes.py), in parallel on the sweep
+executor, and the candidates are ranked as a planner would (those meeting every SLO first).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,21 +22,18 @@ import polars as pl
 
 from sim.core.batch import Batch
 from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_words, reuse_check, setup_sentence
-from sim.analysis.diagnose_fixes import Candidate, evaluate
+from sim.analysis.diagnose_fixes import CAUSES, Candidate, assemble, frame_saturation, identical_results, plan, run_jobs
+from sim.analysis.diagnose_verdict import ReplicaSearch, bursts, burst_sentence, decode_step_ms, feasibility, slo_terms
 from sim.errors import UserError
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
+from sim.analysis.summary import num_gpus
+from sim.sweep.cheapest import MAX_REPLICAS
+from sim.sweep.slo import parse_slo
 from sim.analysis.summary import summarize
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 
-CAUSES = {
-    "queueing": ("ttft_wait_batch_s",),
-    "memory pressure": ("ttft_wait_kv_s", "ttft_preempt_s"),
-    "long prompts": ("ttft_prefill_s",),
-    "interference": ("ttft_interference_s", "ttft_overhead_s"),
-    "KV handoff": ("ttft_kv_transfer_s", "ttft_decode_s"),
-}
 QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
 
 
@@ -53,6 +53,8 @@ class Diagnosis:
     floor: dict[str, float]
     measured: dict[str, float] = field(default_factory=dict)
     prefix_reuse: float | None = None   # the trace's prefix-block reuse (an infinite cache's hit rate)
+    verdict: list[str] = field(default_factory=list)   # said first: saturation, SLO feasibility, bursts
+    payload: dict = field(default_factory=dict)        # ``diagnose --json``
 
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "chat.yaml"
@@ -127,8 +129,13 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
             "tpot_ms": tpot, "bandwidth_fraction": floor_ms / tpot}
 
 
-def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = ()) -> Diagnosis:
+def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (), slo: str | None = None,
+             executor=None, progress=None, max_replicas: int = MAX_REPLICAS) -> Diagnosis:
+    """``executor``: where the candidate fixes and replica probes run (sim/sweep/executors.py;
+    default: this process); ``progress(done, total)`` as each ends."""
+    terms = parse_slo(slo) if slo else None  # a bad --slo answers at once
     s = trace_scenario(trace, scenario_path, list(sets))
+    terms = terms if terms is not None else slo_terms(s, None)
     arrays = build_workload(s)
     result = run_scenario(s, workload=arrays)
     summary = summarize(result)
@@ -184,19 +191,44 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
 
     if reuse_text:
         sentences.append(reuse_text)
-    cands = evaluate(s, arrays, summary, router_hint)
-    if cands and cands[0].ttft_gain_ms is not None and cands[0].ttft_gain_ms > 0:
-        best = cands[0]
-        gpus = ("no extra GPU" if best.gpus_added <= 0 else
-                f"+{best.gpus_added} GPU{'s' if best.gpus_added > 1 else ''}, {best.gpus} in all, "
-                f"{best.gain_per_gpu_ms:,.0f} ms per GPU added")
-        sentences.append(f"Best fix per GPU added: {best.name} ({best.change}; {gpus}) takes p99 TTFT from "
-                         f"{summary['p99_ttft_ms']:,.0f} to {best.p99_ttft_ms:,.0f} ms"
-                         + (f", p99 TPOT {best.tpot_cost_ms:+.1f} ms." if best.tpot_cost_ms is not None else "."))
-    elif cands:
-        sentences.append("None of the candidate fixes lowers p99 TTFT by more than 2%.")
-
     floor = _decode_floor(result, summary)
+    if floor:
+        floor["step_ms"] = decode_step_ms(result, floor["batch"], floor["context_tokens"])
+        floor["step_one_ms"] = decode_step_ms(result, 1, floor["context_tokens"])
+
+    # the verdict: saturation (and the replicas that keep up), SLO floors, bursts
+    sat = frame_saturation(result.requests)
+    burst = bursts(arrays.arrival_s, tail["arrival_s"].to_numpy())
+    feas = feasibility(s, arrays, summary, terms, floor)
+    ex = executor if executor is not None else _serial(s)
+    p = plan(s, arrays, router_hint, terms)
+    planned = any(c.name == "add capacity" for c, _ in p.candidates)
+    search = ReplicaSearch(s, arrays, sat.saturated, sat.offered_per_s, sat.served_per_s, terms,
+                           getattr(ex, "workers", 1), max_replicas, (s.cluster.replicas + 1,) if planned else ())
+    jobs = p.jobs + search.jobs()
+    count = {"done": 0, "total": len(jobs)}
+
+    def tick(_key: str) -> None:
+        count["done"] += 1
+        if progress:
+            progress(count["done"], count["total"])
+    rows = run_jobs(ex, jobs, tick)
+    if planned and not rows["add capacity"].get("error") and not search.disaggregated:
+        search.known(s.cluster.replicas + 1, not rows["add capacity"]["saturated"])
+    search.feed(rows)
+    while more := search.jobs():
+        count["total"] += len(more)
+        rows.update(run_jobs(ex, more, tick))
+        search.feed(rows)
+    n = search.answer
+    if n is not None and n not in (s.cluster.replicas, s.cluster.replicas + 1):
+        key = ReplicaSearch.key(n)
+        p.candidates.append((Candidate(f"{n} replicas", f"cluster.replicas={n}: the fewest that keep up"), [key]))
+        p.pools[key] = f"{n} replicas"
+    cands = assemble(p, rows, summary, num_gpus(s), terms)
+    verdict = _verdict(s, summary, sat, search, feas, burst)
+    sentences.extend(identical_results(cands))
+    sentences.append(_best_fix(cands, summary, terms))
     if floor:
         sentences.append(
             f"Check by hand: a decode step at batch {floor['batch']:.1f} and {floor['context_tokens']:,.0f} tokens of "
@@ -208,8 +240,66 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
         sentences.append(f"Against the measured run: median TTFT {measured['measured_p50_ttft_ms']:,.0f} ms measured vs "
                          f"{summary['median_ttft_ms']:,.0f} simulated; per-request median absolute error "
                          f"{measured['ttft_median_abs_pct_error']:.0f}%.")
+    payload = _payload(sat, search, terms, feas, floor, burst, cands)
     return Diagnosis(s, result, summary, cause, tail_ms, med_ms, ttft_ratio, prompt_ratio, sentences, cands,
-                     tail["arrival_s"].to_numpy(), floor, measured, reuse)
+                     tail["arrival_s"].to_numpy(), floor, measured, reuse, verdict, payload)
+
+
+def _serial(s: Scenario):
+    from sim.sweep.executors import SerialExecutor
+
+    return SerialExecutor()
+
+
+def _verdict(s: Scenario, summary: dict, sat, search: ReplicaSearch, feas: list, burst: dict) -> list[str]:
+    share = sat.served_per_s / sat.offered_per_s if sat.offered_per_s > 0 else float("nan")
+    queue = (f"median queue time {sat.mid_queue_s:,.1f} s mid-trace, {sat.last_queue_s:,.1f} s for the last 10% "
+             "of arrivals")
+    per_replica = summary["simsrv_num_gpus"] // max(1, s.cluster.replicas)
+    if sat.saturated:
+        head = (f"Saturated: while requests arrived the deployment served {sat.served_per_s:.2f} of the "
+                f"{sat.offered_per_s:.2f} req/s offered ({share:.0%}) and its queue grew ({queue}): latencies "
+                "grow with the trace's length, and no fix that leaves capacity as it is can hold them. "
+                + search.sentence(per_replica))
+    else:
+        head = (f"Keeps up: while requests arrived the deployment served {sat.served_per_s:.2f} of the "
+                f"{sat.offered_per_s:.2f} req/s offered ({share:.0%}); its queue did not grow for the whole "
+                f"window ({queue}). " + search.sentence(per_replica))
+    return [head, *(f.sentence() for f in feas), burst_sentence(burst, sat.saturated)]
+
+
+def _best_fix(cands: list[Candidate], summary: dict, terms) -> str:
+    if not cands:
+        return "No candidate fix applies."
+    if terms and all(summary.get(t.key) is not None and summary[t.key] <= t.limit_ms for t in terms):
+        return ("As is, the deployment meets every SLO (" + ", ".join(t.name for t in terms) + "): the candidates "
+                "below only lower latency further.")
+    best = cands[0]
+    gpus = "no extra GPU" if best.gpus_added <= 0 else f"+{best.gpus_added} GPU{'s' if best.gpus_added > 1 else ''}, {best.gpus} in all"
+    if best.meets_slo:
+        return (f"Fewest GPUs that meet every SLO: {best.name} ({best.change}; {gpus}): p99 TTFT "
+                f"{summary['p99_ttft_ms']:,.0f} -> {best.p99_ttft_ms:,.0f} ms.")
+    if best.ttft_gain_ms is not None and best.ttft_gain_ms > 0 and best.p99_ttft_ms is not None:
+        gain = best.ttft_gain_ms / summary["p99_ttft_ms"] if summary.get("p99_ttft_ms") else 0.0
+        return (f"No candidate meets every SLO. Largest p99 TTFT gain: {best.name} ({best.change}; {gpus}): "
+                f"{summary['p99_ttft_ms']:,.0f} -> {best.p99_ttft_ms:,.0f} ms (-{gain:.0%}).")
+    return "None of the candidate fixes lowers p99 TTFT by more than 2%, and none meets every SLO."
+
+
+def _payload(sat, search: ReplicaSearch, terms, feas: list, floor: dict, burst: dict, cands: list[Candidate]) -> dict:
+    """``diagnose --json``: exactly these keys (README's diagnose row)."""
+    prefill = next((f.floor_ms for f in feas if f.term.metric == "ttft" and f.term.key.startswith("p99_")), None)
+    nan_none = (lambda x: None if x is None or not math.isfinite(x) else x)
+    return {
+        "offered_rate": nan_none(sat.offered_per_s), "served_rate": nan_none(sat.served_per_s),
+        "saturated": sat.saturated, "replicas_needed": search.answer,
+        "slo": {t.name: t.limit_ms for t in terms},
+        "floors_ms": {"prefill_p99_prompt": prefill, "decode_step": floor.get("step_ms") if floor else None},
+        "infeasible": [f.term.name for f in feas if f.infeasible],
+        "bursts": {k: burst[k] for k in ("peak_1s_rate", "peak_10s_rate", "slowest_1pct_span_s")},
+        "fixes": [{"name": c.name, "gpus": c.gpus, "p99_ttft_ms": c.p99_ttft_ms, "p99_tpot_ms": c.p99_tpot_ms,
+                   "meets_slo": c.meets_slo, "meets": dict(c.meets)} for c in cands],
+    }
 
 
 def _measured(result: RunResult, arrays: RequestArrays) -> dict[str, float]:

@@ -194,7 +194,7 @@ def summarize(result) -> dict:
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")
-    out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], (col("e2el_s") - queue)[ok])
+    out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], all_arrival_s=col("arrival_s"))
     # where the figures rest on extrapolated costs (sim/analysis/run_warnings.py): shown beside them
     out["simsrv_uncertainty"] = uncertainty_notes(out)
     g = dep.memory.kv_groups

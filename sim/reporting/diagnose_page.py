@@ -20,29 +20,33 @@ def build_diagnose_page(d, run_dir) -> Page:
     """``d``: a ``sim.analysis.diagnose.Diagnosis``; ``run_dir``: where the baseline run was written."""
     page = Page(f"simsrv diagnose: {d.scenario.name}: {d.summary['model_id']} on {d.summary['simsrv_num_gpus']} x "
                 f"{d.summary['simsrv_gpu']}")
+    page.heading("Verdict")
+    page.raw("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in d.verdict) + "</ul>")
     page.heading("Diagnosis")
     page.raw("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in d.sentences) + "</ul>")
-    page.paragraph(f"Verdict: {d.cause}.", cls="note")
+    page.paragraph(f"Cause of the tail: {d.cause}.", cls="note")
 
     page.raw(NUMBER_CELLS_STYLE)
     page.heading("What would fix it")
     base = d.summary
     # latencies with their unit in each cell: ms, or s from 10,000 ms up (sim/reporting/units.py)
-    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _ms(base["p50_ttft_ms"]), _ms(base["p99_ttft_ms"]), "-", "-",
-             _ms(base["p99_tpot_ms"]), "-", f"{base['failed']:,}", ""]]
+    slo = d.payload.get("slo", {})
+    meets = (lambda c: [("yes" if c.meets.get(n) else "no") for n in slo])
+    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _ms(base["p50_ttft_ms"]), _ms(base["p99_ttft_ms"]), "-",
+             _ms(base["p99_tpot_ms"]), "-", f"{base['failed']:,}", *(["-"] * len(slo)), ""]]
     for c in d.candidates:
         rows.append([c.name, c.change, c.gpus, f"+{c.gpus_added}", _ms(c.p50_ttft_ms), _ms(c.p99_ttft_ms),
-                     _ms(c.ttft_gain_ms), _ms(c.gain_per_gpu_ms), _ms(c.p99_tpot_ms), _ms(c.tpot_cost_ms, signed=True),
-                     f"{c.failed:,}", c.note])
-    good = d.candidates and (d.candidates[0].ttft_gain_ms or 0) > 0
+                     _ms(c.ttft_gain_ms), _ms(c.p99_tpot_ms), _ms(c.tpot_cost_ms, signed=True), f"{c.failed:,}",
+                     *meets(c), c.note])
+    good = d.candidates and (d.candidates[0].meets_slo or (d.candidates[0].ttft_gain_ms or 0) > 0)
     page.table(["candidate", "change", "GPUs", "GPUs added", "p50 TTFT", "p99 TTFT", "p99 TTFT gained",
-                "gained per GPU added", "p99 TPOT", "p99 TPOT cost", "failed", "note"], rows,
-               {(1, 7 if d.candidates[0].gpus_added > 0 else 6)} if good else set())
+                "p99 TPOT", "p99 TPOT cost", "failed", *(f"meets {n} <= {v:g}" for n, v in slo.items()), "note"],
+               rows, {(1, 5)} if good else set())
     page.paragraph("Each candidate is a full simulation of every request of the trace with that one change (the "
                    "long-prompt pools: the deployment as is serves the other requests, a second pool of 1-3 more "
-                   "replicas the longest 5% of prompts, and the figures pool both). Ranked: gains that need no "
-                   "extra GPU first, then p99 TTFT gained per GPU added, then p99 TPOT paid; gains under 2% of "
-                   "the p99 count as none.", cls="note")
+                   "replicas the longest 5% of prompts, and the figures pool both). Ranked as a planner would: "
+                   "candidates that meet every SLO first, by fewest GPUs added, then p99 TTFT; then the rest by "
+                   "p99 TTFT gained (gains under 2% of the p99 count as none), GPUs added shown.", cls="note")
 
     page.heading("Evidence")
     steps = d.result.steps

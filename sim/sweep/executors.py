@@ -3,6 +3,7 @@
 Why: one machine runs thousands of small simulations in parallel processes; users who outgrow
 it point simsrv at their Ray cluster. Every executor yields (task, row) as tasks finish, in
 any order, so the caller writes each result the moment it exists (``--resume``, Ctrl-C).
+``map_calls`` does the same for any top-level function (``simsrv diagnose``'s candidates).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from sim.errors import UserError
 from sim.sweep.task import Task, run_task, run_task_sharing, warm_worker
@@ -33,6 +34,14 @@ class SerialExecutor:
         with shared_cost_models():
             for t in tasks:
                 yield t, run_task(t)
+
+    def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
+        """(item, ``fn(item)``) for each item, as each finishes (``fn``: a top-level function)."""
+        from sim.engine.deployment import shared_cost_models
+
+        with shared_cost_models():
+            for item in items:
+                yield item, fn(item)
 
     def close(self) -> None:
         pass
@@ -105,6 +114,11 @@ def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict]:
     return i, run_task(task)
 
 
+def _call_indexed(item: tuple[int, Callable, object]) -> tuple[int, object]:
+    i, fn, arg = item
+    return i, fn(arg)
+
+
 class LocalExecutor:
     """A pool of ``workers`` processes, started once and reused for every batch of tasks.
 
@@ -121,6 +135,11 @@ class LocalExecutor:
         tasks = list(tasks)
         for i, row in self.pool.imap_unordered(_run_indexed, list(enumerate(tasks)), chunksize=1):
             yield tasks[i], row
+
+    def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
+        items = list(items)
+        for i, out in self.pool.imap_unordered(_call_indexed, [(i, fn, x) for i, x in enumerate(items)], chunksize=1):
+            yield items[i], out
 
     def close(self) -> None:
         self.pool.terminate()  # Ctrl-C or done: unfinished tasks are dropped, finished rows are on disk
@@ -162,11 +181,28 @@ class RayExecutor:
             for ref in done:
                 yield self.pending.pop(ref), self.ray.get(ref)
 
+    def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
+        remote = self.ray.remote(max_retries=2)(_call_sharing)
+        self.pending = {remote.remote((fn, x)): x for x in items}
+        while self.pending:
+            done, _ = self.ray.wait(list(self.pending), num_returns=1)
+            for ref in done:
+                yield self.pending.pop(ref), self.ray.get(ref)
+
     def close(self) -> None:
         """Cancel what this sweep still has queued (Ctrl-C); the cluster itself is the user's."""
         for ref in getattr(self, "pending", {}):
             self.ray.cancel(ref, force=True)
         self.pending = {}
+
+
+def _call_sharing(call: tuple[Callable, object]) -> object:
+    """``fn(item)`` in a Ray worker that keeps its cost models for its next calls (``run_task_sharing``)."""
+    from sim.engine.deployment import share_cost_models_in_this_process
+
+    fn, item = call
+    share_cost_models_in_this_process()
+    return fn(item)
 
 
 def make_executor(kind: str, workers: int | None, address: str | None, gpus: tuple[str, ...] = ()):
