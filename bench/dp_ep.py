@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import resource
 
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.core.batch import Batch
 from sim.cost.all2all import All2AllLinks, all2all_layer_s
 from sim.engine.deployment import NODE_NIC_BYTES_PER_S, GPUS_PER_NODE, build_deployment
 from sim.engine.dp_group import round_s
-from sim.hardware import get_gpu
+from sim.spec.hardware import get_gpu
 from sim.run import run_scenario
 from sim.scenario import load_scenario
 

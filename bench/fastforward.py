@@ -11,7 +11,7 @@ import time
 
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 
 
 def one(out: int, gpu: str, model: str, max_run_steps: int | None) -> dict:

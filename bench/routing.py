@@ -16,7 +16,7 @@ import time
 
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 
 ROUTERS = ("least_outstanding", "round_robin", "random", "prefix_affinity", "cache_aware")
 WORKLOADS = {

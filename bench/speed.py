@@ -24,7 +24,7 @@ def one(policy: str, chunk: int, n: int, rate: float, replicas: int, cost_model:
     from sim import compiled_core
     from sim.run import run_scenario
     from sim.scenario import scenario_from_dict
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
 
     raw = {
         "name": "bench", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "cost_model": cost_model},

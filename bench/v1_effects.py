@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.run import run_scenario  # noqa: E402
 from sim.scenario import load_scenario, scenario_from_dict  # noqa: E402
-from sim.analysis.summary import _hit_rate  # noqa: E402
+from sim.metrics.summary import _hit_rate  # noqa: E402
 
 
 def _run(path: str, sets: dict):

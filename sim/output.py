@@ -1,4 +1,4 @@
-"""``write_run``: the run directory of DESIGN.md section 5."""
+"""``write_run``: the run directory of ARCHITECTURE.md section 5."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import os
 from pathlib import Path
 
-from sim.atomic import atomic_path, simsrv_leftover, write_text
-from sim.text import arrow_file
+from sim.files.atomic import atomic_path, simsrv_leftover, write_text
+from sim.files.text import arrow_file
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "input_tokens",
@@ -28,10 +28,10 @@ ROW_GROUP_ROWS = 1 << 17
 
 def write_run(result, summary: dict, out_dir: str | Path) -> Path:
     """The run's files in ``out_dir``. Callers write into the directory that
-    ``sim.atomic.replacing_dir`` gives, so that the run directory is replaced whole."""
+    ``sim.files.atomic.replacing_dir`` gives, so that the run directory is replaced whole."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # each file whole or absent (sim/atomic.py): a full disk leaves no truncated file behind
+    # each file whole or absent (sim/files/atomic.py): a full disk leaves no truncated file behind
     # result.json last: a directory holding it holds the whole run
     _write_file(out / "requests.parquet", result.num_requests, lambda a, b: request_table(result, a, b))
     _write_file(out / "steps.parquet", result.num_step_rows,
@@ -110,7 +110,7 @@ def write_parquet(path, num_rows: int, rows) -> None:
             encodings[f.name] = "DELTA_BINARY_PACKED"
         elif f.type == pa.float64():
             encodings[f.name] = "BYTE_STREAM_SPLIT"
-    # a path that is not UTF-8 (caf\xe9/) opened by Python: Arrow refuses it (sim/text.py)
+    # a path that is not UTF-8 (caf\xe9/) opened by Python: Arrow refuses it (sim/files/text.py)
     with arrow_file(path, "wb") as sink, pq.ParquetWriter(sink, first.schema, compression="zstd",
                                                           compression_level=1, use_dictionary=strings,
                                                           column_encoding=encodings,
@@ -136,7 +136,7 @@ RUN_FILES = ("requests.parquet", "steps.parquet", "scenario.resolved.yaml", "res
 
 def not_run_files(path: Path) -> list[str]:
     """The entries of ``path`` that are not a run directory's files (nor a temporary that
-    sim/atomic.py left): what ``--force`` must not remove (sim.atomic.replacing_dir)."""
+    sim/files/atomic.py left): what ``--force`` must not remove (sim.files.atomic.replacing_dir)."""
     return sorted(n for n in os.listdir(path) if n not in RUN_FILES and not simsrv_leftover(n))
 
 

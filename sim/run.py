@@ -1,4 +1,4 @@
-"""``run_scenario``: scenario in, requests and steps out (DESIGN.md section 2)."""
+"""``run_scenario``: scenario in, requests and steps out (ARCHITECTURE.md section 2)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
-from sim.analysis.metrics import REQUEST_METRICS, request_metric
+from sim.metrics.vllm_bench import REQUEST_METRICS, request_metric
 from sim.scenario import Scenario
 from sim.engine.topology import layout_for
 from sim.core.ttft import TTFT_PARTS

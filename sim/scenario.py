@@ -1,4 +1,4 @@
-"""Scenario files (DESIGN.md section 3): YAML -> validated, frozen ``Scenario``.
+"""Scenario files (ARCHITECTURE.md section 3): YAML -> validated, frozen ``Scenario``.
 
 Why: every run is reproducible from its resolved scenario; unknown keys are errors that list
 the valid ones, so a typo never silently runs the default.
@@ -102,7 +102,7 @@ FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
 
 class HFConfigRef(_Strict):
     """``{hf_config: path}`` (a HuggingFace config.json), or ``{name: catalogue name}``; either
-    with ``quantization`` (sim/quantization.py; a config.json's ``quantization_config`` is
+    with ``quantization`` (sim/spec/quantization.py; a config.json's ``quantization_config`` is
     read too, as vLLM does)."""
 
     hf_config: Optional[str] = None
@@ -650,7 +650,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, raw = text.split("=", 1)
     if not key.strip():
         raise UserError(f"--set {text!r}: expected dotted.key=value (no key before '=')")
-    from sim.yamlfile import parse_yaml_text
+    from sim.files.yamlfile import parse_yaml_text
 
     value = parse_yaml_text(raw, f"--set {key.strip()}") if raw.strip() else ""
     if isinstance(value, str) and value.lower() in ("inf", "+inf", ".inf"):
@@ -660,7 +660,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file."""
-    from sim.yamlfile import read_yaml
+    from sim.files.yamlfile import read_yaml
 
     path = Path(path)
     raw = read_yaml(path, "scenario file")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 from sim.errors import UserError

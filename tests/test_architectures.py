@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sim.errors import UserError
-from sim.models import get_model
+from sim.spec.models import get_model
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

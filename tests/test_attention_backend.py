@@ -14,9 +14,9 @@ from sim.cost.roofline import RooflineCostModel
 from sim.cost.runs import RUN_REL_TOL
 from sim.engine.deployment import build_deployment
 from sim.errors import UserError
-from sim.hardware import get_gpu
-from sim.memory import plan_memory
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.memory import plan_memory
+from sim.spec.models import get_model
 from sim.scenario import scenario_from_dict
 from tests.conftest import small_scenario
 

@@ -10,9 +10,9 @@ from sim.core.batch import Batch
 from sim.cost.calibration import describe, load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.cost.validate import cross_source_gemm, heldout_table
-from sim.hardware import get_gpu
+from sim.spec.hardware import get_gpu
 from sim.kernels.schema import read_profiles
-from sim.models import get_model
+from sim.spec.models import get_model
 from tests.conftest import ROOT, small_scenario
 from tests.test_cli import simsrv
 

@@ -4,8 +4,8 @@ import pytest
 
 from sim.core.batch import Batch
 from sim.cost.roofline import OPS, RooflineCostModel
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 
 
 @pytest.fixture

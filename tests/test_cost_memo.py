@@ -91,7 +91,7 @@ def test_pipeline_stages_report_the_micro_batches_outside_the_range():
 
 
 def test_outside_range_is_counted_per_replica_and_summarised_as_before():
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
 
     raw = small_scenario(engine={"profile": "vllm-v0", "policy": "chunked", "max_num_batched_tokens": 512},
                          cluster={"replicas": 2})

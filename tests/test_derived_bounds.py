@@ -158,7 +158,7 @@ def test_every_shipped_scenario_builds_as_shipped(name):
 def test_an_unset_budget_is_legal_for_every_shipped_scenario_and_policy(name, policy):
     """The default of an unset budget passes the rule under every policy (a scenario's other
     keys may not apply to a policy: those refusals are not the budget's)."""
-    from sim.yamlfile import read_yaml
+    from sim.files.yamlfile import read_yaml
 
     raw = read_yaml(ROOT / "scenarios" / name, "scenario file")
     raw.setdefault("engine", {}).pop("max_num_batched_tokens", None)

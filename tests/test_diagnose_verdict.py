@@ -10,7 +10,7 @@ import pytest
 
 from sim.analysis.diagnose import diagnose
 from sim.analysis.diagnose_fixes import Candidate, identical_results, rank
-from sim.analysis.run_warnings import queue_growth, run_warnings, saturation, window_rates
+from sim.metrics.run_warnings import queue_growth, run_warnings, saturation, window_rates
 from sim.sweep.executors import make_executor
 from tests.conftest import ROOT
 from tests.inproc_cli import simsrv

@@ -8,7 +8,7 @@ from sim.core.batch import Batch
 from sim.engine.cluster import simulate
 from sim.cost.runs import RunCost
 from sim.core.kv import KVBlockManager
-from sim.analysis.metrics import itl_samples
+from sim.metrics.vllm_bench import itl_samples
 from sim.policies import EngineLimits
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
 from sim.engine.router import make_router

@@ -20,8 +20,8 @@ from sim.engine.deployment import build_deployment
 from sim.engine.dp_group import DUMMY_BATCH, DataParallelLayout, round_s
 from sim.engine.topology import ColocatedLayout, layout_for
 from sim.errors import UserError
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.workload.arrays import RequestArrays
@@ -214,7 +214,7 @@ def test_dp1_keeps_the_colocated_layout_and_cost_model():
     (["engine.policy=continuous", "engine.num_scheduler_steps=8"], "num_scheduler_steps"),
 ])
 def test_bad_data_parallel_settings_exit_2_with_one_line(sets, needle, tmp_path):
-    # an --out that can be written: a run claims its directory before it simulates (sim/atomic.py)
+    # an --out that can be written: a run claims its directory before it simulates (sim/files/atomic.py)
     args = [sys.executable, "-m", "sim", "run", "scenarios/deepseek_v3_dp8_ep.yaml", "--out", str(tmp_path / "x")]
     for x in sets:
         args += ["--set", x]

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from sim.analysis.metrics import ITL_STEP_COLUMNS, itl_samples
+from sim.metrics.vllm_bench import ITL_STEP_COLUMNS, itl_samples
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 from sim.policies import EngineLimits

@@ -83,7 +83,7 @@ def test_profiles_order_decode_cost_like_the_engines():
 
 def test_result_json_flags_batches_outside_the_measured_range():
     from sim.run import run_scenario
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
 
     def run(profile):
         raw = small_scenario(engine={"profile": profile, "policy": "chunked", "max_num_batched_tokens": 512})

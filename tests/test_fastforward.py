@@ -16,11 +16,11 @@ from sim.core.batch import Batch
 from sim.cost.calibration import load_calibration
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.runs import RUN_REL_TOL
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.workload.arrays import RequestArrays
 
 METRICS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "p50", "p90", "p99")]

@@ -3,9 +3,9 @@
 import pytest
 
 from sim.errors import UserError
-from sim.hardware import capped, catalogue, get_gpu
-from sim.memory import plan_memory
-from sim.models import get_model
+from sim.spec.hardware import capped, catalogue, get_gpu
+from sim.spec.memory import plan_memory
+from sim.spec.models import get_model
 from sim.scenario import scenario_from_dict
 
 MIB = 2**20

@@ -3,9 +3,9 @@
 import pytest
 
 from sim.errors import UserError
-from sim.hardware import catalogue, get_gpu
-from sim.memory import plan_memory
-from sim.models import get_model
+from sim.spec.hardware import catalogue, get_gpu
+from sim.spec.memory import plan_memory
+from sim.spec.models import get_model
 
 
 def test_catalogue_has_required_gpus():

@@ -124,7 +124,7 @@ def test_trace_inspect_html_and_convert_of_a_trace_with_a_non_utf8_name(work, se
     p = _simsrv(work, "trace", "inspect", trace, "--html", page)
     assert "caf\\xe9" in p.stdout.decode()
     specs = json.loads(_data_script(open(_at(work, page), "rb").read()))
-    from sim.text import shown
+    from sim.files.text import shown
 
     assert any(shown(trace) in t for t in _strings(specs))  # the charts' titles name the trace
     out = _name(rng, b".parquet")
@@ -163,7 +163,7 @@ def test_sweep_with_a_non_utf8_directory_and_a_hostile_grid(work, seed):
 
 
 def test_shown_renders_paths_and_surrogates_as_encodable_text():
-    from sim.text import shown, shown_data
+    from sim.files.text import shown, shown_data
 
     assert shown(b"caf\xe9") == "caf\\xe9"
     assert shown(Path(os.fsdecode(b"d\xff/x"))) == "d\\xff/x"

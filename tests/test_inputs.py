@@ -61,7 +61,7 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
                f"key 'engine' given twice, at lines {first} and {line}")
     _one_error(simsrv("run", BATCHING, *SMALL, "--set", "engine={max_num_seqs: 3, max_num_seqs: 4}", "-q",
                       "--out", tmp_path / "o"), "--set engine", "key 'max_num_seqs' given twice")
-    from sim.yamlfile import parse_yaml_text
+    from sim.files.yamlfile import parse_yaml_text
 
     merged = parse_yaml_text("d: &d {a: 1, b: 2}\ne:\n  <<: *d\n  a: 3\n", "x")
     assert merged == {"d": {"a": 1, "b": 2}, "e": {"a": 3, "b": 2}}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.analysis import metrics
-from sim.analysis.metrics import RunLengthSamples, itl_samples, run_length_stats
+from sim.metrics import vllm_bench as metrics
+from sim.metrics.vllm_bench import RunLengthSamples, itl_samples, run_length_stats
 
 
 def _expanded_reference(steps, resume_gaps_s, adjust):
@@ -221,7 +221,7 @@ def test_mean_itl_is_the_mean_of_the_gaps_the_requests_saw(policy):
     requests' pooled gaps: (last token - first token) summed over their gaps, to rounding.
     Before, it was off by up to ``RUN_REL_TOL`` (2e-6 on batching.yaml with static)."""
     from tests.conftest import small_scenario
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
     from sim.run import run_scenario
     from sim.scenario import scenario_from_dict
 

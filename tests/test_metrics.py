@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.analysis.metrics import RunLengthSamples, itl_samples, median, plain_stats, request_metrics, run_length_stats
+from sim.metrics.vllm_bench import RunLengthSamples, itl_samples, median, plain_stats, request_metrics, run_length_stats
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,8 +15,8 @@ from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import build_deployment
 from sim.engine.topology import layout_for
 from sim.errors import UserError
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 from sim.scenario import scenario_from_dict
 
 WORKLOAD = {"synthetic": {"num_requests": 4, "input_tokens": {"dist": "fixed", "value": 256},
@@ -118,7 +118,7 @@ def test_disaggregated_pools_count_tp_gpus_and_refuse_pipeline_stages():
 
 
 def test_hf_config_reader_does_not_import_the_catalogue():
-    code = "import sys, sim.hf_config; assert 'sim.models' not in sys.modules, 'import circle'"
+    code = "import sys, sim.spec.hf_config; assert 'sim.spec.models' not in sys.modules, 'import circle'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -135,7 +135,7 @@ def test_explain_shows_mla_attention_flops_per_pair():
 def test_a_pipeline_run_summarizes():
     """``simsrv run`` of a pipeline-parallel scenario reaches its summary (the pipeline cost
     model reports its stages' carried calibration curves like a single-stage one)."""
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
     from sim.run import run_scenario
 
     s = summarize(run_scenario(_scn("llama-3.1-70b", "h100-sxm", tensor_parallel_size=2, pipeline_parallel_size=2)))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sim.errors import UserError
-from sim.models import get_model
+from sim.spec.models import get_model
 
 
 @pytest.mark.parametrize("name, billions", [

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 from sim.cost.engine_fit import fit_output_processing

@@ -63,7 +63,7 @@ def test_arrow_columns_of_other_types_keep_their_type_and_nulls():
 
 
 def _run_dir(tmp_path, name, block_rows, monkeypatch):
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
     from sim.run import run_scenario
     from sim.scenario import scenario_from_dict
 

@@ -9,9 +9,9 @@ from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import build_deployment
 from sim.errors import UserError
 from sim.analysis.explain import explain
-from sim.hardware import get_gpu
-from sim.memory import plan_memory, stage_layers
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.memory import plan_memory, stage_layers
+from sim.spec.models import get_model
 from sim.scenario import scenario_from_dict
 
 
@@ -88,7 +88,7 @@ def test_split_batch_keeps_every_token():
 def test_pp_errors_and_gpu_count():
     with pytest.raises(UserError, match="pipeline_parallel_size: 81 stages"):
         build_deployment(_scn("llama-3.1-70b", pipeline_parallel_size=81))
-    from sim.analysis.summary import num_gpus
+    from sim.metrics.summary import num_gpus
 
     assert num_gpus(_scn("llama-3.1-70b", replicas=2, tensor_parallel_size=4, pipeline_parallel_size=2)) == 16
 

@@ -6,11 +6,11 @@ import pytest
 
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from tests.conftest import ROOT
 
 

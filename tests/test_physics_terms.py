@@ -6,8 +6,8 @@ import pytest
 from sim.core.batch import Batch
 from sim.cost.calibration import load_calibration
 from sim.cost.roofline import Efficiencies, RooflineCostModel
-from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.models import get_model
 
 
 def _cm(model, gpu, tp=1, **kw):

@@ -11,7 +11,7 @@ from sim.policies import get_policy, policy_names, registry
 from sim.policies.continuous import ContinuousScheduler
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from tests.conftest import small_scenario
 
 

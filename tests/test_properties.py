@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from sim.engine.cluster import simulate
 from sim.cost.roofline import RooflineCostModel
-from sim.hardware import get_gpu
+from sim.spec.hardware import get_gpu
 from sim.core.kv import KVBlockManager
-from sim.analysis.metrics import itl_samples, request_metrics
-from sim.models import get_model
+from sim.metrics.vllm_bench import itl_samples, request_metrics
+from sim.spec.models import get_model
 from sim.policies import POLICIES, EngineLimits
 from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request

@@ -11,7 +11,7 @@ import polars as pl
 from sim.reporting.compare_page import build_compare_page
 from sim.reporting.html import PAGE_CHART_WIDTH, Page
 from sim.reporting.rundata import RunData
-from sim.analysis.trace_report import write_trace_html
+from sim.reporting.trace_page import write_trace_html
 from sim.workload.inspect import trace_stats
 from tests.conftest import ROOT
 

@@ -11,7 +11,7 @@ from sim.policies.base import EngineLimits
 from sim.policies.chunked import ChunkedScheduler
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 
 
 def Replica(outstanding: int = 0) -> ChunkedScheduler:

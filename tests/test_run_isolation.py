@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.engine.deployment import shared_cost_models
 from sim.output import write_run
 from sim.run import run_scenario

@@ -10,9 +10,9 @@ import polars as pl
 import yaml
 
 from sim.run import run_scenario
-from sim.analysis.run_warnings import failure_kinds
+from sim.metrics.run_warnings import failure_kinds
 from sim.scenario import scenario_from_dict
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from tests.conftest import ROOT, small_scenario
 
 
@@ -81,7 +81,7 @@ def test_version():
 
 
 def test_uncertainty_notes_name_the_extrapolated_share_above_ten_percent():
-    from sim.analysis.run_warnings import uncertainty_notes
+    from sim.metrics.run_warnings import uncertainty_notes
 
     assert uncertainty_notes({"simsrv_num_steps": 100, "simsrv_extrapolated_steps": 10}) == []
     notes = uncertainty_notes({"simsrv_num_steps": 100, "simsrv_extrapolated_steps": 11,

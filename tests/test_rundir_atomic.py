@@ -15,10 +15,10 @@ import polars as pl
 import pytest
 import yaml
 
-import sim.atomic as atomic
+import sim.files.atomic as atomic
 import sim.output as output
 from sim.analysis.compare import run_compare
-from sim.atomic import replacing_dir
+from sim.files.atomic import replacing_dir
 from sim.cli.run_cmd import run_command
 from sim.errors import UserError
 from sim.reporting.rundata import load_run

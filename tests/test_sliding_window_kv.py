@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from sim.core.kv import KVBlockManager, KVGroups
 from sim.core.request import Request
 from sim.engine.deployment import build_deployment
-from sim.hardware import get_gpu
-from sim.memory import kv_groups, plan_memory
-from sim.models import get_model
+from sim.spec.hardware import get_gpu
+from sim.spec.memory import kv_groups, plan_memory
+from sim.spec.models import get_model
 from sim.policies.decode_set import DecodeSet
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.analysis.explain import explain
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 
 
 def test_kv_groups_as_vllm_groups_layers():

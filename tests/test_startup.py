@@ -158,7 +158,7 @@ def test_shipped_catalogues_parse_the_same_with_libyaml():
     exactly what the pure-Python safe loader builds."""
     from importlib import resources
 
-    from sim.yamlfile import load_shipped_yaml
+    from sim.files.yamlfile import load_shipped_yaml
 
     for name in ("models.yaml", "gpus.yaml", "engine_profiles.yaml"):
         text = resources.files("sim.catalog").joinpath(name).read_text()
@@ -173,7 +173,7 @@ def test_packed_catalogues_are_current_and_give_the_yaml_data():
     from importlib import resources
 
     from sim.catalog import packed
-    from sim.yamlfile import load_shipped_yaml
+    from sim.files.yamlfile import load_shipped_yaml
 
     committed = json.loads(resources.files("sim.catalog").joinpath(packed.PACKED).read_text())
     assert packed.same(committed, packed.pack()), "stale: run python -m sim.catalog.packed"

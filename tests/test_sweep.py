@@ -16,7 +16,7 @@ from sim.sweep.executors import LocalExecutor, SerialExecutor, make_executor
 from sim.sweep.grid import expand, grid_points, read_grid
 from sim.sweep.runner import SweepInterrupted, row_path, run_sweep, seeds_from, tasks_for
 from sim.sweep.stats import aggregate, bootstrap_interval, t_interval
-from sim.analysis.summary import num_gpus
+from sim.metrics.summary import num_gpus
 from sim.sweep.task import utilization
 from tests.conftest import ROOT, small_scenario
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.atomic import replacing_dir, write_text
+from sim.files.atomic import replacing_dir, write_text
 from sim.errors import UserError
 from sim.output import not_report_files, write_run
 from sim.policies import get_policy, policy_names
@@ -21,7 +21,7 @@ from sim.reporting.metrics_table import best_by_metric
 from sim.reporting.rundata import load_run
 from sim.run import run_scenario
 from sim.scenario import load_scenario
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 
 
 def parse_policies(text: str) -> list[str]:
@@ -92,7 +92,7 @@ def check_deployment(s) -> None:
 def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, sets: list[str], out_dir: Path,
                 on_run: Callable[[str, dict], None] | None = None, force: bool = False) -> Path:
     """Run each policy, write ``out_dir/<policy>/`` run directories and ``out_dir/report.html``;
-    ``out_dir`` is replaced whole (sim.atomic.replacing_dir)."""
+    ``out_dir`` is replaced whole (sim.files.atomic.replacing_dir)."""
     from sim.engine.deployment import shared_cost_models
 
     scenarios = policy_scenarios(scenario_path, policies, chunk, sets)

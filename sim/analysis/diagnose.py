@@ -27,10 +27,10 @@ from sim.analysis.diagnose_verdict import ReplicaSearch, bursts, burst_sentence,
 from sim.errors import UserError
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
-from sim.analysis.summary import num_gpus
+from sim.metrics.summary import num_gpus
 from sim.sweep.cheapest import MAX_REPLICAS
 from sim.sweep.slo import parse_slo
-from sim.analysis.summary import summarize
+from sim.metrics.summary import summarize
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 
@@ -65,7 +65,7 @@ def trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> 
     workload made the trace ``trace`` (a trace workload keeps its other keys: format, columns,
     time_unit, window...; a synthetic one becomes a trace with defaults), then every ``--set``
     applied last, so it wins. A bad key or value is one error line naming the flag."""
-    from sim.yamlfile import read_yaml
+    from sim.files.yamlfile import read_yaml
 
     path = Path(scenario_path) if scenario_path is not None else DEFAULT_SCENARIO
     raw = read_yaml(path, "scenario file")

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from sim.analysis.run_warnings import saturation
+from sim.metrics.run_warnings import saturation
 from sim.core.ttft import TTFT_PARTS
 from sim.engine.topology import layout_for
 from sim.errors import UserError
 from sim.run import run_scenario
 from sim.policies import get_policy
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
-from sim.analysis.summary import num_gpus
+from sim.metrics.summary import num_gpus
 from sim.sweep.slo import SLOTerm
 from sim.workload import RequestArrays
 
@@ -86,7 +86,7 @@ class Job:
 def run_job(job: Job) -> dict:
     """Top-level (picklable) worker: the run's requests (the columns figures need), GPUs,
     saturation, and the asked summary figures; a ``UserError`` comes back as ``error``."""
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
 
     try:
         s = scenario_from_dict(dict(job.raw), job.key, base_dir=job.base_dir)
@@ -122,7 +122,7 @@ def run_jobs(executor, jobs: list[Job], progress: Callable[[str], None] | None =
 
 
 def figures(frames: list[pl.DataFrame]) -> dict:
-    """p50/p99 TTFT and p99 TPOT (ms, numpy's linear percentiles as in sim/analysis/summary.py) and the
+    """p50/p99 TTFT and p99 TPOT (ms, numpy's linear percentiles as in sim/metrics/summary.py) and the
     failed count over the requests of one or more pools taken together."""
     rq = pl.concat([f.select("status", "ttft_s", "tpot_s") for f in frames])
     done = rq.filter(pl.col("status") == "completed")
@@ -136,7 +136,7 @@ def figures(frames: list[pl.DataFrame]) -> dict:
 
 def term_figure(frames: list[pl.DataFrame], term: SLOTerm, summary: dict | None = None) -> float | None:
     """One SLO term's figure (ms) over the completed requests of the pools taken together (the
-    statistics of sim/analysis/summary.py: numpy's linear percentiles); ITL terms are read from
+    statistics of sim/metrics/summary.py: numpy's linear percentiles); ITL terms are read from
     the run's summary (one pool only)."""
     if term.metric == "itl":
         return (summary or {}).get(term.key)

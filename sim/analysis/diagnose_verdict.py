@@ -108,7 +108,7 @@ def _alternatives(s: Scenario, prompt: int, limit_ms: float) -> list[str]:
     """What else could meet a TTFT limit the shape cannot, each simulated alone: twice the TP,
     the fastest catalogue GPU, one chunk for the whole prompt, and the longest prompt that meets
     it on this shape."""
-    from sim.hardware import catalogue, get_gpu
+    from sim.spec.hardware import catalogue, get_gpu
 
     tries = []
     disagg = get_policy(s.engine.policy).pools
@@ -231,7 +231,7 @@ def feasibility(s: Scenario, arrays: RequestArrays, summary: dict, terms: list[S
 
 class ReplicaSearch:
     """The fewest replicas of the deployment's shape whose replay of the trace keeps up (not
-    saturated: sim/analysis/run_warnings.py ``saturation``), by simulation, reusing ``capacity
+    saturated: sim/metrics/run_warnings.py ``saturation``), by simulation, reusing ``capacity
     --rate``'s replica search (sim/sweep/cheapest.py ``Shape``: doubling until one passes, then
     bisection). A saturated run starts from the fluid estimate (replicas x offered / served);
     with two or more workers the estimate and one fewer are tried together. A run that keeps

@@ -1,7 +1,7 @@
 """``simsrv explain``: the roofline and memory arithmetic of a deployment, per GPU.
 
 Why: users should be able to check the simulator's key figures by hand; these are the
-numbers behind every step time (DESIGN.md section 4). The floors and intensities are read
+numbers behind every step time (ARCHITECTURE.md section 4). The floors and intensities are read
 from the simulator's own cost model at 100% of peak (``RooflineCostModel.ideal``) and the
 memory figures from its memory plan, so they cannot drift from what a run costs.
 """

@@ -1,6 +1,6 @@
 """Modelling notes: the ``NOTE:`` comments of the modules a run used, those that apply to it.
 
-Why: every modelling assumption is marked ``NOTE:`` in the code (DESIGN.md section 7); the
+Why: every modelling assumption is marked ``NOTE:`` in the code (ARCHITECTURE.md section 7); the
 report lists the ones that apply to the runs it shows, straight from the source, so the list
 cannot drift from the code. A note about a feature the runs do not use (pipeline stages, a
 router, a timestamp grid the trace does not have) is left out: ``CONDITIONS`` names, by a phrase
@@ -20,7 +20,7 @@ from typing import Callable
 from sim.policies import get_policy
 
 # Modules every run uses; each policy's spec names the modules its runs add.
-ALWAYS = ("sim.memory", "sim.core.kv", "sim.policies.base", "sim.cost.roofline", "sim.cost.calibration", "sim.engine.cluster",
+ALWAYS = ("sim.spec.memory", "sim.core.kv", "sim.policies.base", "sim.cost.roofline", "sim.cost.calibration", "sim.engine.cluster",
           "sim.engine.router", "sim.core.ttft", "sim.workload.synthetic", "sim.workload.trace")
 
 _NOTE = re.compile(r"NOTE:\s*(.+)")
@@ -61,8 +61,8 @@ def _never(_facts: list[RunFacts]) -> bool:
 # (module, phrase of the note) -> when the note applies (default: always). "Never": a remark on
 # the code itself or on input parsing, not an assumption that shapes a run's figures.
 CONDITIONS: dict[tuple[str, str], Callable[[list[RunFacts]], bool]] = {
-    ("memory", "a pipeline stage is assumed to hold"): _any(lambda f: f.pipeline_parallel > 1),
-    ("memory", "under pipeline parallelism a stage's share"): _any(lambda f: f.pipeline_parallel > 1),
+    ("spec.memory", "a pipeline stage is assumed to hold"): _any(lambda f: f.pipeline_parallel > 1),
+    ("spec.memory", "under pipeline parallelism a stage's share"): _any(lambda f: f.pipeline_parallel > 1),
     ("core.kv", "a request's own blocks past its shared prefix"): _any(lambda f: f.prefix_caching),
     ("core.kv", "blocks filled while a request is in the aggregate decode set"): _any(lambda f: f.prefix_caching),
     ("core.kv", "a sliding group is charged"): _any(lambda f: f.sliding_window),
@@ -98,7 +98,7 @@ _CODE_PAREN = re.compile(r"\s*\((?:see )?``[^`]+``(?: for one)?\)")
 _CODE = re.compile(r"\bself\.|\.py\b|\.py:\d+|\bdel |\breturn\b|``|\w\(\)")
 
 
-AREAS = {"memory": "memory", "core.kv": "KV cache", "policies.base": "scheduler", "cost.roofline": "step cost",
+AREAS = {"spec.memory": "memory", "core.kv": "KV cache", "policies.base": "scheduler", "cost.roofline": "step cost",
          "cost.calibration": "step cost (measured tables)", "engine.cluster": "engine", "engine.router": "router",
          "engine.link": "KV transfer link", "core.ttft": "TTFT", "workload.synthetic": "synthetic workload",
          "workload.trace": "trace replay", "policies.disagg": "disaggregation"}
@@ -253,7 +253,7 @@ def run_facts(scenario: dict, arrival_s=None) -> RunFacts:
 
 def _model(scenario: dict):
     from sim.errors import UserError
-    from sim.models import get_model
+    from sim.spec.models import get_model
 
     try:
         return get_model(scenario.get("model", "llama-3-8b"), Path(scenario.get("base_dir", ".")))

@@ -77,7 +77,7 @@ def _merge(base: dict, over: dict) -> dict:
 
 def load_rows(directory: Path | None = None) -> list[Row]:
     """Every row of every case file, in file order."""
-    from sim.yamlfile import read_yaml
+    from sim.files.yamlfile import read_yaml
 
     d = Path(directory) if directory is not None else validation_dir()
     files = sorted(d.glob("*.yaml"))
@@ -179,7 +179,7 @@ class Runner:
     def summary(self, scen: dict) -> dict:
         from sim.run import run_scenario
         from sim.scenario import scenario_from_dict
-        from sim.analysis.summary import summarize
+        from sim.metrics.summary import summarize
 
         key = json.dumps({k: v for k, v in scen.items() if k != "name"}, sort_keys=True, default=str)
         hit = self._runs.get(key)
@@ -221,8 +221,8 @@ def allreduce_ms(gpu: str, tp: int, size_bytes: int, model: str = "llama-2-7b") 
     torch.distributed all-reduces (NOTE: ``model`` only sets the bytes per token, hidden x 2)."""
     from sim.cost.calibration import load_calibration
     from sim.cost.roofline import RooflineCostModel
-    from sim.hardware import get_gpu
-    from sim.models import get_model
+    from sim.spec.hardware import get_gpu
+    from sim.spec.models import get_model
 
     m, g = get_model(model), get_gpu(gpu)
     tokens = size_bytes / (m.hidden_size * m.dtype_bytes)

@@ -23,8 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sim.atomic import write_text
-from sim.yamlfile import load_shipped_yaml
+from sim.files.atomic import write_text
+from sim.files.yamlfile import load_shipped_yaml
 
 FILES = ("models.yaml", "gpus.yaml", "engine_profiles.yaml", "attention_backends.yaml")
 PACKED = "packed.json"

@@ -1,4 +1,4 @@
-"""The ``simsrv`` command line (DESIGN.md section 4): the Typer application. Only ``sim.cli``
+"""The ``simsrv`` command line (ARCHITECTURE.md section 4): the Typer application. Only ``sim.cli``
 imports typer and rich.
 
 Start-up: importing the command line loads typer and the policy registry only; rich is

@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _shown_streams() -> None:
     """stdout and stderr write what they cannot encode (a file name's undecodable byte, a lone
-    surrogate from a YAML escape) as ``sim.text.shown`` writes it (``caf\\xe9``), never raising
+    surrogate from a YAML escape) as ``sim.files.text.shown`` writes it (``caf\\xe9``), never raising
     ``UnicodeEncodeError``: every line a command prints, a table's title included."""
-    import sim.text  # noqa: F401 - registers the "shown" error handler
+    import sim.files.text  # noqa: F401 - registers the "shown" error handler
 
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)

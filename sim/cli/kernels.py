@@ -30,7 +30,7 @@ def calibrate(
     from sim.cost.calibration import calibration_dir, pack_tables
     from sim.cost.fit import fit
     from sim.cost.validate import cross_source_attention, cross_source_gemm, heldout_table
-    from sim.hardware import get_gpu
+    from sim.spec.hardware import get_gpu
     from sim.kernels.schema import read_profiles
 
     spec = get_gpu(gpu)
@@ -48,7 +48,7 @@ def calibrate(
     table = fit(df, spec)
     path = out or calibration_dir() / f"{gpu}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    from sim.atomic import write_text
+    from sim.files.atomic import write_text
 
     write_text(path, json.dumps(pack_tables(table), separators=(",", ":")) + "\n")
     if as_json:

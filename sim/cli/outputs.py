@@ -4,7 +4,7 @@ at the end that it cannot write its results (issue 38).
 Why: ``--out`` under a file, a page named like an existing directory, a directory one cannot
 write in: each used to be an OSError after the whole simulation. Checked here by looking, not
 writing (nothing is created before the work): the nearest existing ancestor must be a directory
-this process may write in. Names are shown with ``sim.text.shown`` (a byte that is not UTF-8 as
+this process may write in. Names are shown with ``sim.files.text.shown`` (a byte that is not UTF-8 as
 ``\\xe9``).
 """
 
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.text import shown
+from sim.files.text import shown
 
 
 def check_output(path: str | Path, flag: str, directory: bool) -> None:

@@ -94,7 +94,7 @@ def diagnose(
     import json
 
     from sim.analysis.diagnose import diagnose as run_diagnose
-    from sim.atomic import replacing_dir
+    from sim.files.atomic import replacing_dir
     from sim.cli.sweep import _progress, err_console
     from sim.output import not_report_files, write_run
     from sim.reporting.diagnose_page import build_diagnose_page

@@ -61,12 +61,12 @@ def _run_progress(total: int):
 def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set_: List[str], out: Optional[Path],
                 quiet: bool, force: bool) -> None:
     """Simulate one scenario; print a summary table and write the run directory."""
-    from sim.atomic import replacing_dir
+    from sim.files.atomic import replacing_dir
     from sim.cli.outputs import check_output
     from sim.output import not_run_files, write_run
     from sim.run import run_scenario
     from sim.scenario import load_scenario
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
     from sim.workload import build_workload
     from sim.workload.build import should_stream
 

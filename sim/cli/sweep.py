@@ -197,8 +197,8 @@ def capacity(
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"scenario": str(scenario), "slo": {t.name: t.limit_ms for t in terms}, "seeds": seed_list,
                "tolerance": tolerance, "configurations": records}
-    from sim.atomic import atomic_path, write_text
-    from sim.text import arrow_file
+    from sim.files.atomic import atomic_path, write_text
+    from sim.files.text import arrow_file
 
     write_text(out_dir / "capacity.json", json.dumps(payload, indent=2, default=str) + "\n")
     if res.rows.height:
@@ -250,7 +250,7 @@ def _cheapest(scenario: Path, terms, slo: str, rate: float, search: str, max_rep
     finally:
         ex.close()
     payload = res.payload()
-    from sim.atomic import write_text
+    from sim.files.atomic import write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "cheapest.json", json.dumps(payload, indent=2) + "\n")

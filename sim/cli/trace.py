@@ -1,4 +1,4 @@
-"""``simsrv trace inspect|convert`` (DESIGN.md section 4): look into a trace, normalise and rescale it."""
+"""``simsrv trace inspect|convert`` (ARCHITECTURE.md section 4): look into a trace, normalise and rescale it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sim.cli.consoles import LazyConsole
 from sim.cli.outputs import check_output
 from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
-from sim.text import shown
+from sim.files.text import shown
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Inspect a request trace, or convert it to simsrv's normalised Parquet.")
@@ -60,7 +60,7 @@ def inspect(
         check_output(html_out, "--html", directory=False)
     stats = trace_stats(file, opts)
     if html_out is not None:
-        from sim.analysis.trace_report import write_trace_html
+        from sim.reporting.trace_page import write_trace_html
 
         write_trace_html(stats, html_out)
     if as_json:
@@ -71,7 +71,7 @@ def inspect(
     t = Table(title=shown(file))
     t.add_column("figure")
     t.add_column("value", justify="right")
-    from sim.analysis.trace_report import CHARTS, HISTOGRAMS, _fmt, shape_lines
+    from sim.reporting.trace_page import CHARTS, HISTOGRAMS, _fmt, shape_lines
     from sim.workload.inspect import text_histogram
 
     for k, v in stats.items():

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.model_spec import ModelSpec
+from sim.spec.model_spec import ModelSpec
 
 if TYPE_CHECKING:  # (a type only: compiled, the model's fields are read natively through it)
     from sim.cost.roofline import RooflineCostModel
 
 
 def arch_shapes(cm, m: ModelSpec, h: int, tp: int) -> None:
-    """Shapes of architectures beyond the Llama layout (sim/hf_config.py), and expert
+    """Shapes of architectures beyond the Llama layout (sim/spec/hf_config.py), and expert
     parallelism. A non-gated MLP has one up matrix. MoE experts have their own width and
     shared experts run on every token (Dai et al. 2024, "DeepSeekMoE"). MLA (DeepSeek-V2
     paper, section 2.1.2) replaces q/k/v by down-projections q_a, kv_a (replicated on every

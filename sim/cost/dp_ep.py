@@ -37,8 +37,8 @@ from sim.cost.arch import moe_mlp_s
 from sim.cost.calibration import Calibration
 from sim.cost.engine_profile import EngineProfile
 from sim.cost.roofline import Efficiencies, RooflineCostModel
-from sim.hardware import GPUSpec
-from sim.model_spec import ModelSpec
+from sim.spec.hardware import GPUSpec
+from sim.spec.model_spec import ModelSpec
 from sim.cost.runs import RunCost
 
 _MAX_GROUP_CACHES = 4096  # distinct group token counts whose GEMM costs are kept

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from sim.cost.fit import holdout_mask, overhead_coefs
-from sim.hardware import get_gpu
+from sim.spec.hardware import get_gpu
 
 # Vocabulary sizes of the profiled models (their HF config.json ``vocab_size``).
 VOCAB = {"meta-llama/Llama-2-7b-hf": 32000, "meta-llama/Llama-2-70b-hf": 32000,

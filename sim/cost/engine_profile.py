@@ -51,7 +51,7 @@ class EngineProfile:
     eager_launch_per_layer_s: float
     attention_backend: str
     batch_range: tuple[int, int] | None
-    # what ``engine.gpu_memory_utilization`` is a fraction of (sim/memory.py): "total" memory
+    # what ``engine.gpu_memory_utilization`` is a fraction of (sim/spec/memory.py): "total" memory
     # (vLLM, SGLang) or the memory "free" after weights and activations (TensorRT-LLM)
     kv_memory_basis: str = "total"
     basis: str = ""

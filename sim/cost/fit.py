@@ -17,7 +17,7 @@ import polars as pl
 from sim.cost.calibration import Calibration
 from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
                              fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce)
-from sim.hardware import GPUSpec
+from sim.spec.hardware import GPUSpec
 
 ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add": "add", "attn_rope": "rope",
              "mlp_act": "act", "mlp_act_gated": "act_gated"}

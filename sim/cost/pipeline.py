@@ -20,7 +20,7 @@ from dataclasses import replace
 from sim.core.batch import Batch
 from sim.cost.roofline import OPS, StepCost
 from sim.cost.runs import RunCost
-from sim.memory import stage_layers
+from sim.spec.memory import stage_layers
 
 P2P_LATENCY_S = 10e-6  # NCCL send/recv launch + sync, as the all-reduce latency (aiconfigurator p2p_latency)
 

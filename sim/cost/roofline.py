@@ -28,9 +28,9 @@ from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecode
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
-from sim.hardware import GPUSpec
-from sim.model_spec import ModelSpec
-from sim.quantization import get_quantization
+from sim.spec.hardware import GPUSpec
+from sim.spec.model_spec import ModelSpec
+from sim.spec.quantization import get_quantization
 
 OPS = (
     "gemm_qkv", "gemm_o", "gemm_mlp_up", "gemm_mlp_down", "attn_prefill", "attn_decode",
@@ -219,7 +219,7 @@ class RooflineCostModel:
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes or m.dtype_bytes
         self.flops_s = gpu.bf16_flops_per_s
-        # Weight quantization (sim/quantization.py): the linear layers' weight bytes, and the
+        # Weight quantization (sim/spec/quantization.py): the linear layers' weight bytes, and the
         # tensor-core peak their GEMMs run at, as a factor on their FLOPs so the calibrated
         # bf16 efficiency tables apply to the quantized bound (NOTE: fp8/int8 GEMM kernels are
         # assumed to reach the same fraction of their peak at a shape as bf16 ones do).

@@ -11,7 +11,7 @@ import polars as pl
 
 from sim.cost.calibration import Calibration
 from sim.cost.fit import ape, fit, overhead_coefs, holdout_mask, predict_eff, primary_source, with_efficiency
-from sim.hardware import GPUSpec
+from sim.spec.hardware import GPUSpec
 
 HELDOUT_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 # Cross-source GEMM check: vidur per-layer linear ops (model, TP) predicted from a GEMM table.

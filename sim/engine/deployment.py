@@ -15,9 +15,9 @@ from sim.cost.calibration import load_calibration
 from sim.cost.engine_profile import get_profile
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
-from sim.hardware import GPUSpec, scenario_gpu
-from sim.memory import MemoryPlan, plan_memory
-from sim.models import ModelSpec, get_model, with_quantization
+from sim.spec.hardware import GPUSpec, scenario_gpu
+from sim.spec.memory import MemoryPlan, plan_memory
+from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.policies.budget import budget_error, budget_tokens, policy_engines
 from sim.core.kv import KVBlockManager

@@ -121,7 +121,7 @@ def write_profile(df: pl.DataFrame, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{df['gpu'][0]}.parquet"
-    from sim.atomic import atomic_path
+    from sim.files.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         df.write_parquet(tmp, compression="zstd")

@@ -9,7 +9,7 @@ import polars as pl
 import yaml
 
 from sim.analysis.notes import area, notes_for, run_facts
-from sim.analysis.run_warnings import uncertainty_notes
+from sim.metrics.run_warnings import uncertainty_notes
 from sim.reporting import charts
 from sim.reporting.html import Page
 from sim.reporting.metrics_table import metrics_table

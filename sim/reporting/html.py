@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import altair as alt
 
 from sim.reporting.vega_bundle import vega_bundle_js
-from sim.text import shown, shown_data
+from sim.files.text import shown, shown_data
 
 
 CSS = """
@@ -127,6 +127,6 @@ class Page:
     def write(self, path) -> None:
         """The page, UTF-8: every text in it passed through ``shown`` (render), so a file or
         scenario name that holds an undecodable byte or a lone surrogate cannot stop the write."""
-        from sim.atomic import write_text
+        from sim.files.atomic import write_text
 
         write_text(path, self.render())

@@ -1,4 +1,4 @@
-"""A finished run, as read back from its run directory (DESIGN.md section 5)."""
+"""A finished run, as read back from its run directory (ARCHITECTURE.md section 5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import polars as pl
 import yaml
 
 from sim.errors import UserError
-from sim.text import arrow_file, shown
+from sim.files.text import arrow_file, shown
 
 
 @dataclass
@@ -48,7 +48,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
 
 def check_one_run(p: Path, summary: dict, num_requests: int, num_step_rows: int, scenario: dict) -> None:
     """Refuse a directory whose files come from different runs (files copied over one another
-    by hand, or written by a simsrv older than whole-directory replacement, sim/atomic.py):
+    by hand, or written by a simsrv older than whole-directory replacement, sim/files/atomic.py):
     result.json's counts and policy must be those of the Parquet files and the scenario."""
     engine = scenario.get("engine") if isinstance(scenario, dict) else None
     pairs = (("requests", summary.get("num_prompts"), num_requests, "requests.parquet"),

@@ -60,7 +60,7 @@ def vega_bundle_js() -> str:
         pass
     text = vlc.javascript_bundle(EXPORT)
     try:
-        from sim.atomic import write_text
+        from sim.files.atomic import write_text
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, text)

@@ -24,7 +24,7 @@ from sim.sweep.grid import RATE_KEYS, Point
 from sim.sweep.knee import Knee, KneeSearch, Probe
 from sim.sweep.slo import SLOTerm
 from sim.sweep.stats import interval
-from sim.analysis.summary import num_gpus
+from sim.metrics.summary import num_gpus
 from sim.sweep.task import Task
 
 SYNTHETIC_RATE = "workload.synthetic.request_rate"

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sim.analysis.summary import num_gpus
+from sim.metrics.summary import num_gpus
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict
 from sim.sweep.capacity import make_config, run_capacity

@@ -21,7 +21,7 @@ from typing import Any
 
 from sim.errors import UserError
 from sim.scenario import Scenario, scenario_from_dict, set_dotted
-from sim.yamlfile import read_yaml
+from sim.files.yamlfile import read_yaml
 
 # keys whose value sets the offered load; sweep reports plot latency against them
 RATE_KEYS = ("workload.synthetic.request_rate", "workload.trace.target_rate", "workload.trace.time_scale")

@@ -20,12 +20,12 @@ from typing import Any
 
 import polars as pl
 
-from sim.atomic import atomic_path, remove_stale_temporaries, write_text
+from sim.files.atomic import atomic_path, remove_stale_temporaries, write_text
 from sim.errors import UserError
 from sim.sweep.grid import Point
 from sim.sweep.stats import aggregate
 from sim.sweep.task import Task
-from sim.text import arrow_file
+from sim.files.text import arrow_file
 
 ROWS_FILE = "sweep.parquet"
 AGGREGATE_FILE = "aggregate.parquet"
@@ -65,7 +65,7 @@ _OLD_ROW_TEMPORARY = re.compile(r"^seed-\d+\.tmp(?P<pid>\d+)$")
 
 def remove_stale_temporaries_of(out_dir: Path) -> None:
     """The temporary files a killed sweep left (``.sweep.parquet.tmp-PID``, a run's row being
-    written), where their process is gone: a live sweep's are kept (sim/atomic.py)."""
+    written), where their process is gone: a live sweep's are kept (sim/files/atomic.py)."""
     remove_stale_temporaries(out_dir)
     runs = out_dir / "runs"
     for point_dir in (runs.iterdir() if runs.is_dir() else ()):

@@ -69,7 +69,7 @@ def run_task(task: Task) -> dict[str, Any]:
     """Simulate one (point, seed); a ``UserError`` (a model that does not fit, a missing trace)
     becomes the row's ``error`` so one bad configuration does not stop a sweep."""
     from sim.run import run_scenario
-    from sim.analysis.summary import summarize
+    from sim.metrics.summary import summarize
 
     row: dict[str, Any] = {"point_id": task.point_id, "point": task.point, "seed": task.seed, **task.tags}
     try:

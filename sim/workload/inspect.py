@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.text import shown
+from sim.files.text import shown
 from sim.workload.readers import ReadOptions, ReadState
 from sim.workload.sources import CHUNK_ROWS
 from sim.workload.trace import check_span, emit_notes, nothing_left, raw_chunks

@@ -1,4 +1,4 @@
-"""Writing DESIGN.md section 6's normalised Parquet, with provenance in its metadata."""
+"""Writing ARCHITECTURE.md section 6's normalised Parquet, with provenance in its metadata."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.text import arrow_file
+from sim.files.text import arrow_file
 from sim.workload.arrays import RequestArrays
 
 ROW_GROUP_ROWS = 1_000_000
@@ -42,9 +42,9 @@ def write_normalized(arrays: RequestArrays, path: str | Path, metadata: dict | N
     meta = {k: str(v) for k, v in (metadata or {}).items()}
     if arrays.hash_ids is not None:
         meta["hash_block_size"] = str(arrays.hash_block_size)
-    from sim.atomic import atomic_path
+    from sim.files.atomic import atomic_path
 
-    with atomic_path(path) as tmp, arrow_file(tmp, "wb") as sink:  # whole or absent (sim/atomic.py)
+    with atomic_path(path) as tmp, arrow_file(tmp, "wb") as sink:  # whole or absent (sim/files/atomic.py)
         writer = None
         try:
             for start in range(0, max(len(arrays), 1), ROW_GROUP_ROWS):

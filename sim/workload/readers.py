@@ -1,7 +1,7 @@
 """One converter per trace format: a raw ``Batch`` in, a ``RequestArrays`` chunk out.
 
 Why: each public trace names its columns and time unit differently; converters map them onto
-DESIGN.md section 6's schema. Arrival times here are absolute seconds in file order; sorting,
+ARCHITECTURE.md section 6's schema. Arrival times here are absolute seconds in file order; sorting,
 shifting to 0 and rescaling happen once, in ``trace.py``.
 """
 

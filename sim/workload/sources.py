@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.errors import UserError
-from sim.text import arrow_file
+from sim.files.text import arrow_file
 
 if TYPE_CHECKING:
     import polars as pl

@@ -1,4 +1,4 @@
-"""Synthetic workloads: gamma arrivals and length distributions (DESIGN.md section 3).
+"""Synthetic workloads: gamma arrivals and length distributions (ARCHITECTURE.md section 3).
 
 Why: vLLM bench draws inter-arrival gaps from a gamma distribution with shape = burstiness
 and mean 1/rate (burstiness 1 = Poisson; < 1 burstier); users compare against it.

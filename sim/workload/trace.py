@@ -1,4 +1,4 @@
-"""Reading traces (DESIGN.md section 6): detect the format, read in batches, order, stream.
+"""Reading traces (ARCHITECTURE.md section 6): detect the format, read in batches, order, stream.
 
 Why: users replay the traces they have; each is read as it is (``readers.py`` maps its
 columns), every bad row is reported with its file and line, rows out of time order are sorted
@@ -18,7 +18,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S, check_last_arrival_s
-from sim.text import arrow_file
+from sim.files.text import arrow_file
 from sim.workload.arrays import RequestArrays, concat
 from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
 from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,

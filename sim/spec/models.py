@@ -2,7 +2,7 @@
 
 Why: every cost and memory figure derives from a handful of architecture numbers; keeping them
 as data (``catalog/models.yaml``, copied from each model's config.json) makes them checkable.
-``sim/hf_config.py`` maps each HF architecture's config keys onto ``ModelSpec`` (``sim/model_spec.py``).
+``sim/spec/hf_config.py`` maps each HF architecture's config keys onto ``ModelSpec`` (``sim/spec/model_spec.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.hf_config import from_config
-from sim.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: the catalogue's type)
+from sim.spec.hf_config import from_config
+from sim.spec.model_spec import DTYPE_BYTES, ModelSpec  # noqa: F401  (re-exported: the catalogue's type)
 from sim.catalog.packed import load_catalog
 
 
@@ -54,7 +54,7 @@ def _config_quantization(cfg: dict, where: str) -> str | None:
     qc = cfg.get("quantization_config")
     if not qc:
         return None
-    from sim.quantization import METHODS
+    from sim.spec.quantization import METHODS
 
     method = str(qc.get("quant_method", "")).lower()
     if method not in METHODS:

@@ -1,8 +1,8 @@
 """A decoder-only transformer's architecture numbers (``ModelSpec``) and what follows from them:
 parameters, weight bytes, KV bytes per token.
 
-Why: its own module so that the catalogue and config readers (``sim/models.py``,
-``sim/hf_config.py``) both build it without importing each other.
+Why: its own module so that the catalogue and config readers (``sim/spec/models.py``,
+``sim/spec/hf_config.py``) both build it without importing each other.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ModelSpec:
 
     Defaults describe the Llama layout (Touvron et al. 2023; HF modeling_llama.py): RoPE, q/k/v/o
     projections without bias, a gated (SwiGLU) MLP of three matrices, two RMSNorms per layer.
-    The other fields describe the departures of other architectures (``sim/hf_config.py``).
+    The other fields describe the departures of other architectures (``sim/spec/hf_config.py``).
     """
 
     name: str
@@ -57,7 +57,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     q_lora_rank: int = 0
     v_head_dim: int = 0
-    quantization: str | None = None  # linear-layer weights (sim/quantization.py); None = dtype
+    quantization: str | None = None  # linear-layer weights (sim/spec/quantization.py); None = dtype
 
     @property
     def dtype_bytes(self) -> int:
@@ -192,7 +192,7 @@ class ModelSpec:
     @property
     def linear_weight_bytes_per_param(self) -> float:
         """Bytes per linear-layer weight: the quantization's (scales included) or the dtype's."""
-        from sim.quantization import get_quantization
+        from sim.spec.quantization import get_quantization
 
         q = get_quantization(self.quantization)
         return float(self.dtype_bytes) if q is None else q.weight_bytes

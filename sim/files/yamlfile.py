@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from sim.errors import UserError
-from sim.text import shown
+from sim.files.text import shown
 
 # NOTE: no scenario nests deeper than ~6 levels; PyYAML's composer recurses per level, so a
 # 5000-deep document would hit Python's recursion limit (a RecursionError, not a YAML error).
@@ -82,7 +82,7 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
     def construct_scalar(self, node):
-        """Every scalar's text (keys too) with no surrogate (sim/text.py ``shown``): YAML's
+        """Every scalar's text (keys too) with no surrogate (sim/files/text.py ``shown``): YAML's
         ``"\\ud83d\\ude00"`` escapes give a pair of surrogates, here the one character they
         encode, and a lone one is kept as its escape's text; either used to stop a page or a
         Parquet file from being written after the whole simulation (issue 38)."""

@@ -1,4 +1,4 @@
-"""Latency and throughput metrics with vLLM bench definitions (DESIGN.md section 1).
+"""Latency and throughput metrics with vLLM bench definitions (ARCHITECTURE.md section 1).
 
 TTFT = first token - arrival; TPOT = (e2e - TTFT) / (output - 1) for requests with more than
 one output token; ITL = every gap between consecutive tokens of a request, pooled; E2EL =

@@ -10,7 +10,7 @@ MoE with shared experts, MLA. Each reader follows that architecture's HF modelin
 from __future__ import annotations
 
 from sim.errors import UserError
-from sim.model_spec import DTYPE_BYTES, ModelSpec
+from sim.spec.model_spec import DTYPE_BYTES, ModelSpec
 
 
 class _Cfg:

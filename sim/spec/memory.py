@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from sim.core.kv import KVGroups, blocks_for
 from sim.errors import UserError
-from sim.hardware import GPUSpec
-from sim.model_spec import ModelSpec
+from sim.spec.hardware import GPUSpec
+from sim.spec.model_spec import ModelSpec
 
 GIB = 1024**3
 # NOTE: CUDA context, NCCL buffers and the allocator's slack outside PyTorch tensors; vLLM

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from sim.cost.calibration import describe as describe_cost_model
-from sim.analysis.metrics import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
+from sim.metrics.vllm_bench import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
                                   pieces_stats, plain_stats)
-from sim.analysis.run_warnings import failure_kinds, run_warnings, uncertainty_notes
+from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_notes
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -103,7 +103,7 @@ def summarize(result) -> dict:
     completed = int(ok.sum())
     tin = int(col("input_tokens")[ok].sum())
     tout = int(col("output_tokens")[ok].sum())
-    # the step log read 2^18 rows at a time (sim/analysis/metrics.py pieces_stats)
+    # the step log read 2^18 rows at a time (sim/metrics/vllm_bench.py pieces_stats)
     def reader(columns):
         names = [c for c in columns if c in result.step_store.names]
         return lambda a, b: {c: result.step_column(c, a, b) for c in names}
@@ -195,7 +195,7 @@ def summarize(result) -> dict:
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")
     out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], all_arrival_s=col("arrival_s"))
-    # where the figures rest on extrapolated costs (sim/analysis/run_warnings.py): shown beside them
+    # where the figures rest on extrapolated costs (sim/metrics/run_warnings.py): shown beside them
     out["simsrv_uncertainty"] = uncertainty_notes(out)
     g = dep.memory.kv_groups
     if s.engine.enable_prefix_caching and not g.caches_prefixes:

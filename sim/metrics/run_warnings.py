@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.analysis.metrics import median
+from sim.metrics.vllm_bench import median
 
 SATURATION_RATIO = 0.9   # served below 90% of offered ...
 QUEUE_GROWTH = 1.5       # ... and the last arrivals queue 1.5x longer than the middle ones ...
