@@ -54,3 +54,27 @@ def small_scenario(**over) -> dict:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def in_python_core(test):
+    """Run ``test`` with the core's Python sources: in this process when they run here, else in
+    a child process with ``SIMSRV_PURE_PYTHON=1`` (a test that replaces a scheduler's or KV
+    manager's methods on an instance, which the compiled core's classes do not allow). The
+    two cores compute the same (tests/test_compiled_core.py): the test checks the logic."""
+    import functools
+    import os
+    import subprocess
+    import sys
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        import sim.compiled_core
+
+        if sim.compiled_core.pure_reason is not None:
+            return test(*args, **kwargs)
+        node = f"{test.__module__.replace('.', '/')}.py::{test.__name__}"
+        env = {**os.environ, "SIMSRV_PURE_PYTHON": "1", "PYTHONPATH": str(ROOT)}
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node], cwd=ROOT,
+                           env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    return run

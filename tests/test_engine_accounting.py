@@ -16,6 +16,7 @@ from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
+from tests.conftest import in_python_core
 
 
 def _swap_run(seed: int) -> tuple[int, int, int]:
@@ -62,6 +63,7 @@ def _swap_run(seed: int) -> tuple[int, int, int]:
     return moved[0], charged + s._swap_blocks, replans[0]  # (with any copies not charged yet: none if it ran out)
 
 
+@in_python_core  # it replaces the KV manager's methods to count the blocks they move
 def test_every_swapped_block_is_charged_to_a_step_that_runs():
     """A round whose first plan only preempts is planned again at once (``schedule``); the
     swap-outs of the discarded plan happened and are charged to the plan that runs. (Reached

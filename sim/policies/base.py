@@ -230,6 +230,10 @@ class Scheduler:
 
     @property
     def limits(self) -> EngineLimits:
+        # (compiled core) the scheduler's own methods read ``self._limits``, never this
+        # property: compiled by mypyc, a property read on ``self`` inside a method that an
+        # interpreted subclass (StaticScheduler) reached through ``super()`` crashed the process
+        # (a sliding-window model under static, tests/test_scenario_roundtrip.py's fuzz)
         return self._limits
 
     @limits.setter
@@ -257,7 +261,7 @@ class Scheduler:
         kv = self.kv
         need = kv.blocks_for(total - 1)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
-            longest = min(total - 1, self.limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
+            longest = min(total - 1, self._limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
             need = max(need, kv.blocks_for(longest, 0))
         if need > kv.num_blocks:
             return f"needs {need} KV blocks for {total} tokens; replica has {kv.num_blocks}"

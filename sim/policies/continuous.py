@@ -23,7 +23,7 @@ class ContinuousScheduler(Scheduler):
         configuration outright), never run alone over the budget."""
         reason = super().admission_error(req)
         if not reason and req.prompt_tokens > self._budget:
-            reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
+            reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self._limits.max_num_batched_tokens} "
                       "(policy continuous: no chunked prefill)")
         return reason
 
