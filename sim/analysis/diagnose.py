@@ -25,6 +25,7 @@ from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_
 from sim.analysis.diagnose_fixes import CAUSES, Candidate, assemble, frame_saturation, identical_results, plan, run_jobs
 from sim.analysis.diagnose_verdict import ReplicaSearch, bursts, burst_sentence, decode_step_ms, feasibility, slo_terms
 from sim.errors import UserError
+from sim.policies import get_policy
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.metrics.summary import num_gpus
@@ -154,6 +155,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     total_tail = sum(tail_ms.values()) or 1.0
 
     reuse, router_hint, reuse_text = reuse_check(s, arrays, summary)
+    chunks = get_policy(s.engine.policy).chunk_is_budget  # prompts chunked under the token budget
     sentences = [setup_sentence(s, summary)]
     sentences += [x for x in (failure_sentence(summary), grid_sentence(s, arrays)) if x]
     sentences += [
@@ -165,7 +167,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     if cause == "queueing" and ttft_ratio > QUEUEING_RATIO * prompt_ratio:
         sentences.append("That is the queueing signature: the tail ratio is far above what prompt lengths explain, "
                          "and tail requests spend their time waiting for a batch slot or token budget. Add capacity "
-                         "or admission control" + ("." if s.engine.policy == "chunked" else
+                         "or admission control" + ("." if chunks else
                                                    "; chunked prefill helps only if long prefills hold the queue."))
     elif cause == "queueing":
         sentences.append(f"Tail requests mostly wait for admission, and the tail ratio ({ttft_ratio:.1f}x) is "
@@ -183,7 +185,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
                          "transfer, or more decode replicas.")
     else:
         sentences.append("Tail requests share steps with other work: prefill-decode interference.")
-    sentences.append(f"Chunked prefill is {'on' if s.engine.policy == 'chunked' else 'off'} "
+    sentences.append(f"Chunked prefill is {'on' if chunks else 'off'} "
                      f"(policy {s.engine.policy}, token budget {s.engine.max_num_batched_tokens}).")
     if summary.get("simsrv_peak_kv_usage", 0) > 0.95:
         sentences.append(f"KV cache use peaked at {summary['simsrv_peak_kv_usage']:.0%} with "

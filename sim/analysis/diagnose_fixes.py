@@ -24,6 +24,7 @@ from sim.engine.topology import layout_for
 from sim.errors import UserError
 from sim.run import run_scenario
 from sim.policies import get_policy
+from sim.policies.registry import chunk_policy
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.metrics.summary import num_gpus
 from sim.sweep.slo import SLOTerm
@@ -176,10 +177,11 @@ def whole_trace_candidates(s: Scenario, arrays: RequestArrays, router_hint: bool
     """Candidates that change the deployment and replay the whole trace on it."""
     e = s.engine
     out = []
-    if e.policy in ("static", "continuous"):
-        budget = min(e.max_num_batched_tokens, 2048)
-        out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
-                    ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"]))
+    spec = get_policy(e.policy)
+    if not spec.chunked_prefill and not spec.pools:  # a colocated policy with whole prompts
+        budget, chunked = min(e.max_num_batched_tokens, 2048), chunk_policy()
+        out.append((Candidate("chunked prefill", f"engine.policy={chunked}, max_num_batched_tokens={budget}"),
+                    [f"engine.policy={chunked}", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"]))
     change, sets = layout_for(s).add_capacity()
     out.append((Candidate("add capacity", change), sets))
     if arrays.hash_ids is not None and not e.enable_prefix_caching:

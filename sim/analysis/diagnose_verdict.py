@@ -119,7 +119,7 @@ def _alternatives(s: Scenario, prompt: int, limit_ms: float) -> list[str]:
         fastest = max(catalogue(), key=lambda k: get_gpu(k).bf16_flops_per_s)
         if fastest != s.hardware.gpu and get_gpu(fastest).bf16_flops_per_s > get_gpu(s.hardware.gpu).bf16_flops_per_s:
             tries.append((fastest, [f"hardware.gpu={fastest}"]))
-    if s.engine.policy == "chunked" and s.engine.max_num_batched_tokens < prompt:
+    if get_policy(s.engine.policy).chunk_is_budget and s.engine.max_num_batched_tokens < prompt:
         tries.append((f"one {prompt:,}-token chunk", [f"engine.max_num_batched_tokens={prompt}"]))
     out = []
     for label, sets in tries:

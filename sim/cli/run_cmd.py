@@ -14,11 +14,14 @@ from sim.errors import UserError
 
 def overrides(policy: Optional[str], chunk: Optional[int], sets: List[str]) -> list[str]:
     """``--policy`` and ``--chunk`` as ``--set`` overrides, after the ``--set`` ones."""
+    from sim.policies.registry import chunk_policy
+
     out = list(sets or [])
     if chunk is not None:
-        out += ["engine.policy=chunked", f"engine.max_num_batched_tokens={chunk}"]
-        if policy not in (None, "chunked"):
-            raise UserError(f"--chunk {chunk} means --policy chunked, but --policy {policy} was given")
+        chunked = chunk_policy()  # the policy whose token budget is its chunk size
+        out += [f"engine.policy={chunked}", f"engine.max_num_batched_tokens={chunk}"]
+        if policy is not None and policy != chunked:
+            raise UserError(f"--chunk {chunk} means --policy {chunked}, but --policy {policy} was given")
     elif policy is not None:
         out.append(f"engine.policy={policy}")
     return out
@@ -71,7 +74,10 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     from sim.workload.build import should_stream
 
     s = load_scenario(scenario, overrides(policy, chunk, set_))
-    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
+    from sim.policies import get_policy
+
+    chunk_tag = get_policy(s.engine.policy).chunk_is_budget  # the chunk size names the run
+    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if chunk_tag else "")
     out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
     check_output(out, "--out", directory=True)
     # the name is claimed before simulating and the directory replaced whole when written
