@@ -23,6 +23,7 @@ from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_S
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
 from sim.policies.registry import PolicySpec, name_list, names_with
+from sim.workload.formats import AUTO, TIME_UNITS, format_choices
 from sim.policies.budget import scenario_budget_error
 
 
@@ -294,8 +295,7 @@ class TraceColumns(_Strict):
 
 class TraceSpec(_Strict):
     path: str
-    format: Literal["auto", "normalized", "azure", "burstgpt", "vidur", "mooncake", "bailian", "aiperf",
-                    "vllm_bench", "generic"] = "auto"
+    format: str = AUTO  # auto or a registered format (sim/workload/formats.py)
     time_scale: float = Field(1.0, gt=0, le=MAX_FIGURE)
     target_rate: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)     # req/s; scales the gaps (exclusive with time_scale)
     start_s: Optional[float] = Field(None, ge=0, le=MAX_TIME_S)         # window of the trace to replay (trace seconds)
@@ -305,8 +305,17 @@ class TraceSpec(_Strict):
     spread_grid_s: Optional[float] = Field(None, gt=0, le=MAX_TIME_S)   # spread requests inside each grid bucket (Mooncake: 3)
     model_filter: Optional[str] = None                   # BurstGPT: keep this Model only
     keep_failed: bool = False                            # replay failed rows (0 output tokens) with 1 token
-    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = "s"  # generic format
+    time_unit: Literal[TIME_UNITS] = "s"  # generic format
     columns: TraceColumns = TraceColumns()               # generic format
+
+    @field_validator("format")
+    @classmethod
+    def _registered_format(cls, v: str) -> str:
+        choices = format_choices()  # read at validation: a format registered later is accepted
+        if v not in choices:
+            raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in choices[:-1]) + f" or '{choices[-1]}'"
+                             f" (got {short_repr(v)})")
+        return v
 
 
 class LengthDist(_Strict):
