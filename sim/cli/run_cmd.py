@@ -40,9 +40,11 @@ def _summary_table(summary: dict):
     t.add_column("metric (ms)")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
-    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
-        t.add_row(label, *(_fmt(summary[f"{c}_{key}_ms"]) for c in ("mean", "p50", "p90", "p99")))
-    t.add_row("queue time", *(_fmt(summary[f"simsrv_{c}_queue_time_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    from sim.metrics.keys import key, queue_key
+
+    for label, metric in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
+        t.add_row(label, *(_fmt(summary[key(c, metric)]) for c in ("mean", "p50", "p90", "p99")))
+    t.add_row("queue time", *(_fmt(summary[queue_key(c)]) for c in ("mean", "p50", "p90", "p99")))
     return t
 
 
