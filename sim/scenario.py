@@ -22,6 +22,8 @@ from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
+from sim.policies.registry import PolicySpec, name_list, names_with
+from sim.workload.formats import AUTO, TIME_UNITS, format_choices
 from sim.policies.budget import scenario_budget_error
 
 
@@ -293,8 +295,7 @@ class TraceColumns(_Strict):
 
 class TraceSpec(_Strict):
     path: str
-    format: Literal["auto", "normalized", "azure", "burstgpt", "vidur", "mooncake", "bailian", "aiperf",
-                    "vllm_bench", "generic"] = "auto"
+    format: str = AUTO  # auto or a registered format (sim/workload/formats.py)
     time_scale: float = Field(1.0, gt=0, le=MAX_FIGURE)
     target_rate: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)     # req/s; scales the gaps (exclusive with time_scale)
     start_s: Optional[float] = Field(None, ge=0, le=MAX_TIME_S)         # window of the trace to replay (trace seconds)
@@ -304,8 +305,17 @@ class TraceSpec(_Strict):
     spread_grid_s: Optional[float] = Field(None, gt=0, le=MAX_TIME_S)   # spread requests inside each grid bucket (Mooncake: 3)
     model_filter: Optional[str] = None                   # BurstGPT: keep this Model only
     keep_failed: bool = False                            # replay failed rows (0 output tokens) with 1 token
-    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = "s"  # generic format
+    time_unit: Literal[TIME_UNITS] = "s"  # generic format
     columns: TraceColumns = TraceColumns()               # generic format
+
+    @field_validator("format")
+    @classmethod
+    def _registered_format(cls, v: str) -> str:
+        choices = format_choices()  # read at validation: a format registered later is accepted
+        if v not in choices:
+            raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in choices[:-1]) + f" or '{choices[-1]}'"
+                             f" (got {short_repr(v)})")
+        return v
 
 
 class LengthDist(_Strict):
@@ -417,6 +427,32 @@ class SLO(_Strict):
     e2el_ms: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
 
 
+def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
+    """What ``e`` asks of its policy that the policy's spec does not declare (sim/policies/
+    registry.py); the message names the policies that do."""
+    if e.num_scheduler_steps > 1 and (not spec.multi_step or e.preemption_mode != "recompute"):
+        # vLLM 0.6.0 refuses chunked prefill with multi-step (vllm/engine/arg_utils.py:
+        # "Chunked prefill is not supported with multi-step"); swap is not modelled with it
+        return (f"engine.num_scheduler_steps: {e.num_scheduler_steps} (multi-step) needs "
+                f"engine.policy: {name_list(names_with(lambda p: p.multi_step))} and preemption_mode: recompute "
+                "(vLLM 0.6.0 refuses chunked prefill with multi-step)")
+    if e.capacity_scheduler_policy not in spec.capacity_scheduler_policies:
+        takers = names_with(lambda p: e.capacity_scheduler_policy in p.capacity_scheduler_policies)
+        return (f"engine.capacity_scheduler_policy: {e.capacity_scheduler_policy} applies to policies "
+                f"{name_list(takers)}, not {e.policy}")
+    if e.admission != "vllm" and (e.admission not in spec.admission_modes
+                                  or e.capacity_scheduler_policy != "max_utilization"):
+        takers = names_with(lambda p: e.admission in p.admission_modes)
+        return (f"engine.admission: {e.admission} applies to policies {name_list(takers)} "
+                f"with capacity_scheduler_policy max_utilization, not {e.policy} / {e.capacity_scheduler_policy}")
+    if e.admission not in spec.admission_modes:
+        return f"engine.admission: {e.admission} does not apply to policy {e.policy}"
+    if e.separate_prefill_steps and not spec.separate_prefill_steps:
+        takers = name_list(names_with(lambda p: p.separate_prefill_steps))
+        return f"engine.separate_prefill_steps applies to policy {takers} (whole prompts), not {e.policy}"
+    return None
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -435,7 +471,8 @@ class Scenario(_Strict):
         if self.hardware.custom is not None and "gpu" in self.hardware.model_fields_set:
             raise ValueError("give hardware.gpu or hardware.custom, not both")
         c = self.cluster
-        if c.pipeline_parallel_size > 1 and get_policy(e.policy).pools:
+        spec = get_policy(e.policy)
+        if c.pipeline_parallel_size > 1 and not spec.pipeline_parallel:
             # a pool's replica is built with one stage (build_deployment), so num_gpus counts
             # tensor_parallel_size per pool replica: refused rather than silently dropped
             raise ValueError("cluster.pipeline_parallel_size applies to colocated replicas; disaggregation "
@@ -445,7 +482,7 @@ class Scenario(_Strict):
                 raise ValueError("cluster.data_parallel_size > 1 needs cluster.enable_expert_parallel: true (a MoE "
                                  "model's experts spread over the data-parallel ranks); for independent copies "
                                  "use cluster.replicas")
-            if c.pipeline_parallel_size > 1 or get_policy(e.policy).pools:
+            if c.pipeline_parallel_size > 1 or not spec.data_parallel:
                 raise ValueError("cluster.data_parallel_size > 1 applies to colocated replicas of one pipeline "
                                  "stage (pipeline_parallel_size 1, no disaggregation pools)")
             if e.num_scheduler_steps > 1:
@@ -455,23 +492,9 @@ class Scenario(_Strict):
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")
-        if e.num_scheduler_steps > 1 and (e.policy != "continuous" or e.preemption_mode != "recompute"):
-            # vLLM 0.6.0 refuses chunked prefill with multi-step (vllm/engine/arg_utils.py:
-            # "Chunked prefill is not supported with multi-step"); swap is not modelled with it
-            raise ValueError(f"engine.num_scheduler_steps: {e.num_scheduler_steps} (multi-step) needs "
-                             "engine.policy: continuous and preemption_mode: recompute (vLLM 0.6.0 "
-                             "refuses chunked prefill with multi-step)")
-        if e.capacity_scheduler_policy != "max_utilization" and e.policy not in ("continuous", "chunked"):
-            raise ValueError(f"engine.capacity_scheduler_policy: {e.capacity_scheduler_policy} applies to policies "
-                             f"continuous and chunked, not {e.policy}")
-        if e.admission != "vllm" and (e.policy not in ("continuous", "chunked")
-                                      or e.capacity_scheduler_policy != "max_utilization"):
-            raise ValueError(f"engine.admission: {e.admission} applies to policies continuous and chunked "
-                             f"with capacity_scheduler_policy max_utilization, not {e.policy} / "
-                             f"{e.capacity_scheduler_policy}")
-        if e.separate_prefill_steps and e.policy != "continuous":
-            raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
-                             f"not {e.policy}")
+        capability = _capability_error(e, spec)
+        if capability:
+            raise ValueError(capability)
         budget = scenario_budget_error(e)  # vLLM's start-up rule, every policy (sim/policies/budget.py)
         if budget:
             raise ValueError(budget)

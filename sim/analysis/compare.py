@@ -65,7 +65,7 @@ def policy_scenarios(scenario_path: Path, policies: list[str], chunk: int | None
     scenarios = []
     for policy in policies:
         overrides = [*sets, f"engine.policy={policy}"]
-        if policy == "chunked" and chunk is not None:
+        if get_policy(policy).chunk_is_budget and chunk is not None:
             overrides.append(f"engine.max_num_batched_tokens={chunk}")
         try:
             s = load_scenario(scenario_path, overrides)
@@ -103,7 +103,7 @@ def run_compare(scenario_path: Path, policies: list[str], chunk: int | None, set
             for policy, s in zip(policies, scenarios):
                 result = run_scenario(s)
                 summary = summarize(result)
-                label = policy + (f" {s.engine.max_num_batched_tokens}" if policy == "chunked" else "")
+                label = policy + (f" {s.engine.max_num_batched_tokens}" if get_policy(policy).chunk_is_budget else "")
                 write_run(result, summary, stage / policy)
                 labels.append(label)
                 if on_run is not None:

@@ -25,6 +25,7 @@ from sim.analysis.diagnose_checks import failure_sentence, grid_sentence, ratio_
 from sim.analysis.diagnose_fixes import CAUSES, Candidate, assemble, frame_saturation, identical_results, plan, run_jobs
 from sim.analysis.diagnose_verdict import ReplicaSearch, bursts, burst_sentence, decode_step_ms, feasibility, slo_terms
 from sim.errors import UserError
+from sim.policies import get_policy
 from sim.run import RunResult, run_scenario
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.metrics.summary import num_gpus
@@ -33,6 +34,7 @@ from sim.sweep.slo import parse_slo
 from sim.metrics.summary import summarize
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
+from sim.metrics.keys import MEDIAN_TPOT, MEDIAN_TTFT, P99_TPOT, P99_TTFT
 
 QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
 
@@ -108,7 +110,7 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
     """Bytes one decode step must read at the typical batch and context, over HBM bandwidth."""
     dep = result.deployment
     st = result.steps.filter(pl.col("decode_tokens") > 0)
-    if st.height == 0 or summary.get("median_tpot_ms") is None:
+    if st.height == 0 or summary.get(MEDIAN_TPOT) is None:
         return {}
     batch = float(np.average((st["decode_tokens"] / st["num_steps"]).to_numpy(), weights=st["duration_s"].to_numpy()))
     done = result.requests.filter(pl.col("status") == "completed")
@@ -124,7 +126,7 @@ def _decode_floor(result: RunResult, summary: dict) -> dict[str, float]:
         weights = base / dep.tp + (m.bytes_read(n * dep.dp) - base) / (dep.tp * dep.dp)
     bytes_per_step = weights + batch * kv_seq_gpu
     floor_ms = bytes_per_step / dep.gpu.hbm_bw_bytes_per_s * 1e3
-    tpot = summary["median_tpot_ms"]
+    tpot = summary[MEDIAN_TPOT]
     return {"batch": batch, "context_tokens": ctx, "bytes_per_step": bytes_per_step, "floor_ms": floor_ms,
             "tpot_ms": tpot, "bandwidth_fraction": floor_ms / tpot}
 
@@ -154,6 +156,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     total_tail = sum(tail_ms.values()) or 1.0
 
     reuse, router_hint, reuse_text = reuse_check(s, arrays, summary)
+    chunks = get_policy(s.engine.policy).chunk_is_budget  # prompts chunked under the token budget
     sentences = [setup_sentence(s, summary)]
     sentences += [x for x in (failure_sentence(summary), grid_sentence(s, arrays)) if x]
     sentences += [
@@ -165,7 +168,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     if cause == "queueing" and ttft_ratio > QUEUEING_RATIO * prompt_ratio:
         sentences.append("That is the queueing signature: the tail ratio is far above what prompt lengths explain, "
                          "and tail requests spend their time waiting for a batch slot or token budget. Add capacity "
-                         "or admission control" + ("." if s.engine.policy == "chunked" else
+                         "or admission control" + ("." if chunks else
                                                    "; chunked prefill helps only if long prefills hold the queue."))
     elif cause == "queueing":
         sentences.append(f"Tail requests mostly wait for admission, and the tail ratio ({ttft_ratio:.1f}x) is "
@@ -183,7 +186,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
                          "transfer, or more decode replicas.")
     else:
         sentences.append("Tail requests share steps with other work: prefill-decode interference.")
-    sentences.append(f"Chunked prefill is {'on' if s.engine.policy == 'chunked' else 'off'} "
+    sentences.append(f"Chunked prefill is {'on' if chunks else 'off'} "
                      f"(policy {s.engine.policy}, token budget {s.engine.max_num_batched_tokens}).")
     if summary.get("simsrv_peak_kv_usage", 0) > 0.95:
         sentences.append(f"KV cache use peaked at {summary['simsrv_peak_kv_usage']:.0%} with "
@@ -238,7 +241,7 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
     measured = _measured(result, arrays)
     if measured:
         sentences.append(f"Against the measured run: median TTFT {measured['measured_p50_ttft_ms']:,.0f} ms measured vs "
-                         f"{summary['median_ttft_ms']:,.0f} simulated; per-request median absolute error "
+                         f"{summary[MEDIAN_TTFT]:,.0f} simulated; per-request median absolute error "
                          f"{measured['ttft_median_abs_pct_error']:.0f}%.")
     payload = _payload(sat, search, terms, feas, floor, burst, cands)
     return Diagnosis(s, result, summary, cause, tail_ms, med_ms, ttft_ratio, prompt_ratio, sentences, cands,
@@ -278,11 +281,11 @@ def _best_fix(cands: list[Candidate], summary: dict, terms) -> str:
     gpus = "no extra GPU" if best.gpus_added <= 0 else f"+{best.gpus_added} GPU{'s' if best.gpus_added > 1 else ''}, {best.gpus} in all"
     if best.meets_slo:
         return (f"Fewest GPUs that meet every SLO: {best.name} ({best.change}; {gpus}): p99 TTFT "
-                f"{summary['p99_ttft_ms']:,.0f} -> {best.p99_ttft_ms:,.0f} ms.")
+                f"{summary[P99_TTFT]:,.0f} -> {best.p99_ttft_ms:,.0f} ms.")
     if best.ttft_gain_ms is not None and best.ttft_gain_ms > 0 and best.p99_ttft_ms is not None:
-        gain = best.ttft_gain_ms / summary["p99_ttft_ms"] if summary.get("p99_ttft_ms") else 0.0
+        gain = best.ttft_gain_ms / summary[P99_TTFT] if summary.get(P99_TTFT) else 0.0
         return (f"No candidate meets every SLO. Largest p99 TTFT gain: {best.name} ({best.change}; {gpus}): "
-                f"{summary['p99_ttft_ms']:,.0f} -> {best.p99_ttft_ms:,.0f} ms (-{gain:.0%}).")
+                f"{summary[P99_TTFT]:,.0f} -> {best.p99_ttft_ms:,.0f} ms (-{gain:.0%}).")
     return "None of the candidate fixes lowers p99 TTFT by more than 2%, and none meets every SLO."
 
 
@@ -297,7 +300,7 @@ def _payload(sat, search: ReplicaSearch, terms, feas: list, floor: dict, burst: 
         "floors_ms": {"prefill_p99_prompt": prefill, "decode_step": floor.get("step_ms") if floor else None},
         "infeasible": [f.term.name for f in feas if f.infeasible],
         "bursts": {k: burst[k] for k in ("peak_1s_rate", "peak_10s_rate", "slowest_1pct_span_s")},
-        "fixes": [{"name": c.name, "gpus": c.gpus, "p99_ttft_ms": c.p99_ttft_ms, "p99_tpot_ms": c.p99_tpot_ms,
+        "fixes": [{"name": c.name, "gpus": c.gpus, P99_TTFT: c.p99_ttft_ms, P99_TPOT: c.p99_tpot_ms,
                    "meets_slo": c.meets_slo, "meets": dict(c.meets)} for c in cands],
     }
 

@@ -24,10 +24,12 @@ from sim.engine.topology import layout_for
 from sim.errors import UserError
 from sim.run import run_scenario
 from sim.policies import get_policy
+from sim.policies.registry import chunk_policy
 from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
 from sim.metrics.summary import num_gpus
 from sim.sweep.slo import SLOTerm
 from sim.workload import RequestArrays
+from sim.metrics.keys import P50_TTFT, P99_TPOT, P99_TTFT
 
 LONG_PROMPT_QUANTILE = 95          # prompts above the 95th percentile go to the long-prompt pool
 LONG_POOL_REPLICAS = (1, 2, 3)
@@ -130,7 +132,7 @@ def figures(frames: list[pl.DataFrame]) -> dict:
     tpot = done["tpot_s"].to_numpy()
     tpot = tpot[~np.isnan(tpot)]
     pct = (lambda v, p: float(np.percentile(v, p)) * 1e3 if len(v) else None)
-    return {"p50_ttft_ms": pct(ttft, 50), "p99_ttft_ms": pct(ttft, 99), "p99_tpot_ms": pct(tpot, 99),
+    return {P50_TTFT: pct(ttft, 50), P99_TTFT: pct(ttft, 99), P99_TPOT: pct(tpot, 99),
             "failed": rq.height - done.height, "num_requests": rq.height}
 
 
@@ -176,10 +178,11 @@ def whole_trace_candidates(s: Scenario, arrays: RequestArrays, router_hint: bool
     """Candidates that change the deployment and replay the whole trace on it."""
     e = s.engine
     out = []
-    if e.policy in ("static", "continuous"):
-        budget = min(e.max_num_batched_tokens, 2048)
-        out.append((Candidate("chunked prefill", f"engine.policy=chunked, max_num_batched_tokens={budget}"),
-                    ["engine.policy=chunked", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"]))
+    spec = get_policy(e.policy)
+    if not spec.chunked_prefill and not spec.pools:  # a colocated policy with whole prompts
+        budget, chunked = min(e.max_num_batched_tokens, 2048), chunk_policy()
+        out.append((Candidate("chunked prefill", f"engine.policy={chunked}, max_num_batched_tokens={budget}"),
+                    [f"engine.policy={chunked}", f"engine.max_num_batched_tokens={max(budget, e.max_num_seqs)}"]))
     change, sets = layout_for(s).add_capacity()
     out.append((Candidate("add capacity", change), sets))
     if arrays.hash_ids is not None and not e.enable_prefix_caching:
@@ -245,7 +248,7 @@ def assemble(p: Plan, rows: dict[str, dict], base: dict, base_gpus: int, terms: 
         _fill(cand, figures(frames), base, got[0]["gpus"] + extra, base_gpus)
         judge(cand, frames, terms, got[0]["summary"] if len(got) == 1 else None, base.get("failed", 0))
         out.append(cand)
-    return rank(out, base.get("p99_ttft_ms"))
+    return rank(out, base.get(P99_TTFT))
 
 
 def judge(cand: Candidate, frames: list[pl.DataFrame], terms: list[SLOTerm], summary: dict | None,
@@ -263,12 +266,12 @@ def judge(cand: Candidate, frames: list[pl.DataFrame], terms: list[SLOTerm], sum
 
 def _fill(cand: Candidate, r: dict, base: dict, gpus: int, base_gpus: int) -> None:
     cand.p99_ttft_ms, cand.p99_tpot_ms, cand.p50_ttft_ms, cand.failed, cand.num_requests = (
-        r["p99_ttft_ms"], r["p99_tpot_ms"], r["p50_ttft_ms"], r["failed"], r["num_requests"])
+        r[P99_TTFT], r[P99_TPOT], r[P50_TTFT], r["failed"], r["num_requests"])
     cand.gpus, cand.gpus_added = gpus, gpus - base_gpus
-    if r["p99_ttft_ms"] is not None and base.get("p99_ttft_ms") is not None:
-        cand.ttft_gain_ms = base["p99_ttft_ms"] - r["p99_ttft_ms"]
-    if r["p99_tpot_ms"] is not None and base.get("p99_tpot_ms") is not None:
-        cand.tpot_cost_ms = r["p99_tpot_ms"] - base["p99_tpot_ms"]
+    if r[P99_TTFT] is not None and base.get(P99_TTFT) is not None:
+        cand.ttft_gain_ms = base[P99_TTFT] - r[P99_TTFT]
+    if r[P99_TPOT] is not None and base.get(P99_TPOT) is not None:
+        cand.tpot_cost_ms = r[P99_TPOT] - base[P99_TPOT]
     if cand.failed > base.get("failed", 0):
         cand.note = (cand.note + "; " if cand.note else "") + f"{cand.failed - base['failed']:,} more requests fail"
 

@@ -23,6 +23,7 @@ from sim.scenario import Scenario
 from sim.sweep.cheapest import MAX_REPLICAS, Shape
 from sim.sweep.slo import SLOTerm, parse_slo
 from sim.workload import RequestArrays
+from sim.metrics.keys import key
 
 SHORTER_PROMPT_STEPS = 8     # bisection steps of the longest prompt that meets a TTFT SLO alone
 ONE_BURST_SHARE = 0.05       # the slowest 1% arrived within 5% of the trace's span: one burst
@@ -33,7 +34,7 @@ def slo_terms(s: Scenario, text: str | None) -> list[SLOTerm]:
     """``--slo`` terms (sim/sweep/slo.py) or, without it, the scenario's ``slo`` judging the p99."""
     if text:
         return parse_slo(text)
-    return [SLOTerm(f"{m}_p99_ms", f"p99_{m}_ms", m, float(v))
+    return [SLOTerm(f"{m}_p99_ms", key("p99", m), m, float(v))
             for m, v in (("ttft", s.slo.ttft_ms), ("tpot", s.slo.tpot_ms), ("e2el", s.slo.e2el_ms)) if v is not None]
 
 
@@ -119,7 +120,7 @@ def _alternatives(s: Scenario, prompt: int, limit_ms: float) -> list[str]:
         fastest = max(catalogue(), key=lambda k: get_gpu(k).bf16_flops_per_s)
         if fastest != s.hardware.gpu and get_gpu(fastest).bf16_flops_per_s > get_gpu(s.hardware.gpu).bf16_flops_per_s:
             tries.append((fastest, [f"hardware.gpu={fastest}"]))
-    if s.engine.policy == "chunked" and s.engine.max_num_batched_tokens < prompt:
+    if get_policy(s.engine.policy).chunk_is_budget and s.engine.max_num_batched_tokens < prompt:
         tries.append((f"one {prompt:,}-token chunk", [f"engine.max_num_batched_tokens={prompt}"]))
     out = []
     for label, sets in tries:

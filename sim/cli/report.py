@@ -10,6 +10,7 @@ import typer
 from sim.cli.consoles import LazyConsole
 from sim.cli.outputs import check_output
 from sim.errors import UserError
+from sim.metrics.keys import P50_TTFT, P99_TPOT, P99_TTFT
 from sim.policies import policy_names
 
 console = LazyConsole()
@@ -43,8 +44,8 @@ def compare(
         return "-" if x is None else f"{x:,.1f}"
 
     def on_run(label: str, s: dict) -> None:
-        console.print(f"{label:>16}: TTFT p50 {ms(s['p50_ttft_ms'])} / p99 {ms(s['p99_ttft_ms'])} ms, "
-                      f"TPOT p99 {ms(s['p99_tpot_ms'])} ms, {s['request_throughput']:.2f} req/s, "
+        console.print(f"{label:>16}: TTFT p50 {ms(s[P50_TTFT])} / p99 {ms(s[P99_TTFT])} ms, "
+                      f"TPOT p99 {ms(s[P99_TPOT])} ms, {s['request_throughput']:.2f} req/s, "
                       f"{s['failed']} failed", markup=False, highlight=False)
         for w in s.get("simsrv_warnings", []):
             console.print(f"{'':>16}  warning: {w}", markup=False, highlight=False)

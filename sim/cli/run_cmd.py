@@ -14,11 +14,14 @@ from sim.errors import UserError
 
 def overrides(policy: Optional[str], chunk: Optional[int], sets: List[str]) -> list[str]:
     """``--policy`` and ``--chunk`` as ``--set`` overrides, after the ``--set`` ones."""
+    from sim.policies.registry import chunk_policy
+
     out = list(sets or [])
     if chunk is not None:
-        out += ["engine.policy=chunked", f"engine.max_num_batched_tokens={chunk}"]
-        if policy not in (None, "chunked"):
-            raise UserError(f"--chunk {chunk} means --policy chunked, but --policy {policy} was given")
+        chunked = chunk_policy()  # the policy whose token budget is its chunk size
+        out += [f"engine.policy={chunked}", f"engine.max_num_batched_tokens={chunk}"]
+        if policy is not None and policy != chunked:
+            raise UserError(f"--chunk {chunk} means --policy {chunked}, but --policy {policy} was given")
     elif policy is not None:
         out.append(f"engine.policy={policy}")
     return out
@@ -37,9 +40,11 @@ def _summary_table(summary: dict):
     t.add_column("metric (ms)")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
-    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
-        t.add_row(label, *(_fmt(summary[f"{c}_{key}_ms"]) for c in ("mean", "p50", "p90", "p99")))
-    t.add_row("queue time", *(_fmt(summary[f"simsrv_{c}_queue_time_ms"]) for c in ("mean", "p50", "p90", "p99")))
+    from sim.metrics.keys import key, queue_key
+
+    for label, metric in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
+        t.add_row(label, *(_fmt(summary[key(c, metric)]) for c in ("mean", "p50", "p90", "p99")))
+    t.add_row("queue time", *(_fmt(summary[queue_key(c)]) for c in ("mean", "p50", "p90", "p99")))
     return t
 
 
@@ -71,7 +76,10 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     from sim.workload.build import should_stream
 
     s = load_scenario(scenario, overrides(policy, chunk, set_))
-    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if s.engine.policy == "chunked" else "")
+    from sim.policies import get_policy
+
+    chunk_tag = get_policy(s.engine.policy).chunk_is_budget  # the chunk size names the run
+    tag = s.engine.policy + (f"{s.engine.max_num_batched_tokens}" if chunk_tag else "")
     out = out or Path("reports/runs") / f"{s.dir_name}-{tag}"
     check_output(out, "--out", directory=True)
     # the name is claimed before simulating and the directory replaced whole when written

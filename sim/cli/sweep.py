@@ -11,6 +11,7 @@ import typer
 from sim.cli.consoles import LazyConsole
 from sim.cli.outputs import check_output
 from sim.cli.run_cmd import core_note
+from sim.metrics.keys import P99_TPOT, P99_TTFT
 from sim.errors import UserError
 
 out_console = LazyConsole()
@@ -118,7 +119,7 @@ def sweep(
     for c in ("point", "p99 TTFT", "p99 TPOT", "req/s", "errors"):
         t.add_column(c, justify="left" if c == "point" else "right")
     for r in agg.iter_rows(named=True):
-        t.add_row(r["label"], _latency_ci(r, "p99_ttft_ms"), _latency_ci(r, "p99_tpot_ms"),
+        t.add_row(r["label"], _latency_ci(r, P99_TTFT), _latency_ci(r, P99_TPOT),
                   _ci(r, "request_throughput"), str(r["num_errors"]))
     out_console.print(t)
     for n in notes:

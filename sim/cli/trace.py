@@ -14,6 +14,7 @@ from sim.cli.outputs import check_output
 from sim.cli.trace_warnings import show_trace_warning as _show_trace_warning  # noqa: F401 - tests' in-process CLI
 from sim.errors import UserError
 from sim.files.text import shown
+from sim.workload.formats import TIME_UNITS, format_choices, source_time_unit
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Inspect a request trace, or convert it to simsrv's normalised Parquet.")
@@ -22,18 +23,19 @@ _out = LazyConsole()
 
 def _options(fmt: str, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
              spread_grid_s, seed):
-    from sim.workload.readers import FORMATS, ReadOptions
+    from sim.workload.readers import ReadOptions
 
-    if fmt != "auto" and fmt not in FORMATS:
-        raise UserError(f"--format {fmt}: one of auto, {', '.join(FORMATS)}")
-    if time_unit not in ("s", "ms", "us", "ns", "datetime"):
-        raise UserError(f"--time-unit {time_unit}: one of s, ms, us, ns, datetime")
+    if fmt not in format_choices():
+        raise UserError(f"--format {fmt}: one of {', '.join(format_choices())}")
+    if time_unit not in TIME_UNITS:
+        raise UserError(f"--time-unit {time_unit}: one of {', '.join(TIME_UNITS)}")
     return ReadOptions(format=fmt, hash_block_size=hash_block_size, model_filter=model_filter,
                        keep_failed=keep_failed, time_unit=time_unit, arrival_column=arrival_col,
                        input_column=input_col, output_column=output_col, spread_grid_s=spread_grid_s, seed=seed)
 
 
-FORMAT_HELP = "auto | normalized | azure | burstgpt | vidur | mooncake | bailian | aiperf | vllm_bench | generic"
+FORMAT_HELP = " | ".join(format_choices())
+TIME_UNIT_HELP = "generic: " + " | ".join(TIME_UNITS) + "."
 
 
 @trace_app.command()
@@ -43,7 +45,7 @@ def inspect(
     hash_block_size: Optional[int] = typer.Option(None, "--hash-block-size", help="Tokens per hash id."),
     model_filter: Optional[str] = typer.Option(None, "--model", help="BurstGPT: keep this Model only."),
     keep_failed: bool = typer.Option(False, "--keep-failed", help="Count failed rows (0 output tokens) as 1-token."),
-    time_unit: str = typer.Option("s", "--time-unit", help="generic: s | ms | us | ns | datetime."),
+    time_unit: str = typer.Option("s", "--time-unit", help=TIME_UNIT_HELP),
     arrival_col: str = typer.Option("arrival_s", "--arrival-column"),
     input_col: str = typer.Option("input_tokens", "--input-column"),
     output_col: str = typer.Option("output_tokens", "--output-column"),
@@ -107,7 +109,7 @@ def convert(
     hash_block_size: Optional[int] = typer.Option(None, "--hash-block-size", help="Tokens per hash id."),
     model_filter: Optional[str] = typer.Option(None, "--model", help="BurstGPT: keep this Model only."),
     keep_failed: bool = typer.Option(False, "--keep-failed", help="Replay failed rows with 1 output token."),
-    time_unit: str = typer.Option("s", "--time-unit", help="generic: s | ms | us | ns | datetime."),
+    time_unit: str = typer.Option("s", "--time-unit", help=TIME_UNIT_HELP),
     arrival_col: str = typer.Option("arrival_s", "--arrival-column"),
     input_col: str = typer.Option("input_tokens", "--input-column"),
     output_col: str = typer.Option("output_tokens", "--output-column"),
@@ -128,8 +130,7 @@ def convert(
     arr = apply(arr, "trace convert", start_s, duration_s, sample_n, seed, time_scale, target_rate)
     meta = {
         "source_file": shown(file.name), "source_format": source_format,
-        "source_time_unit": {"azure": "datetime", "mooncake": "ms", "aiperf": "ns", "generic": time_unit}.get(
-            source_format, "s"),
+        "source_time_unit": source_time_unit(source_format, time_unit),
         "time_unit": "s", "converted_by": "simsrv trace convert", "converted_at": time.strftime("%Y-%m-%d"),
         "num_requests_read": n_in, "start_s": start_s, "duration_s": duration_s, "time_scale": time_scale,
         "target_rate_per_s": target_rate, "sample": sample_n, "seed": seed, "spread_grid_s": spread_grid_s,

@@ -16,13 +16,14 @@ from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics.vllm_bench import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
                                   pieces_stats, plain_stats)
 from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_notes
+from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
     out = {}
-    for k in ("mean", "median", "std", "p50", "p90", "p99"):
+    for k in STATS:
         v = stats[k] * 1e3
-        out[f"{k}_{metric}_ms"] = None if math.isnan(v) else v
+        out[key(k, metric)] = None if math.isnan(v) else v
     return out
 
 
@@ -146,12 +147,12 @@ def summarize(result) -> dict:
     itl_stats = pieces_stats(itl, tail=True)  # (its sum_extra_s: the fast-forwarded rows' bend)
     out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
     # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
-    out["p99.9_itl_ms"], out["simsrv_max_itl_ms"] = (
+    out[P999_ITL], out[MAX_ITL] = (
         (None, None) if math.isnan(itl_stats["max"]) else (itl_stats["p99.9"] * 1e3, itl_stats["max"] * 1e3))
     out["simsrv_num_itl_samples"] = itl_stats["n"]
     out.update(_ms(plain_stats(col("e2el_s")[ok]), "e2el"))
     q = plain_stats(col("queue_s")[ok])
-    out.update({f"simsrv_{k}_queue_time_ms": (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
+    out.update({queue_key(k): (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
     out.update({
         "simsrv_policy": s.engine.policy,
         "simsrv_gpu": _gpus(result),

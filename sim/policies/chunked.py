@@ -41,4 +41,6 @@ class ChunkedScheduler(Scheduler):
 
 
 register(PolicySpec("chunked", "chunked prefill mixed with decodes under max_num_batched_tokens",
-                    ChunkedScheduler, ("sim.policies.chunked",), chunked_prefill=True, order=2))
+                    ChunkedScheduler, ("sim.policies.chunked",), chunked_prefill=True, order=2,
+                    admission_modes=("vllm", "sglang"),
+                    capacity_scheduler_policies=("max_utilization", "guaranteed_no_evict")))

@@ -108,4 +108,6 @@ class DecodeScheduler(ChunkedScheduler):
 
 register(PolicySpec("disaggregated", "separate prefill and decode pools joined by a KV transfer link",
                     None, ("sim.policies.disagg", "sim.engine.topology", "sim.engine.link", "sim.policies.continuous", "sim.policies.chunked"),
-                    pools=True, pool_chunked_prefill=(("prefill", False), ("decode", True)), order=3))
+                    pools=True, pool_chunked_prefill=(("prefill", False), ("decode", True)), order=3,
+                    # a pool's replica is built with one stage and no DP ranks (build_deployment)
+                    pipeline_parallel=False, data_parallel=False))

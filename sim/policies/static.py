@@ -67,4 +67,4 @@ class StaticScheduler(Scheduler):
 
 
 register(PolicySpec("static", "request-level batching: a batch runs until all its requests finish",
-                    StaticScheduler, ("sim.policies.static",), order=0))
+                    StaticScheduler, ("sim.policies.static",), order=0, iteration_level=False))

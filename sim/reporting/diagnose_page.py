@@ -12,6 +12,7 @@ from sim.reporting.metrics_table import metrics_table
 from sim.reporting.html import Page
 from sim.reporting.rundata import RunData
 from sim.reporting.units import NUMBER_CELLS_STYLE, fmt_latency_ms
+from sim.metrics.keys import P50_TTFT, P99_TPOT, P99_TTFT
 
 MAX_TAIL_MARKS = 200
 
@@ -32,8 +33,8 @@ def build_diagnose_page(d, run_dir) -> Page:
     # latencies with their unit in each cell: ms, or s from 10,000 ms up (sim/reporting/units.py)
     slo = d.payload.get("slo", {})
     meets = (lambda c: [("yes" if c.meets.get(n) else "no") for n in slo])
-    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _ms(base["p50_ttft_ms"]), _ms(base["p99_ttft_ms"]), "-",
-             _ms(base["p99_tpot_ms"]), "-", f"{base['failed']:,}", *(["-"] * len(slo)), ""]]
+    rows = [["as is", "-", base["simsrv_num_gpus"], "-", _ms(base[P50_TTFT]), _ms(base[P99_TTFT]), "-",
+             _ms(base[P99_TPOT]), "-", f"{base['failed']:,}", *(["-"] * len(slo)), ""]]
     for c in d.candidates:
         rows.append([c.name, c.change, c.gpus, f"+{c.gpus_added}", _ms(c.p50_ttft_ms), _ms(c.p99_ttft_ms),
                      _ms(c.ttft_gain_ms), _ms(c.p99_tpot_ms), _ms(c.tpot_cost_ms, signed=True), f"{c.failed:,}",

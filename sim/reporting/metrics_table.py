@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.reporting.html import Page
+from sim.metrics.keys import MAX_ITL, P999_ITL, key, queue_key
 
 Z95 = 1.96
 
@@ -55,8 +56,8 @@ class Row:
         return v / g if v is not None and g else None
 
 
-def _latency_rows(name: str, key: str, col: str | None) -> list[Row]:
-    return [Row(f"{name} {p} (ms)", f"{p}_{key}_ms", "min", sample=(col, q) if col else None, latency=True)
+def _latency_rows(name: str, metric: str, col: str | None) -> list[Row]:
+    return [Row(f"{name} {p} (ms)", key(p, metric), "min", sample=(col, q) if col else None, latency=True)
             for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))]
 
 
@@ -66,12 +67,12 @@ ROWS = [
     Row("GPUs", "simsrv_num_gpus"),
     *_latency_rows("TTFT", "ttft", "ttft_s"),
     *_latency_rows("TPOT", "tpot", "tpot_s"),
-    *[Row(f"ITL {p} (ms)", f"{p}_itl_ms", "min", noise=f"itl:{q}", latency=True) for p, q in
+    *[Row(f"ITL {p} (ms)", key(p, "itl"), "min", noise=f"itl:{q}", latency=True) for p, q in
       (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))],
-    Row("ITL p99.9 (ms)", "p99.9_itl_ms", "min", noise="itl:0.999", latency=True),
-    Row("ITL max (ms)", "simsrv_max_itl_ms", "min", noise="none", latency=True),
+    Row("ITL p99.9 (ms)", P999_ITL, "min", noise="itl:0.999", latency=True),
+    Row("ITL max (ms)", MAX_ITL, "min", noise="none", latency=True),
     *_latency_rows("E2E latency", "e2el", "e2el_s"),
-    *[Row(f"queue time {p} (ms)", f"simsrv_{p}_queue_time_ms", "min", sample=("queue_s", q), latency=True)
+    *[Row(f"queue time {p} (ms)", queue_key(p), "min", sample=("queue_s", q), latency=True)
       for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))],
     Row("requests / s", "request_throughput", "max"),
     Row("output tokens / s", "output_throughput", "max"),

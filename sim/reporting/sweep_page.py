@@ -16,12 +16,13 @@ import polars as pl
 
 from sim.reporting.html import Page
 from sim.reporting.units import fmt_latency_ci_ms, latency_unit
+from sim.metrics.keys import MEAN_TTFT, P99_E2EL, P99_TPOT, P99_TTFT
 
 LOG_RATIO = 10.0
 # (figure, title, unit: "latency" (ms, shown in s when large) or the unit's text, SLO key)
 CURVES = (
-    ("p99_ttft_ms", "p99 TTFT", "latency", "ttft_ms"), ("p99_tpot_ms", "p99 TPOT", "latency", "tpot_ms"),
-    ("p99_e2el_ms", "p99 E2E latency", "latency", "e2el_ms"), ("mean_ttft_ms", "mean TTFT", "latency", "ttft_ms"),
+    (P99_TTFT, "p99 TTFT", "latency", "ttft_ms"), (P99_TPOT, "p99 TPOT", "latency", "tpot_ms"),
+    (P99_E2EL, "p99 E2E latency", "latency", "e2el_ms"), (MEAN_TTFT, "mean TTFT", "latency", "ttft_ms"),
     ("request_throughput", "throughput", "req/s", None),
     ("simsrv_utilization", "utilisation", "busy fraction", None),
 )
@@ -242,8 +243,8 @@ def points_table(agg: pl.DataFrame, grid_keys: list[str], goodput: bool = False)
     rows = []
     for r in agg.iter_rows(named=True):
         point = [value_text(r[k]) for k in keys] if keys else [r["label"]]
-        rows.append([*point, *([r["num_seeds"]] if seeds else []), _latency_ci(r, "p99_ttft_ms"),
-                     _latency_ci(r, "p99_tpot_ms"), _latency_ci(r, "p99_e2el_ms"), _ci(r, "request_throughput", 2),
+        rows.append([*point, *([r["num_seeds"]] if seeds else []), _latency_ci(r, P99_TTFT),
+                     _latency_ci(r, P99_TPOT), _latency_ci(r, P99_E2EL), _ci(r, "request_throughput", 2),
                      *([_ci(r, "request_goodput", 2)] if goodput else []), _fmt(r.get("simsrv_utilization_mean"), 3),
                      r["num_errors"]])
     return header + figures, rows

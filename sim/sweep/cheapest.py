@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from sim.metrics.summary import num_gpus
 from sim.errors import UserError
+from sim.policies import get_policy
+from sim.policies.registry import names_with
 from sim.scenario import Scenario, scenario_from_dict
 from sim.sweep.capacity import make_config, run_capacity
 from sim.sweep.grid import Point, expand
@@ -40,11 +42,20 @@ DIMENSIONS = {
     "policy": "engine.policy",
     "max_num_batched_tokens": "engine.max_num_batched_tokens",
 }
+
+
+def searched_policies() -> list[str]:
+    """The policies searched by default: the colocated iteration-level ones (their specs'
+    capabilities, sim/policies/registry.py), chunked prefill first (vLLM V1's default)."""
+    names = names_with(lambda p: p.iteration_level and not p.pools)
+    return sorted(names, key=lambda n: not get_policy(n).chunked_prefill)
+
+
 # values searched when --search names a dimension without values
 DEFAULT_VALUES: dict[str, list] = {
     "tensor_parallel_size": [1, 2, 4, 8],
     "gpu": ["a100-80g", "h100-sxm", "h200", "b200", "l40s"],
-    "policy": ["chunked", "continuous"],
+    "policy": searched_policies(),
     "max_num_batched_tokens": [512, 2048, 8192],
 }
 MAX_REPLICAS = 64  # default cap of the replica search (--max-replicas)

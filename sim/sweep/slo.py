@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass
 
 from sim.errors import UserError
+from sim.metrics.keys import LATENCY_METRICS, key
 
-METRICS = ("ttft", "tpot", "itl", "e2el")
+METRICS = LATENCY_METRICS
 STATS = ("mean", "median", "p50", "p90", "p99")
 _TERM = re.compile(rf"^(?:({'|'.join(METRICS)})_({'|'.join(STATS)})|({'|'.join(STATS)})_({'|'.join(METRICS)}))_ms$")
 
@@ -44,10 +45,10 @@ def parse_slo(text: str) -> list[SLOTerm]:
             raise UserError(f"--slo {name}={raw}: the limit must be a number of milliseconds") from None
         if not (limit > 0 and math.isfinite(limit)):
             raise UserError(f"--slo {name}={raw}: the limit must be a finite number > 0")
-        key = f"{stat}_{metric}_ms"
-        if any(t.key == key for t in terms):
+        result_key = key(stat, metric)
+        if any(t.key == result_key for t in terms):
             raise UserError(f"--slo: {name} is given twice")
-        terms.append(SLOTerm(name, key, metric, limit))
+        terms.append(SLOTerm(name, result_key, metric, limit))
     if not terms:
         raise UserError("--slo: give at least one term, e.g. ttft_p99_ms=500,tpot_p99_ms=50")
     return terms

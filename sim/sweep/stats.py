@@ -16,6 +16,8 @@ import numpy as np
 import polars as pl
 from scipy.special import stdtrit  # Student's t quantile; scipy.stats takes a second to import
 
+from sim.metrics import keys
+
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240601  # fixed: the same rows always give the same interval
@@ -23,8 +25,8 @@ BOOTSTRAP_SEED = 20240601  # fixed: the same rows always give the same interval
 # figures aggregated per point (when present in the rows)
 METRICS = (
     "request_rate", "request_throughput", "request_goodput", "output_throughput", "total_token_throughput", "completed", "failed",
-    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")),
-    "simsrv_mean_queue_time_ms", "simsrv_p99_queue_time_ms", "simsrv_num_preemptions", "simsrv_peak_kv_usage",
+    *(keys.key(s, m) for m in keys.LATENCY_METRICS for s in ("mean", "median", "p90", "p99")),
+    keys.queue_key("mean"), keys.queue_key("p99"), "simsrv_num_preemptions", "simsrv_peak_kv_usage",
     "simsrv_utilization",
 )
 

@@ -16,14 +16,13 @@ import numpy as np
 from sim.errors import UserError
 from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
+from sim.workload.formats import TRACE_FORMATS
 from sim.workload.sources import Batch, NumericColumns, arrow_list_lengths, arrow_list_values, shown
 from sim.workload.validate import datetimes_s, floats, present, seconds, text_equals, tokens, truncated_ints
 
 if TYPE_CHECKING:
     import polars as pl
 
-# JSON Lines field types (sources.jsonl_batches): float, text, list of integers
-F, S, IDS = "f64", "str", "ids"
 
 
 @dataclass
@@ -280,22 +279,16 @@ def aiperf(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays
     return _drop_failed(arr, out, o, st, "failed requests (error records)")
 
 
-# name -> (file kind, required raw columns, schema for JSON Lines, converter)
-FORMATS = {
-    "normalized": ("table", ["arrival_s", "input_tokens", "output_tokens"], None, normalized),
-    "azure": ("table", ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], None, azure),
-    "burstgpt": ("table", ["Timestamp", "Model", "Request tokens", "Response tokens"], None, burstgpt),
-    "vidur": ("table", ["arrived_at", "num_prefill_tokens", "num_decode_tokens"], None, vidur),
-    "bailian": ("jsonl", ["timestamp", "chat_id", "parent_chat_id", "input_length", "output_length", "hash_ids"],
-                {"timestamp": F, "chat_id": "i64", "parent_chat_id": "i64", "turn": "i64",
-                 "input_length": F, "output_length": F, "hash_ids": IDS}, bailian),
-    "mooncake": ("jsonl", ["timestamp", "input_length", "output_length"],
-                 {"timestamp": F, "input_length": F, "output_length": F, "hash_ids": IDS, "session_id": S,
-                  "delay": F, "priority": F}, mooncake),
-    "aiperf": ("jsonl", ["metadata", "metrics"],
-               {"request_start_ns": F, "input_sequence_length": F, "output_sequence_length": F,
-                "time_to_first_token_ms": F, "request_latency_ms": F, "session": S}, aiperf),
-    "vllm_bench": ("json", ["start_times", "input_lens", "output_lens"], None, None),
-    "generic": ("any", [], None, generic),
-}
+def converter(fmt: str):
+    """The converter of format ``fmt`` (its registry entry's ``reader``, sim/workload/formats.py)."""
+    name = TRACE_FORMATS[fmt].reader
+    return None if name is None else globals()[name]
+
+
+def flattener(fmt: str):
+    """The function flattening a ``fmt`` row's nested objects, or None."""
+    name = TRACE_FORMATS[fmt].flatten
+    return None if name is None else globals()[name]
+
+
 OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority"]

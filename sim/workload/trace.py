@@ -3,7 +3,7 @@
 Why: users replay the traces they have; each is read as it is (``readers.py`` maps its
 columns), every bad row is reported with its file and line, rows out of time order are sorted
 with a warning saying how many moved, and nothing is dropped without a warning.
-Formats: see ``readers.FORMATS`` and traces/README.md.
+Formats: see ``formats.TRACE_FORMATS`` and traces/README.md.
 """
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ from sim.errors import UserError
 from sim.limits import MAX_TRACE_SPAN_S, check_last_arrival_s
 from sim.files.text import arrow_file
 from sim.workload.arrays import RequestArrays, concat
-from sim.workload.readers import FORMATS, OPTIONAL_NORMALIZED, ReadOptions, ReadState, aiperf_flatten
+from sim.workload.formats import TRACE_FORMATS, format_names
+from sim.workload.readers import OPTIONAL_NORMALIZED, ReadOptions, ReadState, converter, flattener
 from sim.workload.sources import (CHUNK_ROWS, Batch, NotNumeric, check_exists, csv_batches, csv_header,
                                   first_line, json_limit, jsonl_batches, jsonl_numeric_batches, looks_binary, numeric_batches,
                                   parquet_batches, parquet_columns, shown_columns)
 from sim.workload.staged import readable
 
-FORMAT_NAMES = [f for f in FORMATS]
 # formats whose needed columns are numbers (times, token counts) or text the numeric reader hands
-# over as pyarrow text (NUMERIC_TEXT: date-times, BurstGPT's model; generic's arrival with time
-# unit datetime): read by the numeric reader when the file has no other column to read
-NUMERIC_FORMATS = ("generic", "vidur", "normalized", "azure", "burstgpt")
-NUMERIC_TEXT = {"azure": ("TIMESTAMP",), "burstgpt": ("Model",)}
+# over as pyarrow text (``numeric_text``: date-times, BurstGPT's model; generic's arrival with
+# time unit datetime) are read by the numeric reader when the file has no other column to read:
+# ``numeric`` in their registry entry (sim/workload/formats.py)
 # JSON Lines traces up to this size are read by the numeric reader: it saves polars' import
 # (~0.13 s of CPU) but costs ~0.006 s more per MB than polars (its checks before parsing); the
 # two cross near 36 MB (bench/README.md, "JSON Lines traces without polars")
@@ -105,12 +104,12 @@ def detect_format(path: str | Path) -> str:
     if kind == "json":
         return "vllm_bench"
     have = set(cols)
-    for fmt, (k, need, _schema, _fn) in FORMATS.items():
-        if k == kind and need and set(need) <= have:
+    for fmt, spec in TRACE_FORMATS.items():
+        if spec.kind == kind and spec.columns and set(spec.columns) <= have:
             return fmt
     if kind == "jsonl" and {"input_length", "output_length"} <= have:
         return "mooncake"
-    known = "; ".join(f"{f}: {', '.join(n)}" for f, (_k, n, _s, _c) in FORMATS.items() if n)
+    known = "; ".join(f"{f}: {', '.join(spec.columns)}" for f, spec in TRACE_FORMATS.items() if spec.columns)
     # NOTE: a first line with no comma is not a CSV header: it is not echoed (it may be a line
     # of any file given by mistake)
     found = f"columns {shown_columns(cols)}" if len(cols) > 1 or kind == "jsonl" else "no CSV header or JSON object"
@@ -122,7 +121,7 @@ def _needed_columns(fmt: str, opts: ReadOptions) -> list[str]:
     """The columns every row of a table format has (generic: the three the options name)."""
     if fmt == "generic":
         return [opts.arrival_column, opts.input_column, opts.output_column]
-    return FORMATS[fmt][1]
+    return list(TRACE_FORMATS[fmt].columns)
 
 
 def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
@@ -144,20 +143,20 @@ def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str]
     """(the columns a CSV or Parquet trace is read from, those of them read as text: date-times,
     BurstGPT's model) when its format's columns are numbers (times, token counts) or such text:
     the numeric reader may read it. None otherwise."""
-    if fmt not in NUMERIC_FORMATS or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
+    if not TRACE_FORMATS[fmt].numeric or (fmt == "generic" and path.suffix in (".jsonl", ".ndjson")):
         return None
     cols = _table_columns(path, fmt, opts)
     if len(cols) != len(_needed_columns(fmt, opts)):  # an optional column to read
         return None
     if fmt == "generic" and opts.time_unit == "datetime":
         return cols, (opts.arrival_column,)
-    return cols, NUMERIC_TEXT.get(fmt, ())
+    return cols, TRACE_FORMATS[fmt].numeric_text
 
 
 def _jsonl_fields(path: Path, fmt: str, opts: ReadOptions) -> tuple[dict[str, str], object] | None:
     """(field types, flatten function or None) of a JSON Lines trace; None for a table (an error
     if the format expects JSON Lines and the file is not)."""
-    kind, _need, schema, _fn = FORMATS[fmt]
+    kind, schema = TRACE_FORMATS[fmt].kind, TRACE_FORMATS[fmt].schema
     if fmt == "generic" and path.suffix in (".jsonl", ".ndjson"):
         t = "str" if opts.time_unit == "datetime" else "f64"
         return {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"}, None
@@ -165,7 +164,7 @@ def _jsonl_fields(path: Path, fmt: str, opts: ReadOptions) -> tuple[dict[str, st
         return None
     if path.suffix == ".parquet" or not first_line(path).startswith("{"):
         raise UserError(f"{path}: line 1: format {fmt} expects JSON Lines (one JSON object per line)")
-    return schema, aiperf_flatten if fmt == "aiperf" else None
+    return schema, flattener(fmt)
 
 
 def _numeric_batches(path: Path, fmt: str, opts: ReadOptions, chunk_rows: int,
@@ -205,8 +204,8 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
     opts = opts or ReadOptions()
     state = state if state is not None else ReadState()
     fmt = detect_format(path) if opts.format == "auto" else opts.format
-    if fmt not in FORMATS:
-        raise UserError(f"{path}: unknown format {fmt!r}; one of {', '.join(FORMAT_NAMES)}")
+    if fmt not in TRACE_FORMATS:
+        raise UserError(f"{path}: unknown format {fmt!r}; one of {', '.join(format_names())}")
     check_exists(path)
     if fmt == "vllm_bench":
         from sim.workload.bench_json import read_vllm_bench
@@ -220,7 +219,7 @@ def raw_chunks(path: str | Path, opts: ReadOptions | None = None, state: ReadSta
         return
     if fmt == "normalized" and path.suffix == ".parquet" and opts.hash_block_size is None:
         opts = ReadOptions(**{**opts.__dict__, "hash_block_size": _parquet_block_size(path)})
-    convert = FORMATS[fmt][3]
+    convert = converter(fmt)
     any_rows = False
     done_rows = 0  # rows converted by the numeric reader before it gave up
     fields = _jsonl_fields(path, fmt, opts)  # (once: both readers need it)
