@@ -195,8 +195,14 @@ class EngineOverhead(_Strict):
 
 
 class Engine(_Strict):
-    policy: str = "continuous"  # a registered policy (sim/policies/registry.py)
-    max_num_seqs: int = Field(256, ge=1, le=MAX_COUNT)
+    # a registered policy (sim/policies/registry.py); unset: chunked, as vLLM V1's OpenAI server
+    # (chunked prefill on by default: vllm/engine/arg_utils.py EngineArgs._set_default_args)
+    policy: str = "chunked"
+    # vLLM's name for chunked vs continuous: true = policy chunked, false = policy continuous
+    enable_chunked_prefill: Optional[bool] = None
+    # unset: vLLM's defaults for the scenario's GPU (sim/policies/budget.py vllm_default_limits),
+    # filled in by Scenario and kept out of model_fields_set; these are h100-sxm's (the default GPU)
+    max_num_seqs: int = Field(1024, ge=1, le=MAX_COUNT)
     max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
     max_model_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     # vLLM refuses a max_model_len above the model's context length unless
@@ -230,6 +236,27 @@ class Engine(_Strict):
     # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
     attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_from_chunked_prefill(cls, data: Any) -> Any:
+        """``enable_chunked_prefill`` without ``policy`` picks it: chunked or continuous."""
+        if isinstance(data, dict) and isinstance(data.get("enable_chunked_prefill"), bool) and "policy" not in data:
+            return {**data, "policy": "chunked" if data["enable_chunked_prefill"] else "continuous"}
+        return data
+
+    @model_validator(mode="after")
+    def _chunked_prefill_agrees(self) -> "Engine":
+        """``enable_chunked_prefill`` beside a ``policy`` that says otherwise is refused."""
+        flag = self.enable_chunked_prefill
+        if flag is None:
+            return self
+        spec = get_policy(self.policy)
+        if spec.pools or spec.chunked_prefill != flag:
+            want = "chunked" if flag else "continuous"
+            raise ValueError(f"engine.enable_chunked_prefill: {str(flag).lower()} means policy {want}, but "
+                             f"engine.policy is {self.policy}: give one of the two")
+        return self
 
     @field_validator("block_size")
     @classmethod
@@ -472,10 +499,45 @@ class Scenario(_Strict):
         if e.separate_prefill_steps and e.policy != "continuous":
             raise ValueError(f"engine.separate_prefill_steps applies to policy continuous (whole prompts), "
                              f"not {e.policy}")
-        budget = scenario_budget_error(e)  # vLLM's start-up rule, every policy (sim/policies/budget.py)
+        self._fill_gpu_defaults()
+        budget = scenario_budget_error(self.engine, self._default_limits)  # vLLM's start-up rule (sim/policies/budget.py)
         if budget:
             raise ValueError(budget)
         return self
+
+    def _default_limits(self, where: str) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) vLLM defaults to on the GPU of the engine
+        ``where`` (``engine``, or a pool ``disaggregation.<pool>`` with its own ``gpu``); an
+        unknown GPU is refused when the deployment is built, so its engine keeps h100-sxm's."""
+        from sim.policies.budget import vllm_default_limits
+        from sim.spec.hardware import scenario_gpu
+
+        pool = getattr(self.disaggregation, where.rpartition(".")[2], None) if where != "engine" else None
+        try:
+            gpu = scenario_gpu(self.hardware, getattr(pool, "gpu", None))
+        except UserError:
+            return Engine.model_fields["max_num_batched_tokens"].default, Engine.model_fields["max_num_seqs"].default
+        return vllm_default_limits(gpu)
+
+    def _fill_gpu_defaults(self) -> None:
+        """``engine.max_num_batched_tokens`` and ``max_num_seqs`` left unset take the colocated
+        GPU's defaults (``_default_limits``), still unset (model_fields_set), so that readers of
+        the fields see the values of this GPU and the resolved scenario writes what the run used
+        (sim/engine/deployment.py ``engine_lengths`` gives the final ones, ``max_model_len``
+        known)."""
+        from sim.policies.budget import budget_tokens, policy_engines, seqs_limit
+
+        e = self.engine
+        default_budget, default_seqs = self._default_limits("engine")
+        chunked = dict(policy_engines(e.policy)).get("engine", True)
+        budget = budget_tokens(e, chunked, e.max_model_len, default_budget)
+        fill = {"max_num_batched_tokens": default_budget if budget is None else budget,
+                "max_num_seqs": seqs_limit(e, budget, default_seqs)}
+        if all(getattr(e, k) == v for k, v in fill.items()):
+            return
+        filled = e.model_copy(update=fill)
+        object.__setattr__(filled, "__pydantic_fields_set__", set(e.model_fields_set))
+        object.__setattr__(self, "engine", filled)
 
     @property
     def dir_name(self) -> str:
@@ -507,13 +569,16 @@ class Scenario(_Strict):
         ``hardware.custom`` its ``based_on`` fills), and ``hardware.gpu`` beside ``custom``."""
         from sim.engine.deployment import engine_lengths
 
-        # an unset max_num_batched_tokens under continuous follows max_model_len (vLLM's default)
-        lengths = dict(zip(("max_model_len", "max_num_batched_tokens"), engine_lengths(self)))
-        # an unset budget of a pools policy is each pool's own default (sim/policies/budget.py):
-        # the prefill pool's without chunked prefill, the decode pool's with it; left unset
-        pool_defaults = get_policy(self.engine.policy).pools and "max_num_batched_tokens" not in self.engine.model_fields_set
-        if pool_defaults:
-            del lengths["max_num_batched_tokens"]
+        # unset max_num_batched_tokens and max_num_seqs: vLLM's defaults on this GPU, the budget
+        # max_model_len without chunked prefill (sim/policies/budget.py)
+        lengths = dict(zip(("max_model_len", "max_num_batched_tokens", "max_num_seqs"), engine_lengths(self)))
+        # an unset budget or max_num_seqs of a pools policy is each pool's own default
+        # (sim/policies/budget.py): the prefill pool's without chunked prefill, the decode pool's
+        # with it, each on its pool's GPU; left unset
+        pool_defaults = [k for k in ("max_num_batched_tokens", "max_num_seqs")
+                         if get_policy(self.engine.policy).pools and k not in self.engine.model_fields_set]
+        for k in pool_defaults:
+            del lengths[k]
         update: dict[str, Any] = {"engine": self.engine.model_copy(update=lengths)}
         syn = self.workload.synthetic
         if syn is not None and syn.prefix_groups is not None:
@@ -524,8 +589,8 @@ class Scenario(_Strict):
         if get_policy(self.engine.policy).pools:
             update["disaggregation"] = self._resolved_pools()
         data = self.model_copy(update=update).model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-        if pool_defaults:
-            del data["engine"]["max_num_batched_tokens"]
+        for k in pool_defaults:
+            del data["engine"][k]
         if self.hardware.custom is not None:
             del data["hardware"]["gpu"]  # the inline GPU replaces the catalogue one (one of the two)
         _absolute_paths(data, self.resolve_path)
