@@ -198,12 +198,12 @@ class Engine(_Strict):
     # a registered policy (sim/policies/registry.py); unset: chunked, as vLLM V1's OpenAI server
     # (chunked prefill on by default: vllm/engine/arg_utils.py EngineArgs._set_default_args)
     policy: str = "chunked"
-    # vLLM's name for chunked vs continuous: true = policy chunked, false = policy continuous
-    enable_chunked_prefill: Optional[bool] = None
     # unset: vLLM's defaults for the scenario's GPU (sim/policies/budget.py vllm_default_limits),
     # filled in by Scenario and kept out of model_fields_set; these are h100-sxm's (the default GPU)
     max_num_seqs: int = Field(1024, ge=1, le=MAX_COUNT)
     max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
+    # vLLM's name for chunked vs continuous: true = policy chunked, false = policy continuous
+    enable_chunked_prefill: Optional[bool] = None
     max_model_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     # vLLM refuses a max_model_len above the model's context length unless
     # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config: _get_and_verify_max_len); this key is that switch
