@@ -738,8 +738,19 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         key, value = parse_override(text)
         set_dotted(raw, key, value)
         given.append((key, text))
+    _policy_override_wins(raw, [k for k, _ in given])
     raw.pop("base_dir", None)
     return scenario_from_dict(raw, str(path), base_dir=str(path.parent), overrides=given)
+
+
+def _policy_override_wins(raw: dict, keys: list[str]) -> None:
+    """A policy set from the command line (``--policy``, ``--set engine.policy=``, ``compare``'s
+    runs) replaces the file's ``engine.enable_chunked_prefill``, its other name, rather than
+    contradicting it; both set on the command line are still checked against each other."""
+    engine = raw.get("engine")
+    if ("engine.policy" in keys and "engine.enable_chunked_prefill" not in keys and isinstance(engine, dict)
+            and "enable_chunked_prefill" in engine):
+        raw["engine"] = {k: v for k, v in engine.items() if k != "enable_chunked_prefill"}
 
 
 def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".",

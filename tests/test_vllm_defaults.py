@@ -159,3 +159,17 @@ def test_the_help_shows_the_ray_install_command(argv, monkeypatch):
     o = simsrv(*argv)
     assert o.code == 0
     assert "pip install 'simsrv[ray]'" in o.stdout
+
+
+def test_a_command_line_policy_replaces_the_files_enable_chunked_prefill(tmp_path):
+    from sim.scenario import load_scenario
+
+    raw = small_scenario()
+    raw["engine"] = {"enable_chunked_prefill": True}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    assert load_scenario(p).engine.policy == "chunked"
+    s = load_scenario(p, ["engine.policy=static"])
+    assert s.engine.policy == "static" and "enable_chunked_prefill" not in s.resolved()["engine"]
+    with pytest.raises(UserError, match="engine.enable_chunked_prefill"):
+        load_scenario(p, ["engine.policy=static", "engine.enable_chunked_prefill=true"])
