@@ -22,7 +22,7 @@ from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
-from sim.policies.budget import scenario_budget_error
+from sim.policies.budget import budget_tokens, policy_engines, scenario_budget_error, seqs_limit
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -525,8 +525,6 @@ class Scenario(_Strict):
         the fields see the values of this GPU and the resolved scenario writes what the run used
         (sim/engine/deployment.py ``engine_lengths`` gives the final ones, ``max_model_len``
         known)."""
-        from sim.policies.budget import budget_tokens, policy_engines, seqs_limit
-
         e = self.engine
         default_budget, default_seqs = self._default_limits("engine")
         chunked = dict(policy_engines(e.policy)).get("engine", True)

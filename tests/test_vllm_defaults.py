@@ -120,11 +120,12 @@ def test_enable_chunked_prefill_against_another_policy_is_one_error(flag, policy
 @pytest.mark.parametrize("hf_id, key", [("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
                                         ("meta-llama/llama-3.1-8b", "llama-3.1-8b"),
                                         ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
-                                        ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+                                        ("qwen/QWEN2.5-7b", "qwen2.5-7b"),
                                         ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
                                         ("mistralai/Mistral-7B-v0.1", "mistral-7b-v0.1-window"),
                                         ("deepseek-ai/DeepSeek-R1", "deepseek-r1"),
-                                        ("google/gemma-2-9b-it", "gemma-2-9b")])
+                                        ("google/gemma-2-9b-it", "gemma-2-9b"),
+                                        ("Llama-3.1-8B-Instruct", "llama-3.1-8b")])
 def test_a_hugging_face_id_names_its_catalogue_model(hf_id, key):
     from sim.engine.deployment import build_deployment
     from sim.spec.models import catalogue_key, get_model

@@ -47,8 +47,10 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
 
 @lru_cache(maxsize=1)
 def _hf_ids() -> dict[str, str]:
-    """Each catalogue entry's Hugging Face ids (``hf_ids``), lower-cased -> the entry's name."""
-    return {hf.lower(): key for key, entry in catalogue().items() for hf in entry.get("hf_ids", ())}
+    """Each catalogue entry's Hugging Face ids (``hf_ids``), lower-cased -> the entry's name; also
+    each id's repository name without its organisation (``Llama-3.1-8B-Instruct``)."""
+    ids = {hf.lower(): key for key, entry in catalogue().items() for hf in entry.get("hf_ids", ())}
+    return {**{hf.rpartition("/")[2]: key for hf, key in ids.items()}, **ids}
 
 
 def catalogue_key(ref: str) -> str:
