@@ -22,9 +22,9 @@ from sim.errors import UserError
 from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_TIME_S,
                         MAX_TOKENS)
 from sim.policies import get_policy, policy_names
-from sim.policies.registry import PolicySpec, name_list, names_with
+from sim.policies.registry import PolicySpec, chunked_prefill_policy, name_list, names_with
 from sim.workload.formats import AUTO, TIME_UNITS, format_choices
-from sim.policies.budget import scenario_budget_error
+from sim.policies.budget import budget_tokens, policy_engines, scenario_budget_error, seqs_limit
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -197,9 +197,15 @@ class EngineOverhead(_Strict):
 
 
 class Engine(_Strict):
-    policy: str = "continuous"  # a registered policy (sim/policies/registry.py)
-    max_num_seqs: int = Field(256, ge=1, le=MAX_COUNT)
+    # a registered policy (sim/policies/registry.py); unset: chunked, as vLLM V1's OpenAI server
+    # (chunked prefill on by default: vllm/engine/arg_utils.py EngineArgs._set_default_args)
+    policy: str = "chunked"
+    # unset: vLLM's defaults for the scenario's GPU (sim/policies/budget.py vllm_default_limits),
+    # filled in by Scenario and kept out of model_fields_set; these are h100-sxm's (the default GPU)
+    max_num_seqs: int = Field(1024, ge=1, le=MAX_COUNT)
     max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
+    # vLLM's name for chunked vs continuous: true = policy chunked, false = policy continuous
+    enable_chunked_prefill: Optional[bool] = None
     max_model_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     # vLLM refuses a max_model_len above the model's context length unless
     # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config: _get_and_verify_max_len); this key is that switch
@@ -232,6 +238,27 @@ class Engine(_Strict):
     # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
     attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_from_chunked_prefill(cls, data: Any) -> Any:
+        """``enable_chunked_prefill`` without ``policy`` picks it: chunked or continuous."""
+        if isinstance(data, dict) and isinstance(data.get("enable_chunked_prefill"), bool) and "policy" not in data:
+            return {**data, "policy": chunked_prefill_policy(data["enable_chunked_prefill"])}
+        return data
+
+    @model_validator(mode="after")
+    def _chunked_prefill_agrees(self) -> "Engine":
+        """``enable_chunked_prefill`` beside a ``policy`` that says otherwise is refused."""
+        flag = self.enable_chunked_prefill
+        if flag is None:
+            return self
+        spec = get_policy(self.policy)
+        if spec.pools or spec.chunked_prefill != flag:
+            want = chunked_prefill_policy(flag)
+            raise ValueError(f"engine.enable_chunked_prefill: {str(flag).lower()} means policy {want}, but "
+                             f"engine.policy is {self.policy}: give one of the two")
+        return self
 
     @field_validator("block_size")
     @classmethod
@@ -495,10 +522,43 @@ class Scenario(_Strict):
         capability = _capability_error(e, spec)
         if capability:
             raise ValueError(capability)
-        budget = scenario_budget_error(e)  # vLLM's start-up rule, every policy (sim/policies/budget.py)
+        self._fill_gpu_defaults()
+        budget = scenario_budget_error(self.engine, self._default_limits)  # vLLM's start-up rule (sim/policies/budget.py)
         if budget:
             raise ValueError(budget)
         return self
+
+    def _default_limits(self, where: str) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) vLLM defaults to on the GPU of the engine
+        ``where`` (``engine``, or a pool ``disaggregation.<pool>`` with its own ``gpu``); an
+        unknown GPU is refused when the deployment is built, so its engine keeps h100-sxm's."""
+        from sim.policies.budget import vllm_default_limits
+        from sim.spec.hardware import scenario_gpu
+
+        pool = getattr(self.disaggregation, where.rpartition(".")[2], None) if where != "engine" else None
+        try:
+            gpu = scenario_gpu(self.hardware, getattr(pool, "gpu", None))
+        except UserError:
+            return Engine.model_fields["max_num_batched_tokens"].default, Engine.model_fields["max_num_seqs"].default
+        return vllm_default_limits(gpu)
+
+    def _fill_gpu_defaults(self) -> None:
+        """``engine.max_num_batched_tokens`` and ``max_num_seqs`` left unset take the colocated
+        GPU's defaults (``_default_limits``), still unset (model_fields_set), so that readers of
+        the fields see the values of this GPU and the resolved scenario writes what the run used
+        (sim/engine/deployment.py ``engine_lengths`` gives the final ones, ``max_model_len``
+        known)."""
+        e = self.engine
+        default_budget, default_seqs = self._default_limits("engine")
+        chunked = dict(policy_engines(e.policy)).get("engine", True)
+        budget = budget_tokens(e, chunked, e.max_model_len, default_budget)
+        fill = {"max_num_batched_tokens": default_budget if budget is None else budget,
+                "max_num_seqs": seqs_limit(e, budget, default_seqs)}
+        if all(getattr(e, k) == v for k, v in fill.items()):
+            return
+        filled = e.model_copy(update=fill)
+        object.__setattr__(filled, "__pydantic_fields_set__", set(e.model_fields_set))
+        object.__setattr__(self, "engine", filled)
 
     @property
     def dir_name(self) -> str:
@@ -530,13 +590,16 @@ class Scenario(_Strict):
         ``hardware.custom`` its ``based_on`` fills), and ``hardware.gpu`` beside ``custom``."""
         from sim.engine.deployment import engine_lengths
 
-        # an unset max_num_batched_tokens under continuous follows max_model_len (vLLM's default)
-        lengths = dict(zip(("max_model_len", "max_num_batched_tokens"), engine_lengths(self)))
-        # an unset budget of a pools policy is each pool's own default (sim/policies/budget.py):
-        # the prefill pool's without chunked prefill, the decode pool's with it; left unset
-        pool_defaults = get_policy(self.engine.policy).pools and "max_num_batched_tokens" not in self.engine.model_fields_set
-        if pool_defaults:
-            del lengths["max_num_batched_tokens"]
+        # unset max_num_batched_tokens and max_num_seqs: vLLM's defaults on this GPU, the budget
+        # max_model_len without chunked prefill (sim/policies/budget.py)
+        lengths = dict(zip(("max_model_len", "max_num_batched_tokens", "max_num_seqs"), engine_lengths(self)))
+        # an unset budget or max_num_seqs of a pools policy is each pool's own default
+        # (sim/policies/budget.py): the prefill pool's without chunked prefill, the decode pool's
+        # with it, each on its pool's GPU; left unset
+        pool_defaults = [k for k in ("max_num_batched_tokens", "max_num_seqs")
+                         if get_policy(self.engine.policy).pools and k not in self.engine.model_fields_set]
+        for k in pool_defaults:
+            del lengths[k]
         update: dict[str, Any] = {"engine": self.engine.model_copy(update=lengths)}
         syn = self.workload.synthetic
         if syn is not None and syn.prefix_groups is not None:
@@ -547,8 +610,8 @@ class Scenario(_Strict):
         if get_policy(self.engine.policy).pools:
             update["disaggregation"] = self._resolved_pools()
         data = self.model_copy(update=update).model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
-        if pool_defaults:
-            del data["engine"]["max_num_batched_tokens"]
+        for k in pool_defaults:
+            del data["engine"][k]
         if self.hardware.custom is not None:
             del data["hardware"]["gpu"]  # the inline GPU replaces the catalogue one (one of the two)
         _absolute_paths(data, self.resolve_path)
@@ -696,8 +759,19 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         key, value = parse_override(text)
         set_dotted(raw, key, value)
         given.append((key, text))
+    _policy_override_wins(raw, [k for k, _ in given])
     raw.pop("base_dir", None)
     return scenario_from_dict(raw, str(path), base_dir=str(path.parent), overrides=given)
+
+
+def _policy_override_wins(raw: dict, keys: list[str]) -> None:
+    """A policy set from the command line (``--policy``, ``--set engine.policy=``, ``compare``'s
+    runs) replaces the file's ``engine.enable_chunked_prefill``, its other name, rather than
+    contradicting it; both set on the command line are still checked against each other."""
+    engine = raw.get("engine")
+    if ("engine.policy" in keys and "engine.enable_chunked_prefill" not in keys and isinstance(engine, dict)
+            and "enable_chunked_prefill" in engine):
+        raw["engine"] = {k: v for k, v in engine.items() if k != "enable_chunked_prefill"}
 
 
 def scenario_from_dict(raw: dict, where: str = "scenario", base_dir: str = ".",

@@ -122,9 +122,10 @@ def _deployments(s) -> None:
 
 @pytest.mark.parametrize("policy", policy_names())
 def test_a_budget_below_max_num_seqs_is_refused_for_every_policy(policy):
-    # vLLM: "max_num_batched_tokens (...) must be greater than or equal to max_num_seqs (...)"
+    # vLLM: "max_num_batched_tokens (...) must be greater than or equal to max_num_seqs (...)"; a
+    # max_num_seqs given (an unset one is never above the budget: EngineArgs._set_default_args)
     with pytest.raises(UserError, match=r"engine\.max_num_batched_tokens 1 must be >= engine\.max_num_seqs 256"):
-        scenario_from_dict(_engine(policy, max_num_batched_tokens=1))
+        scenario_from_dict(_engine(policy, max_num_batched_tokens=1, max_num_seqs=256))
 
 
 @pytest.mark.parametrize("policy", policy_names())

@@ -42,7 +42,8 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 @pytest.mark.parametrize("raw, message", [
     ({"workload": {}}, "exactly one of workload.trace or workload.synthetic"),
-    ({"engine": {"policy": "chunked", "max_num_batched_tokens": 64}}, "must be >= engine.max_num_seqs"),
+    ({"engine": {"policy": "chunked", "max_num_batched_tokens": 64, "max_num_seqs": 256}},
+     "must be >= engine.max_num_seqs"),
     ({"engine": {"policy": "fifo"}}, "engine.policy"),
     ({"workload": {"synthetic": {"input_tokens": {"dist": "uniform", "min": 9}}}}, "needs max"),
 ])

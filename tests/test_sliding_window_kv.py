@@ -241,7 +241,7 @@ def test_a_prefix_hit_shares_the_sliding_pages_of_the_prefix():
 @pytest.mark.parametrize("model", ["gemma-2-9b", "gpt-oss-20b"])
 def test_shared_prefix_runs_fast_forward_exactly(model):
     raw = {"model": model, "hardware": {"gpu": "l4" if model == "gemma-2-9b" else "h100-sxm", "cost_model": "roofline"},
-           "engine": {"policy": "chunked", "max_num_batched_tokens": 1024, "max_model_len": 8192,
+           "engine": {"policy": "chunked", "max_num_batched_tokens": 1024, "max_num_seqs": 256, "max_model_len": 8192,
                       "gpu_memory_utilization": 0.95 if model == "gemma-2-9b" else 0.515},
            "workload": {"synthetic": {"num_requests": 120, "request_rate": 4, "shared_prefix_tokens": 2000, "num_prefixes": 3,
                                       "input_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5, "max": 800},

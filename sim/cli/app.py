@@ -14,14 +14,15 @@ from typing import List, Optional
 
 import typer
 
-from sim.cli.consoles import out_console
+from sim.cli.consoles import RAY_INSTALL_HELP, out_console
 from sim.cli.entry import _verbose, main, print_version  # noqa: F401 - main: the entry point, re-exported
 from sim.cli.run_cmd import run_command
 from sim.errors import UserError
 from sim.policies import policy_names
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Discrete-event simulator of an LLM inference cluster.")
+                  help="Discrete-event simulator of an LLM inference cluster.\n\n"
+                  f"sweep, capacity and diagnose run on a Ray cluster with --executor ray: {RAY_INSTALL_HELP}")
 
 
 def _version(value: bool) -> None:

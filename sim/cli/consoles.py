@@ -17,6 +17,10 @@ from typing import Any
 # never wrapped. A COLUMNS variable, or a width given to the console, still decides.
 NON_TERMINAL_WIDTH = 240
 
+# The Ray extra's install command as help text shows it: typer renders help with rich markup,
+# where a bare [ray] is a style tag and vanished ("pip install 'simsrv'"); \[ escapes it.
+RAY_INSTALL_HELP = "pip install 'simsrv\\[ray]'"
+
 
 class LazyConsole:
     """Stands for ``rich.console.Console(**kwargs)``, which it builds on the first attribute

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sim.cli.consoles import LazyConsole
+from sim.cli.consoles import RAY_INSTALL_HELP, LazyConsole
 from sim.cli.outputs import check_output
 from sim.errors import UserError
 from sim.metrics.keys import P50_TTFT, P99_TPOT, P99_TTFT
@@ -82,7 +82,7 @@ def diagnose(
     slo: Optional[str] = typer.Option(None, "--slo", help="SLO terms judged, e.g. ttft_p90_ms=500,tpot_p99_ms=50 "
                                       "(default: the scenario's slo.ttft_ms / tpot_ms / e2el_ms on the p99)."),
     executor: str = typer.Option("local", "--executor", help="Where the candidate fixes run: local (a process "
-                                 "pool) or ray (an existing Ray cluster; pip install 'simsrv[ray]')."),
+                                 f"pool) or ray (an existing Ray cluster; {RAY_INSTALL_HELP})."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: every core; "
                                           "1 = in this process)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (--executor ray)."),

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from sim.cli.consoles import LazyConsole
+from sim.cli.consoles import RAY_INSTALL_HELP, LazyConsole
 from sim.cli.outputs import check_output
 from sim.cli.run_cmd import core_note
 from sim.metrics.keys import P99_TPOT, P99_TTFT
@@ -18,7 +18,7 @@ out_console = LazyConsole()
 err_console = LazyConsole(stderr=True)
 
 SEEDS_HELP = "Seeds per point (common random numbers: seed k gives the same workload draw at every point)."
-EXECUTOR_HELP = "local (a process pool on this machine) or ray (an existing Ray cluster; pip install 'simsrv[ray]')."
+EXECUTOR_HELP = f"local (a process pool on this machine) or ray (an existing Ray cluster; {RAY_INSTALL_HELP})."
 
 
 def _gpus(points) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from sim.spec.hardware import GPUSpec, scenario_gpu
 from sim.spec.memory import MemoryPlan, plan_memory
 from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
-from sim.policies.budget import budget_error, budget_tokens, policy_engines
+from sim.policies.budget import budget_error, budget_tokens, policy_engines, seqs_limit, vllm_default_limits
 from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
 
@@ -111,19 +111,19 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                         "attention with expert parallelism spreads the experts over the ranks; for independent "
                         "copies of a dense model use cluster.replicas")
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
-    max_model_len, budget = _checked_lengths(s, model, where)
+    max_model_len, budget, max_num_seqs = _checked_lengths(s, model, gpu, where)
     engine = engine_profile(e)
     # A disaggregated pool runs with a KV connector; vLLM then disables its hybrid KV cache
     # manager (VllmConfig: "Hybrid KV cache manager is not compatible with KV transfer"; later
     # versions keep it only for connectors marked SupportsHMA), so sliding-window layers are
     # charged in full there. NOTE: the connector is assumed not to support it.
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
-                      budget, e.max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
+                      budget, max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
                       hybrid_kv=where == "scenario", expert_dp=dp)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     limits = EngineLimits(
-        max_num_seqs=e.max_num_seqs,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
@@ -214,21 +214,25 @@ def engine_profile(e):
     return replace(p, num_scheduler_steps=e.num_scheduler_steps) if e.num_scheduler_steps > 1 else p
 
 
-def engine_lengths(s: Scenario) -> tuple[int, int]:
-    """(max_model_len, max_num_batched_tokens) every replica of ``s`` runs with: what its resolved
-    scenario writes (``Scenario.resolved``), set, so the resolved file runs with the same."""
+def engine_lengths(s: Scenario) -> tuple[int, int, int]:
+    """(max_model_len, max_num_batched_tokens, max_num_seqs) every replica of ``s`` runs with:
+    what its resolved scenario writes (``Scenario.resolved``), set, so the resolved file runs
+    with the same."""
     return _checked_lengths(s, get_model(s.model if isinstance(s.model, str) else s.model.model_dump(),
-                                         Path(s.base_dir)))
+                                         Path(s.base_dir)), scenario_gpu(s.hardware))
 
 
-def _checked_lengths(s: Scenario, model: ModelSpec, where: str = "scenario") -> tuple[int, int]:
-    """(max_model_len, max_num_batched_tokens) as vLLM would accept them, or a ``UserError``.
+def _checked_lengths(s: Scenario, model: ModelSpec, gpu: GPUSpec,
+                     where: str = "scenario") -> tuple[int, int, int]:
+    """(max_model_len, max_num_batched_tokens, max_num_seqs) as vLLM would accept them, or a
+    ``UserError``.
 
     - ``max_model_len`` above the model's context length is refused unless
       ``engine.allow_long_max_model_len`` (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1;
       vllm/config: _get_and_verify_max_len).
-    - the budget of this engine (the replica, or the pool ``where``): its default and vLLM's
-      start-up rule, for every policy (sim/policies/budget.py), now that max_model_len is known.
+    - the budget and ``max_num_seqs`` of this engine (the replica, or the pool ``where``, on
+      ``gpu``): their defaults on that GPU and vLLM's start-up rule, for every policy
+      (sim/policies/budget.py), now that max_model_len is known.
     """
     e = s.engine
     context = model.max_position_embeddings
@@ -240,9 +244,11 @@ def _checked_lengths(s: Scenario, model: ModelSpec, where: str = "scenario") -> 
     engines = dict(policy_engines(e.policy))
     pool = "engine" if where == "scenario" else where
     chunked = engines.get(pool, False)
-    budget = budget_tokens(e, chunked, max_len)
+    default_budget, default_seqs = vllm_default_limits(gpu)
+    budget = budget_tokens(e, chunked, max_len, default_budget)
+    seqs = seqs_limit(e, budget, default_seqs)
     source = "engine.max_model_len" if e.max_model_len else f"engine.max_model_len (unset: {model.name}'s context length)"
-    msg = budget_error(e, pool, chunked, budget, max_len, source)
+    msg = budget_error(e, pool, chunked, budget, max_len, source, max_num_seqs=seqs)
     if msg:
         raise UserError(msg)
-    return max_len, budget
+    return max_len, budget, seqs

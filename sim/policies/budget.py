@@ -9,6 +9,13 @@ disaggregated policy's prefill and decode pools, ``pool_chunked_prefill``) at sc
 validation (with the ``max_model_len`` given) and when a deployment is built (with the model's
 context length), where each policy once did its own thing: ``static`` and the prefill pool ran
 prompts over any budget, ``continuous`` failed every longer prompt, ``chunked`` refused.
+
+Unset, ``max_num_batched_tokens`` and ``max_num_seqs`` take vLLM's defaults for its OpenAI API
+server, which depend on the GPU (``vllm_default_limits``): 8192 and 1024 on a GPU of >= 70 GiB
+that is not an A100 (H100, H200, MI300X), 2048 and 256 on any other; without chunked prefill the
+budget is ``max_model_len`` instead; an unset ``max_num_seqs`` is never above the budget
+(vllm/engine/arg_utils.py ``EngineArgs._set_default_args``, vLLM 0.11.0). Each engine takes its
+own GPU's: a disaggregated pool on another GPU, its own.
 """
 
 from __future__ import annotations
@@ -18,8 +25,22 @@ from sim.policies.registry import get_policy
 # in every refusal's line: ``simsrv compare`` leaves a policy so refused out of its default list
 REFUSED = "vLLM refuses this at start-up (SchedulerConfig._verify_args)"
 
-# vllm/utils/__init__.py DEFAULT_MAX_NUM_BATCHED_TOKENS (vLLM 0.11.0)
-VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+GIB_BYTES = 2 ** 30
+# vllm/engine/arg_utils.py EngineArgs._set_default_args (vLLM 0.11.0), UsageContext.OPENAI_API_SERVER:
+# (max_num_batched_tokens with chunked prefill, max_num_seqs)
+LARGE_GPU_LIMITS = (8192, 1024)   # device total memory >= 70 GiB and "a100" not in its name
+OTHER_GPU_LIMITS = (2048, 256)    # any other GPU ("TODO(woosuk): Tune the default values")
+LARGE_GPU_MIN_BYTES = 70 * GIB_BYTES
+
+
+def vllm_default_limits(gpu) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI API server defaults to on ``gpu`` (a
+    ``GPUSpec``) with chunked prefill: vllm/engine/arg_utils.py ``EngineArgs._set_default_args``
+    compares ``current_platform.get_device_total_memory()`` (CUDA's total: ``cuda_total_bytes``)
+    with 70 GiB and looks for "a100" in the device name (PR #17885: the larger budget lowers an
+    A100's throughput). A custom GPU is judged by its memory and its name (key and name here)."""
+    named_a100 = "a100" in f"{gpu.key} {gpu.name}".lower()
+    return LARGE_GPU_LIMITS if gpu.cuda_total_bytes >= LARGE_GPU_MIN_BYTES and not named_a100 else OTHER_GPU_LIMITS
 
 
 def policy_engines(policy: str) -> tuple[tuple[str, bool], ...]:
@@ -31,30 +52,33 @@ def policy_engines(policy: str) -> tuple[tuple[str, bool], ...]:
     return (("engine", spec.chunked_prefill),)
 
 
-def budget_tokens(engine, chunked: bool, max_model_len: int | None) -> int | None:
-    """The step budget of an engine: ``engine.max_num_batched_tokens`` when set, or when the
-    key's default (8192, vLLM's for an API server on a >= 70 GiB GPU:
-    vllm/engine/arg_utils.py ``EngineArgs._set_default_args``) is legal. Unset without chunked
-    prefill and below ``max_model_len``, vLLM's default for that mode instead:
-    min(max_num_seqs x max_model_len, max(max_model_len, 2048)) (vllm/config/scheduler.py
-    ``SchedulerConfig.__post_init__``; ``_set_default_args`` gives max_model_len itself, the same
-    for any max_model_len >= 2048), never below max_model_len. None while an unset budget
-    depends on a ``max_model_len`` not known yet (the model's context length)."""
-    budget = engine.max_num_batched_tokens
-    if chunked or "max_num_batched_tokens" in engine.model_fields_set:
-        return budget
-    if max_model_len is None:
-        return None
-    if budget >= max_model_len:
-        return budget
-    return min(engine.max_num_seqs * max_model_len, max(max_model_len, VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS))
+def budget_tokens(engine, chunked: bool, max_model_len: int | None, default_budget: int) -> int | None:
+    """The step budget of an engine: ``engine.max_num_batched_tokens`` when set; unset, with
+    chunked prefill ``default_budget`` (its GPU's, ``vllm_default_limits``), without it
+    ``max_model_len`` (vllm/engine/arg_utils.py ``EngineArgs._set_default_args``: "if not
+    self.enable_chunked_prefill: self.max_num_batched_tokens = model_config.max_model_len").
+    None while an unset budget depends on a ``max_model_len`` not known yet (the model's context
+    length)."""
+    if "max_num_batched_tokens" in engine.model_fields_set:
+        return engine.max_num_batched_tokens
+    return default_budget if chunked else max_model_len
+
+
+def seqs_limit(engine, budget: int | None, default_seqs: int) -> int:
+    """``engine.max_num_seqs`` when set; unset, its GPU's default (``vllm_default_limits``) but
+    never above the step budget: vllm/engine/arg_utils.py ``EngineArgs._set_default_args``
+    ``min(default_max_num_seqs, max_num_batched_tokens)``, so an unset key is never refused."""
+    if "max_num_seqs" in engine.model_fields_set:
+        return engine.max_num_seqs
+    return default_seqs if budget is None else min(default_seqs, budget)
 
 
 def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: int | None,
-                 max_len_source: str = "engine.max_model_len") -> str:
+                 max_len_source: str = "engine.max_model_len", max_num_seqs: int | None = None) -> str:
     """Why vLLM would refuse ``budget`` for this engine, as one line naming the keys and values,
     or ''. ``where``: ``engine`` or the pool; ``max_len_source`` says where ``max_model_len``
-    came from."""
+    came from; ``max_num_seqs``: the engine's (``seqs_limit``; default ``engine.max_num_seqs``)."""
+    seqs = engine.max_num_seqs if max_num_seqs is None else max_num_seqs
     given = engine.max_num_batched_tokens if "max_num_batched_tokens" in engine.model_fields_set else None
     key = ("engine.max_num_batched_tokens" if given is not None
            else "engine.max_num_batched_tokens (unset, its default)")
@@ -66,20 +90,23 @@ def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: 
                 f"prompt longer than the budget could never run, and {REFUSED}; raise "
                 f"engine.max_num_batched_tokens to at least {max_model_len}, lower engine.max_model_len, "
                 "or use policy chunked")
-    if budget < engine.max_num_seqs:
-        return (f"{pool}{key} {budget} must be >= engine.max_num_seqs {engine.max_num_seqs}: a step could not give "
+    if budget < seqs:
+        return (f"{pool}{key} {budget} must be >= engine.max_num_seqs {seqs}: a step could not give "
                 f"every running sequence its token, and {REFUSED}; raise engine.max_num_batched_tokens or lower "
                 "engine.max_num_seqs")
     return ""
 
 
-def scenario_budget_error(engine) -> str:
+def scenario_budget_error(engine, default_limits) -> str:
     """``budget_error`` of each engine of the scenario's policy with what the scenario says
-    (``engine.max_model_len`` when given); the first one found, or ''."""
+    (``engine.max_model_len`` when given); the first one found, or ''. ``default_limits(where)``:
+    the (budget, max_num_seqs) defaults of that engine's GPU (``vllm_default_limits``)."""
     for where, chunked in policy_engines(engine.policy):
-        budget = budget_tokens(engine, chunked, engine.max_model_len)
+        default_budget, default_seqs = default_limits(where)
+        budget = budget_tokens(engine, chunked, engine.max_model_len, default_budget)
         if budget is not None:
-            msg = budget_error(engine, where, chunked, budget, engine.max_model_len)
+            seqs = seqs_limit(engine, budget, default_seqs)
+            msg = budget_error(engine, where, chunked, budget, engine.max_model_len, max_num_seqs=seqs)
             if msg:
                 return msg
     return ""

@@ -84,6 +84,15 @@ def chunk_policy() -> str:
     return names[0]
 
 
+def chunked_prefill_policy(enabled: bool) -> str:
+    """The policy vLLM's ``enable_chunked_prefill`` names: the first colocated iteration-level
+    policy with (or without) chunked prefill."""
+    names = names_with(lambda s: not s.pools and s.iteration_level and s.chunked_prefill == enabled)
+    if not names:
+        raise KeyError(f"no registered colocated policy with chunked_prefill={enabled}")
+    return names[0]
+
+
 def get_policy(name: str) -> PolicySpec:
     """The spec registered as ``name`` (KeyError names the choices)."""
     try:

@@ -41,10 +41,36 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
         spec = from_config(ref.get("name") or path.parent.name or path.stem, cfg, str(path))
         spec = with_quantization(spec, _config_quantization(cfg, str(path)), str(path))
         return with_quantization(spec, ref.get("quantization"), "model.quantization")
+    key = catalogue_key(ref)
+    return from_config(key, catalogue()[key], f"catalog/models.yaml:{key}")
+
+
+@lru_cache(maxsize=1)
+def _hf_ids() -> dict[str, str]:
+    """Each catalogue entry's Hugging Face ids (``hf_ids``), lower-cased -> the entry's name; also
+    each id's repository name without its organisation (``Llama-3.1-8B-Instruct``)."""
+    ids = {hf.lower(): key for key, entry in catalogue().items() for hf in entry.get("hf_ids", ())}
+    return {**{hf.rpartition("/")[2]: key for hf, key in ids.items()}, **ids}
+
+
+def catalogue_key(ref: str) -> str:
+    """The catalogue entry ``ref`` names: its own name, or one of its Hugging Face ids
+    (``meta-llama/Llama-3.1-8B-Instruct``; case-insensitive, as the Hub's). Unknown: one line
+    with the closest names."""
     cat = catalogue()
-    if ref not in cat:
-        raise UserError(f"model: unknown model {ref!r}; known: {', '.join(sorted(cat))}")
-    return from_config(ref, cat[ref], f"catalog/models.yaml:{ref}")
+    if ref in cat:
+        return ref
+    hit = _hf_ids().get(ref.lower()) or next((k for k in cat if k.lower() == ref.lower()), None)
+    if hit is not None:
+        return hit
+    import difflib
+
+    names = {k.lower(): k for k in cat}
+    names.update({hf.lower(): hf for entry in cat.values() for hf in entry.get("hf_ids", ())})
+    close = [names[n] for n in difflib.get_close_matches(ref.lower(), list(names), n=5, cutoff=0.5)]
+    hint = f"closest: {', '.join(close)}" if close else f"catalogue names: {', '.join(sorted(cat))}"
+    raise UserError(f"model: unknown model {ref!r} (a catalogue name or the Hugging Face id of one, or "
+                    f"{{hf_config: path/to/config.json}}); {hint}")
 
 
 def _config_quantization(cfg: dict, where: str) -> str | None:
