@@ -32,19 +32,39 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     if path.exists() and not path.is_file():
-        yield path
+        with _named(path):
+            yield path
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException as e:
+        with _named(path):
+            yield tmp
+            os.replace(tmp, path)
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        io_error = re.search(r"os error (\d+)", str(e))
-        if io_error and not isinstance(e, OSError):  # polars reports a full disk as a ComputeError
-            code = int(io_error.group(1))
-            raise OSError(code, os.strerror(code), str(path)) from None
         raise
+
+
+@contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """An I/O error in the block names ``path``, the file the user asked for.
+
+    Why: ``write()`` and ``close()`` raise ``OSError`` with no file name (a full disk, a quota,
+    ``/dev/full``), and polars reports a full disk as a ``ComputeError`` ("os error 28"); the
+    CLI's one error line then said "No space left on device" without saying which file. The
+    class is kept (``OSError(EPIPE, ...)`` is a ``BrokenPipeError``)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from None
+    except Exception as e:
+        io_error = re.search(r"os error (\d+)", str(e))
+        if io_error is None:
+            raise
+        code = int(io_error.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def write_text(path: str | Path, text: str) -> None:
