@@ -92,3 +92,29 @@ def test_uncertainty_notes_name_the_extrapolated_share_above_ten_percent():
     share = run["simsrv_extrapolated_steps"] / run["simsrv_num_steps"]
     assert run["simsrv_extrapolated_step_share"] == share
     assert bool(run["simsrv_uncertainty"]) == (share > 0.10)
+
+
+def test_a_close_call_is_within_the_validated_error_either_side():
+    from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR, close_call
+
+    assert VALIDATED_REQUEST_ERR == 0.10
+    assert close_call(451.0, 500.0) and close_call(549.0, 500.0)
+    assert not close_call(449.0, 500.0) and not close_call(551.0, 500.0) and not close_call(None, 500.0)
+
+
+def test_diagnose_flags_a_candidate_decided_inside_the_models_error():
+    from sim.analysis.diagnose_fixes import Candidate, judge
+    from sim.sweep.slo import parse_slo
+    import polars as pl
+
+    terms = parse_slo("ttft_p99_ms=100,tpot_p99_ms=50")
+    cand = Candidate("x", "y")
+    from sim.core.ttft import TTFT_PARTS
+
+    n = 50
+    frame = pl.DataFrame({"status": ["completed"] * n, "ttft_s": [0.095] * n, "tpot_s": [0.02] * n,
+                          "pool": [0] * n, "arrival_s": [float(i) for i in range(n)], "input_tokens": [100] * n,
+                          **{p: [0.0] * n for p in TTFT_PARTS}})
+    judge(cand, [frame], terms, None, 0)
+    assert cand.meets == {"ttft_p99_ms": True, "tpot_p99_ms": True}
+    assert "ttft_p99_ms within 10% of its limit" in cand.note and "tpot" not in cand.note

@@ -35,6 +35,7 @@ from sim.metrics.summary import summarize
 from sim.core.ttft import TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 from sim.metrics.keys import MEDIAN_TPOT, MEDIAN_TTFT, P99_TPOT, P99_TTFT
+from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR, close_call
 
 QUEUEING_RATIO = 3.0  # p99/p50 TTFT this many times the prompt-length ratio: queueing dominates
 
@@ -268,7 +269,13 @@ def _verdict(s: Scenario, summary: dict, sat, search: ReplicaSearch, feas: list,
         head = (f"Keeps up: while requests arrived the deployment served {sat.served_per_s:.2f} of the "
                 f"{sat.offered_per_s:.2f} req/s offered ({share:.0%}); its queue did not grow for the whole "
                 f"window ({queue}). " + search.sentence(per_replica))
-    return [head, *(f.sentence() for f in feas), burst_sentence(burst, sat.saturated)]
+    close = [f.term.name for f in feas if close_call(f.observed_ms, f.term.limit_ms)]
+    caution = ([f"As is, {', '.join(close)} lies within {VALIDATED_REQUEST_ERR:.0%} of its limit, inside the "
+                "model's validated request-level error: whether it passes is not decided by this simulation."]
+               if close else [])
+    # where the figures rest on costs outside the measured profiles (sim/metrics/run_warnings.py)
+    uncertain = [f"Uncertainty: {n}." for n in summary.get("simsrv_uncertainty", [])]
+    return [head, *(f.sentence() for f in feas), *caution, burst_sentence(burst, sat.saturated), *uncertain]
 
 
 def _best_fix(cands: list[Candidate], summary: dict, terms) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from sim.metrics.run_warnings import saturation
+from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR, close_call, saturation
 from sim.core.ttft import TTFT_PARTS
 from sim.engine.topology import layout_for
 from sim.errors import UserError
@@ -258,6 +258,10 @@ def judge(cand: Candidate, frames: list[pl.DataFrame], terms: list[SLOTerm], sum
         v = term_figure(frames, t, summary)
         cand.figures[t.name], cand.meets[t.name] = v, v is not None and v <= t.limit_ms
     cand.meets_slo = bool(terms) and all(cand.meets.values()) and cand.failed <= base_failed
+    close = [t.name for t in terms if close_call(cand.figures[t.name], t.limit_ms)]
+    if close:  # a pass or fail the model's own error could turn over
+        cand.note = (cand.note + "; " if cand.note else "") + (
+            f"{', '.join(close)} within {VALIDATED_REQUEST_ERR:.0%} of its limit, inside the model's validated error")
     done = pl.concat(frames).filter(pl.col("status") == "completed")
     if done.height:
         p99 = float(np.percentile(done["ttft_s"].to_numpy(), 99))

@@ -22,6 +22,14 @@ TREND_CORRELATION = 0.8  # ... rising through the second half (rank correlation)
 GROWTH_WINDOW_SHARE = 0.005  # ... by at least 0.5% of the arrival window
 FAILED_SHARE = 0.05      # warn when 5% or more of the requests failed
 EXTRAPOLATED_SHARE = 0.10  # warn when over 10% of the steps were costed outside the measured profile
+# simsrv validate's request-level median |simulated / measured - 1| (README, "Validation against
+# published measurements"): an SLO met or missed by less than this is flagged where decided
+VALIDATED_REQUEST_ERR = 0.10
+
+
+def close_call(figure_ms: float | None, limit_ms: float) -> bool:
+    """Whether an SLO figure is within the model's validated error of its limit (either side)."""
+    return figure_ms is not None and abs(figure_ms / limit_ms - 1.0) < VALIDATED_REQUEST_ERR
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 

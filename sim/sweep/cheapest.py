@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sim.metrics.summary import num_gpus
 from sim.errors import UserError
+from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR
 from sim.policies import get_policy
 from sim.policies.registry import names_with
 from sim.scenario import Scenario, scenario_from_dict
@@ -59,9 +60,6 @@ DEFAULT_VALUES: dict[str, list] = {
     "max_num_batched_tokens": [512, 2048, 8192],
 }
 MAX_REPLICAS = 64  # default cap of the replica search (--max-replicas)
-# simsrv validate's request-level median |simulated / measured - 1| (README, "Validation against
-# published measurements"): a pass or fail whose margin is inside it is flagged
-VALIDATED_REQUEST_ERR = 0.10
 ANSWER_KEYS = ("gpus", "replicas", "tensor_parallel_size", "gpu", "policy", "max_num_batched_tokens",
                "cost_per_hour", "meets_slo")
 
