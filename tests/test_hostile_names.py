@@ -114,12 +114,18 @@ def test_compare_with_a_non_utf8_directory_and_a_surrogate_scenario_name(work, s
     assert "\U0001f600 x \\ud83d" in page.decode()
 
 
-@pytest.mark.parametrize("seed", [3])
-def test_trace_inspect_html_and_convert_of_a_trace_with_a_non_utf8_name(work, seed):
-    rng = random.Random(seed)
+def _hostile_trace(work, rng: random.Random) -> bytes:
+    """A copy of the test trace under a name that is not UTF-8."""
     trace = _name(rng, b".jsonl")
     with open(_at(work, trace), "wb") as f:
         f.write((work / "t.jsonl").read_bytes())
+    return trace
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_trace_inspect_html_and_convert_of_a_trace_with_a_non_utf8_name(work, seed):
+    rng = random.Random(seed)
+    trace = _hostile_trace(work, rng)
     page = _name(rng, b".html")
     p = _simsrv(work, "trace", "inspect", trace, "--html", page)
     assert "caf\\xe9" in p.stdout.decode()
@@ -140,9 +146,7 @@ def test_trace_inspect_html_and_convert_of_a_trace_with_a_non_utf8_name(work, se
 @pytest.mark.parametrize("seed", [4])
 def test_diagnose_of_a_trace_with_a_non_utf8_name(work, seed):
     rng = random.Random(seed)
-    trace = _name(rng, b".jsonl")
-    with open(_at(work, trace), "wb") as f:
-        f.write((work / "t.jsonl").read_bytes())
+    trace = _hostile_trace(work, rng)
     out = _name(rng)
     _simsrv(work, "diagnose", trace, "--out", out)
     _data_script(open(_at(work, out) + b"/report.html", "rb").read())
