@@ -109,3 +109,15 @@ def test_cli_json_prints_exactly_the_answer(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sim", "capacity", str(s), "--slo", "ttft_p99_ms=2000", "--rate", "8",
                           "--policies", "chunked"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_shapes_tied_on_gpus_and_price_go_to_the_widest_margin():
+    raw = _base(n=100, rate=5.0)
+    raw["engine"]["max_num_batched_tokens"] = 8192  # a budget continuous takes too (vLLM's start-up rule)
+    base = scenario_from_dict(raw, "t")
+    terms = parse_slo("ttft_p99_ms=2000,tpot_p99_ms=100")
+    res = cheapest_deployment(base, terms, 5.0, {"replicas": None, "policy": ["continuous", "chunked"]}, [1],
+                              SerialExecutor(), 4, pareto=False)
+    shapes = {sh.values["policy"]: sh for sh in res.shapes}
+    margin = {p: min(m for m in sh.probes[1]["margins"].values()) for p, sh in shapes.items()}
+    assert res.answer["gpus"] == 1 and res.answer["policy"] == max(margin, key=margin.get)

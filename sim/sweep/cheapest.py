@@ -305,10 +305,13 @@ def cheapest_deployment(base: Scenario, terms: list[SLOTerm], rate_per_s: float,
         if n is None or sh.error:
             continue
         price = sh.price_per_gpu_hour
-        candidates.append((n * sh.gpus_per_replica, n * sh.gpus_per_replica * price if price else math.inf, i, n))
+        # ties on GPUs and $/h: the widest margin under the tightest SLO (the most headroom at R)
+        margin = min((m for m in sh.probes[n]["margins"].values() if m is not None), default=-math.inf)
+        candidates.append((n * sh.gpus_per_replica, n * sh.gpus_per_replica * price if price else math.inf,
+                           -margin, i, n))
     answer = below = None
     if candidates:
-        _, _, i, n = min(candidates)
+        *_, i, n = min(candidates)
         answer, below = _answer_and_below(base, shapes[i], i, n, point, seeds, executor, terms, notes)
     else:
         notes.append(f"no searched configuration meets the SLO at {rate_per_s:g} req/s"
