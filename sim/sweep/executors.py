@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 
 from sim.errors import UserError
-from sim.sweep.task import Task, run_task, run_task_sharing, warm_worker
+from sim.sweep.task import Task, call_sharing, run_task, warm_worker
 
 
 class SerialExecutor:
@@ -29,11 +29,7 @@ class SerialExecutor:
             load_calibration(gpu)
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
-        from sim.engine.deployment import shared_cost_models
-
-        with shared_cost_models():
-            for t in tasks:
-                yield t, run_task(t)
+        return self.map_calls(run_task, tasks)
 
     def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
         """(item, ``fn(item)``) for each item, as each finishes (``fn``: a top-level function)."""
@@ -109,11 +105,6 @@ def _quiet_resource_tracker() -> None:
         sys.warnoptions.append(_TRACKER_WARNING)
 
 
-def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict]:
-    i, task = item
-    return i, run_task(task)
-
-
 def _call_indexed(item: tuple[int, Callable, object]) -> tuple[int, object]:
     i, fn, arg = item
     return i, fn(arg)
@@ -132,9 +123,7 @@ class LocalExecutor:
         self.pool = mp.get_context("spawn").Pool(workers, initializer=_start_worker, initargs=(tuple(gpus),))
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
-        tasks = list(tasks)
-        for i, row in self.pool.imap_unordered(_run_indexed, list(enumerate(tasks)), chunksize=1):
-            yield tasks[i], row
+        return self.map_calls(run_task, tasks)
 
     def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
         items = list(items)
@@ -154,7 +143,7 @@ class RayExecutor:
     NOTE: workers need simsrv's dependencies installed; this simsrv's code is shipped to them
     (Ray ``py_modules``), and a trace file must be readable at the same absolute path on every
     node (a shared filesystem). A worker keeps the cost models it built for its next tasks
-    (``run_task_sharing``), as a local pool's workers do.
+    (``call_sharing``), as a local pool's workers do.
     """
 
     def __init__(self, address: str | None, gpus: tuple[str, ...] = ()):
@@ -171,19 +160,14 @@ class RayExecutor:
                          log_to_driver=False)
             except ConnectionError as e:
                 raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e})") from None
-        self.remote = ray.remote(max_retries=2)(run_task_sharing)
+        self.remote = ray.remote(max_retries=2)(call_sharing)
         self.workers = int(ray.cluster_resources().get("CPU", 1))
 
     def map_unordered(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict]]:
-        self.pending = {self.remote.remote(t): t for t in tasks}
-        while self.pending:
-            done, _ = self.ray.wait(list(self.pending), num_returns=1)
-            for ref in done:
-                yield self.pending.pop(ref), self.ray.get(ref)
+        return self.map_calls(run_task, tasks)
 
     def map_calls(self, fn: Callable, items: Iterable) -> Iterator[tuple[object, object]]:
-        remote = self.ray.remote(max_retries=2)(_call_sharing)
-        self.pending = {remote.remote((fn, x)): x for x in items}
+        self.pending = {self.remote.remote((fn, x)): x for x in items}
         while self.pending:
             done, _ = self.ray.wait(list(self.pending), num_returns=1)
             for ref in done:
@@ -194,15 +178,6 @@ class RayExecutor:
         for ref in getattr(self, "pending", {}):
             self.ray.cancel(ref, force=True)
         self.pending = {}
-
-
-def _call_sharing(call: tuple[Callable, object]) -> object:
-    """``fn(item)`` in a Ray worker that keeps its cost models for its next calls (``run_task_sharing``)."""
-    from sim.engine.deployment import share_cost_models_in_this_process
-
-    fn, item = call
-    share_cost_models_in_this_process()
-    return fn(item)
 
 
 def make_executor(kind: str, workers: int | None, address: str | None, gpus: tuple[str, ...] = ()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +88,21 @@ def run_task(task: Task) -> dict[str, Any]:
     return row
 
 
-def run_task_sharing(task: Task) -> dict[str, Any]:
-    """``run_task`` in a worker process that keeps its cost models (and their memos) for the
-    next tasks it is given: a Ray worker, reused across tasks but started by Ray, not by
-    ``warm_worker``. The rows are the same as ``run_task``'s (the memos are pure:
+def call_sharing(call: tuple[Callable[[Any], Any], Any]) -> Any:
+    """``fn(item)`` in a worker process that keeps its cost models (and their memos) for the
+    next calls it is given: a Ray worker, reused across tasks but started by Ray, not by
+    ``warm_worker``. The results are the same as in a fresh process (the memos are pure:
     ``shared_cost_models``)."""
     from sim.engine.deployment import share_cost_models_in_this_process
 
+    fn, item = call
     share_cost_models_in_this_process()
-    return run_task(task)
+    return fn(item)
+
+
+def run_task_sharing(task: Task) -> dict[str, Any]:
+    """``run_task`` in a worker that keeps its cost models for its next tasks (``call_sharing``)."""
+    return call_sharing((run_task, task))
 
 
 def warm_worker(gpus: tuple[str, ...]) -> None:
