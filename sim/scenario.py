@@ -11,6 +11,7 @@ import math
 import os
 import re
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
@@ -746,22 +747,38 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file."""
+    path = Path(path)
+    raw = read_scenario_raw(path)
+    given = apply_overrides(raw, overrides)
+    return scenario_from_dict(raw, str(path), base_dir=str(path.parent), overrides=given)
+
+
+def read_scenario_raw(path: Path) -> dict:
+    """A scenario file's mapping as written (an empty file: no keys), not yet validated."""
     from sim.files.yamlfile import read_yaml
 
-    path = Path(path)
     raw = read_yaml(path, "scenario file")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a scenario is a YAML mapping of keys, got {type(raw).__name__}")
+    raw.pop("base_dir", None)
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...],
+                    check: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
+    """Each ``--set`` (``key=value``) written into ``raw``, in order (``check(key)`` first, if
+    given, may refuse a key); the (key, text) pairs, for error lines naming the flag."""
     given: list[tuple[str, str]] = []
     for text in overrides:
         key, value = parse_override(text)
+        if check is not None:
+            check(key)
         set_dotted(raw, key, value)
         given.append((key, text))
     _policy_override_wins(raw, [k for k, _ in given])
-    raw.pop("base_dir", None)
-    return scenario_from_dict(raw, str(path), base_dir=str(path.parent), overrides=given)
+    return given
 
 
 def _policy_override_wins(raw: dict, keys: list[str]) -> None:

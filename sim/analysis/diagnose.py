@@ -27,7 +27,7 @@ from sim.analysis.diagnose_verdict import ReplicaSearch, bursts, burst_sentence,
 from sim.errors import UserError
 from sim.policies import get_policy
 from sim.run import RunResult, run_scenario
-from sim.scenario import Scenario, parse_override, scenario_from_dict, set_dotted
+from sim.scenario import Scenario, apply_overrides, read_scenario_raw, scenario_from_dict
 from sim.metrics.summary import num_gpus
 from sim.sweep.cheapest import MAX_REPLICAS
 from sim.sweep.slo import parse_slo
@@ -68,28 +68,20 @@ def trace_scenario(trace: Path, scenario_path: Path | None, sets: list[str]) -> 
     workload made the trace ``trace`` (a trace workload keeps its other keys: format, columns,
     time_unit, window...; a synthetic one becomes a trace with defaults), then every ``--set``
     applied last, so it wins. A bad key or value is one error line naming the flag."""
-    from sim.files.yamlfile import read_yaml
-
     path = Path(scenario_path) if scenario_path is not None else DEFAULT_SCENARIO
-    raw = read_yaml(path, "scenario file")
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a scenario is a YAML mapping of keys, got {type(raw).__name__}")
-    raw.pop("base_dir", None)
+    raw = read_scenario_raw(path)
     workload = raw.get("workload")
     kept = workload.get("trace") if isinstance(workload, dict) else None
     # absolute, links not followed: /dev/fd/63 (a pipe: <(zcat t.gz)) resolves to "pipe:[...]"
     raw["workload"] = {"trace": {**(kept if isinstance(kept, dict) else {}), "path": os.path.abspath(trace)}}
     raw["name"] = f"diagnose-{trace.stem}"
-    given: list[tuple[str, str]] = []
-    for text in sets:
-        key, value = parse_override(text)
+
+    def trace_keys_only(key: str) -> None:
         if (key + ".").startswith("workload.") and not key.startswith("workload.trace.") or key == "workload.trace.path":
             raise UserError(f"--set {key}: diagnose replays the trace given as its argument ({trace}); "
                             "set the trace's other keys one by one (workload.trace.KEY=value)")
-        set_dotted(raw, key, value)
-        given.append((key, text))
+
+    given = apply_overrides(raw, sets, trace_keys_only)
     return scenario_from_dict(raw, f"{path} replaying {trace}", base_dir=str(path.parent), overrides=given)
 
 
