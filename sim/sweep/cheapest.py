@@ -11,7 +11,9 @@ workload that does not depend on the replica count); the answer and the same sha
 replica fewer are both simulated, so the claim at the answer is checked, not assumed.
 
 A probe passes when no request failed and the mean over seeds of every SLO figure is within
-its limit (the same rule as ``capacity``'s knee search, sim/sweep/capacity.py). A shape that
+its limit (``capacity``'s knee search, sim/sweep/capacity.py, passes on the mean too, but
+leaves out a figure undefined at some seeds and counts no failures: a planner's answer must
+serve every request and have every figure). A shape that
 cannot pass at fewer GPUs than the best answer found so far is not searched further.
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 from sim.metrics.summary import num_gpus
 from sim.errors import UserError
-from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR
+from sim.metrics.run_warnings import VALIDATED_REQUEST_ERR, close_call
 from sim.policies import get_policy
 from sim.policies.registry import names_with
 from sim.scenario import Scenario, scenario_from_dict
@@ -185,6 +187,11 @@ def _shape_list(base: Scenario, search: dict[str, list | None]) -> list[Shape]:
     return shapes or [Shape({}, {})]
 
 
+def _seed_tasks(p: Point, seeds: list[int], tags: dict | None = None) -> list[Task]:
+    """One task per seed of the point ``p`` (its scenario at the searched rate)."""
+    return [Task(p.point_id, p.index, seed, {**p.raw, "seed": seed}, p.base_dir, tags or {}) for seed in seeds]
+
+
 def _describe(s: Scenario, replicas: int, gpus: int, price: float | None, meets: bool) -> dict:
     return {"gpus": gpus, "replicas": replicas, "tensor_parallel_size": s.cluster.tensor_parallel_size,
             "gpu": s.hardware.gpu if s.hardware.custom is None else (s.hardware.custom.name or "custom"),
@@ -275,13 +282,7 @@ def cheapest_deployment(base: Scenario, terms: list[SLOTerm], rate_per_s: float,
             break
         if progress:
             progress(f"{len(todo)} configurations at {rate_per_s:g} req/s", executor.runs)
-        tasks = []
-        for i, n in todo:
-            p = point(i, n)
-            for seed in seeds:
-                raw = dict(p.raw)
-                raw["seed"] = seed
-                tasks.append(Task(p.point_id, p.index, seed, raw, p.base_dir, {"shape": i, "replicas": n}))
+        tasks = [t for i, n in todo for t in _seed_tasks(point(i, n), seeds, {"shape": i, "replicas": n})]
         got: dict[tuple[int, int], list[dict]] = defaultdict(list)
         for task, row in executor.map_unordered(tasks):
             got[(task.tags["shape"], task.tags["replicas"])].append(row)
@@ -330,18 +331,18 @@ def _answer_and_below(base, sh: Shape, i: int, n: int, point, seeds, executor, t
         return answer, below
     if n - 1 not in sh.probes:  # the replica count was not searched: simulate one fewer now
         p = point(i, n - 1)
-        rows = [row for _, row in executor.map_unordered(
-            [Task(p.point_id, p.index, seed, {**p.raw, "seed": seed}, p.base_dir) for seed in seeds])]
+        rows = [row for _, row in executor.map_unordered(_seed_tasks(p, seeds))]
         sh.probes[n - 1] = _probe_verdict(rows, terms)
     v = sh.probes[n - 1]
     below = _describe(s, n - 1, (n - 1) * sh.gpus_per_replica, sh.price_per_gpu_hour, bool(v["passed"]))
     if v["passed"]:
         notes.append(f"one replica fewer ({n - 1}) also meets the SLO: the replica count was not searched; "
                      "search it with --search replicas")
-    for name, m in (sh.probes[n]["margins"] or {}).items():
-        if m is not None and m < VALIDATED_REQUEST_ERR:
-            notes.append(f"the answer meets {name} by {m:.1%} of its limit, inside the model's validated "
-                         f"request-level error (median {VALIDATED_REQUEST_ERR:.0%}): verify before you buy")
+    for t in terms:
+        if close_call(sh.probes[n]["figures"][t.name], t.limit_ms):
+            notes.append(f"the answer meets {t.name} by {sh.probes[n]['margins'][t.name]:.1%} of its limit, inside "
+                         f"the model's validated request-level error (median {VALIDATED_REQUEST_ERR:.0%}): verify "
+                         "before you buy")
     return answer, below
 
 
@@ -362,8 +363,7 @@ def _pareto(base, shapes: list[Shape], point, terms, seeds, executor, searching_
     pts = []
     for k, (i, n) in enumerate(picks):
         p = point(i, n)
-        raw = {kk: vv for kk, vv in p.raw.items()}
-        pts.append(Point(k, p.overrides, raw, p.base_dir, p.point_id))
+        pts.append(Point(k, p.overrides, p.raw, p.base_dir, p.point_id))  # indexed as run_capacity counts
     res = run_capacity(pts, terms, seeds, executor, tolerance=0.1)
     rows = []
     for (i, n), rec in zip(picks, res.records()):
