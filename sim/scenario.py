@@ -25,7 +25,7 @@ from sim.limits import (MAX_COUNT, MAX_FIGURE, MAX_REPLICAS, MAX_REQUESTS, MAX_S
 from sim.policies import get_policy, policy_names
 from sim.policies.registry import PolicySpec, chunked_prefill_policy, name_list, names_with
 from sim.workload.formats import AUTO, TIME_UNITS, format_choices
-from sim.policies.budget import budget_tokens, policy_engines, scenario_budget_error, seqs_limit
+from sim.policies.budget import engine_limits, policy_engines, scenario_budget_error
 
 
 _PROJECT_DIR = Path(__file__).resolve().parents[1]  # holds scenarios/ and traces/
@@ -550,11 +550,10 @@ class Scenario(_Strict):
         (sim/engine/deployment.py ``engine_lengths`` gives the final ones, ``max_model_len``
         known)."""
         e = self.engine
-        default_budget, default_seqs = self._default_limits("engine")
+        defaults = self._default_limits("engine")
         chunked = dict(policy_engines(e.policy)).get("engine", True)
-        budget = budget_tokens(e, chunked, e.max_model_len, default_budget)
-        fill = {"max_num_batched_tokens": default_budget if budget is None else budget,
-                "max_num_seqs": seqs_limit(e, budget, default_seqs)}
+        budget, seqs = engine_limits(e, chunked, e.max_model_len, defaults)
+        fill = {"max_num_batched_tokens": defaults[0] if budget is None else budget, "max_num_seqs": seqs}
         if all(getattr(e, k) == v for k, v in fill.items()):
             return
         filled = e.model_copy(update=fill)

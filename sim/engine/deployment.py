@@ -19,7 +19,7 @@ from sim.spec.hardware import GPUSpec, scenario_gpu
 from sim.spec.memory import MemoryPlan, plan_memory
 from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
-from sim.policies.budget import budget_error, budget_tokens, policy_engines, seqs_limit, vllm_default_limits
+from sim.policies.budget import budget_error, engine_limits, policy_engines, vllm_default_limits
 from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
 
@@ -244,9 +244,7 @@ def _checked_lengths(s: Scenario, model: ModelSpec, gpu: GPUSpec,
     engines = dict(policy_engines(e.policy))
     pool = "engine" if where == "scenario" else where
     chunked = engines.get(pool, False)
-    default_budget, default_seqs = vllm_default_limits(gpu)
-    budget = budget_tokens(e, chunked, max_len, default_budget)
-    seqs = seqs_limit(e, budget, default_seqs)
+    budget, seqs = engine_limits(e, chunked, max_len, vllm_default_limits(gpu))
     source = "engine.max_model_len" if e.max_model_len else f"engine.max_model_len (unset: {model.name}'s context length)"
     msg = budget_error(e, pool, chunked, budget, max_len, source, max_num_seqs=seqs)
     if msg:

@@ -73,6 +73,16 @@ def seqs_limit(engine, budget: int | None, default_seqs: int) -> int:
     return default_seqs if budget is None else min(default_seqs, budget)
 
 
+def engine_limits(engine, chunked: bool, max_model_len: int | None,
+                  defaults: tuple[int, int]) -> tuple[int | None, int]:
+    """(``budget_tokens``, ``seqs_limit``) of an engine whose GPU defaults to ``defaults``
+    (``vllm_default_limits``): what it runs with, the budget None while it waits on an unknown
+    ``max_model_len``."""
+    default_budget, default_seqs = defaults
+    budget = budget_tokens(engine, chunked, max_model_len, default_budget)
+    return budget, seqs_limit(engine, budget, default_seqs)
+
+
 def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: int | None,
                  max_len_source: str = "engine.max_model_len", max_num_seqs: int | None = None) -> str:
     """Why vLLM would refuse ``budget`` for this engine, as one line naming the keys and values,
@@ -102,10 +112,8 @@ def scenario_budget_error(engine, default_limits) -> str:
     (``engine.max_model_len`` when given); the first one found, or ''. ``default_limits(where)``:
     the (budget, max_num_seqs) defaults of that engine's GPU (``vllm_default_limits``)."""
     for where, chunked in policy_engines(engine.policy):
-        default_budget, default_seqs = default_limits(where)
-        budget = budget_tokens(engine, chunked, engine.max_model_len, default_budget)
+        budget, seqs = engine_limits(engine, chunked, engine.max_model_len, default_limits(where))
         if budget is not None:
-            seqs = seqs_limit(engine, budget, default_seqs)
             msg = budget_error(engine, where, chunked, budget, engine.max_model_len, max_num_seqs=seqs)
             if msg:
                 return msg
