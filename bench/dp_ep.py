@@ -13,7 +13,7 @@ import resource
 from sim.metrics.summary import summarize
 from sim.core.batch import Batch
 from sim.cost.all2all import All2AllLinks, all2all_layer_s
-from sim.engine.deployment import NODE_NIC_BYTES_PER_S, GPUS_PER_NODE, build_deployment
+from sim.engine.deployment import build_deployment
 from sim.engine.dp_group import round_s
 from sim.spec.hardware import get_gpu
 from sim.run import run_scenario
@@ -25,7 +25,7 @@ TP8 = ["cluster.data_parallel_size=1", "cluster.tensor_parallel_size=8"]
 
 def all2all_table() -> None:
     g = get_gpu("h200")
-    links = All2AllLinks(g.nvlink_bw_bytes_per_s * 0.8, NODE_NIC_BYTES_PER_S * 0.8, GPUS_PER_NODE, 10e-6)
+    links = All2AllLinks(g.nvlink_bw_bytes_per_s * 0.8, g.inter_node_bw_bytes_per_s * 0.8, g.gpus_per_node, 10e-6)
     print("DeepSeek-V3 all-to-all per MoE layer (dispatch fp8 + combine bf16), H200, us")
     print("| tokens per GPU | EP 8 | EP 16 | EP 32 |")
     print("|---|---|---|---|")

@@ -159,6 +159,14 @@ class CacheAwareRouting(_Strict):
     max_tree_tokens: int = Field(2 ** 24, ge=1)           # router's prefix tree per replica (LRU)
 
 
+class InterNode(_Strict):
+    """``cluster.inter_node``: the link between nodes (sim/spec/nodes.py); unset fields take the
+    GPU's catalogue figures (catalog/gpus.yaml ``inter_node_bw_bytes_per_s``, 10 us)."""
+
+    bandwidth_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # each GPU's share, one direction
+    latency_us: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)          # per message across the link
+
+
 class Cluster(_Strict):
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     tensor_parallel_size: int = Field(1, ge=1, le=MAX_REPLICAS)
@@ -172,6 +180,10 @@ class Cluster(_Strict):
     router: Literal["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity",
                     "cache_aware"] = "least_outstanding"
     cache_aware: CacheAwareRouting = CacheAwareRouting()
+    # GPUs per node (unset: the GPU's catalogue node, 8 for HGX/DGX parts) and the link between
+    # nodes; a replica's GPUs are placed TP innermost, then PP (sim/spec/nodes.py)
+    gpus_per_node: Optional[int] = Field(None, ge=1, le=MAX_REPLICAS)
+    inter_node: Optional[InterNode] = None
 
 
 class EngineOverhead(_Strict):
@@ -299,7 +311,8 @@ class Pool(_Strict):
 
 
 class KVTransfer(_Strict):
-    bandwidth_gb_per_s: float = Field(50.0, gt=0, le=MAX_FIGURE)                   # each prefill replica's NIC (egress)
+    # each prefill replica's egress; unset: its TP GPUs' links of the pools' placement (sim/spec/nodes.py)
+    bandwidth_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
     decode_bandwidth_gb_per_s: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)  # each decode replica's NIC (ingress)
     latency_ms: float = Field(0.05, ge=0, le=MAX_FIGURE)
     layerwise: bool = False   # pipeline the transfer layer by layer with the prefill compute
@@ -629,7 +642,26 @@ class Scenario(_Strict):
                 fill["gpu"] = pool.gpu or self.hardware.gpu
             return pool.model_copy(update=fill)
 
-        return d.model_copy(update={"prefill": filled(d.prefill), "decode": filled(d.decode)})
+        update: dict[str, Any] = {"prefill": filled(d.prefill), "decode": filled(d.decode)}
+        if d.kv_transfer.bandwidth_gb_per_s is None:
+            egress, ingress = self._kv_links_bytes_per_s(d)
+            update["kv_transfer"] = d.kv_transfer.model_copy(update={
+                "bandwidth_gb_per_s": egress / 1e9,
+                "decode_bandwidth_gb_per_s": d.kv_transfer.decode_bandwidth_gb_per_s or ingress / 1e9})
+        return d.model_copy(update=update)
+
+    def _kv_links_bytes_per_s(self, d: "Disaggregation") -> tuple[float, float]:
+        """(egress, ingress) bytes/s of the pools' KV links where ``kv_transfer`` gives no
+        bandwidth: the placement's (sim/spec/nodes.py ``kv_transfer_links``)."""
+        from sim.spec.hardware import scenario_gpu
+        from sim.spec.nodes import kv_transfer_links
+
+        tp = self.cluster.tensor_parallel_size
+        pg, dg = scenario_gpu(self.hardware, d.prefill.gpu), scenario_gpu(self.hardware, d.decode.gpu)
+        egress, ingress, _ = kv_transfer_links(self.cluster, pg, d.prefill.tensor_parallel_size or tp,
+                                               d.prefill.replicas, dg, d.decode.tensor_parallel_size or tp,
+                                               d.decode.replicas)
+        return egress, ingress
 
 
 def safe_dir_name(name: str, max_chars: int = 100) -> str:

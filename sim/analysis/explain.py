@@ -13,6 +13,7 @@ from dataclasses import replace
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
+from sim.spec.nodes import boundary_crosses, describe, tp_nodes
 
 EXPLAIN_KEYS = (
     "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
@@ -28,6 +29,9 @@ EXPLAIN_KEYS = (
     # data-parallel attention with expert parallelism (sim/cost/all2all.py), at --batch tokens per rank
     "data_parallel_size", "all2all_dispatch_bytes_per_layer_per_gpu", "all2all_combine_bytes_per_layer_per_gpu",
     "all2all_ms_per_layer",
+    # issue 37: nodes (sim/spec/nodes.py): the replica's placement and the link of each collective
+    "gpus_per_node", "nodes_per_replica", "inter_node_gb_per_s", "inter_node_latency_us", "tp_allreduce_nodes",
+    "tp_allreduce_ms_per_layer", "pp_sends_between_nodes",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -78,7 +82,45 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "prefill_attn_flops_per_pair_per_layer": flops_cm._prefill_pair_flops,
         "decode_attn_flops_per_pair_per_layer": flops_cm._decode_pair_flops,
         **all2all_figures(dep, b),
+        **node_figures(dep, b),
     }
+
+
+def _tp_model(dep: Deployment) -> RooflineCostModel:
+    """The cost model of one TP group: the replica's, or its first pipeline stage's."""
+    stages = getattr(dep.cost, "stages", None)
+    return stages[0] if stages else dep.cost
+
+
+def node_figures(dep: Deployment, tokens: int) -> dict[str, float | int]:
+    """The replica's placement on nodes (TP innermost, then PP, then DP: sim/spec/nodes.py),
+    the inter-node link, and the two TP all-reduces of one layer for a step of ``tokens``
+    tokens as the run charges them (custom kernel, NCCL or, across nodes, NCCL's hierarchical)."""
+    links = dep.nodes
+    if links is None:
+        return {k: 0 for k in EXPLAIN_KEYS[EXPLAIN_KEYS.index("gpus_per_node"):]}
+    cm = _tp_model(dep)
+    ar = RooflineCostModel._per_tokens(cm, tokens)[1]
+    return {
+        "gpus_per_node": links.gpus_per_node,
+        "nodes_per_replica": links.nodes(dep.tp * dep.pp * dep.dp),
+        "inter_node_gb_per_s": links.inter_bytes_per_s / 1e9,
+        "inter_node_latency_us": links.inter_latency_s * 1e6,
+        "tp_allreduce_nodes": tp_nodes(links, dep.tp),
+        "tp_allreduce_ms_per_layer": ar / cm.model.num_layers * 1e3,
+        "pp_sends_between_nodes": sum(boundary_crosses(links, dep.tp, dep.pp)),
+    }
+
+
+def placement_lines(dep: Deployment) -> list[str]:
+    """The placement and the link each collective uses, in words (``simsrv explain``)."""
+    if dep.nodes is None:
+        return []
+    lines = describe(dep.nodes, dep.tp, dep.pp, dep.dp)
+    for s, (bw, latency) in enumerate(getattr(dep.cost, "boundaries", ())):
+        i = next(i for i, line in enumerate(lines) if line.startswith(f"PP send stage {s} -> "))
+        lines[i] += f": {bw / 1e9:.4g} GB/s per GPU achieved, {latency * 1e6:.3g} us per send"
+    return lines
 
 
 def all2all_figures(dep: Deployment, tokens: int) -> dict[str, float | int]:

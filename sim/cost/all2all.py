@@ -12,7 +12,8 @@ Bytes per GPU and layer, one direction each:
   state; DeepEP's low-latency kernels send one copy per (token, expert) pair (their receive
   buffer is ``num_max_dispatch_tokens_per_rank x num_topk`` deep). With routing uniform over
   ``ep`` GPUs of E/ep experts each, a copy leaves the GPU with probability (ep - 1)/ep; it
-  stays within the 8-GPU node with probability (min(ep, node) - 1)/ep. In fp8 when the
+  stays within its node (``gpus_per_node``, sim/spec/nodes.py) with probability
+  (min(ep, node) - 1)/ep. In fp8 when the
   model's linear layers run fp8 W8A8: vLLM quantizes the dispatch input in 128-value blocks
   (``DEEPEP_QUANT_BLOCK_SIZE``; one fp32 scale per block, DeepEP's FP8 dispatch), else in the
   activation dtype.

@@ -39,6 +39,7 @@ from sim.cost.engine_profile import EngineProfile
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.spec.hardware import GPUSpec
 from sim.spec.model_spec import ModelSpec
+from sim.spec.nodes import NodeLinks
 from sim.cost.runs import RunCost
 
 _MAX_GROUP_CACHES = 4096  # distinct group token counts whose GEMM costs are kept
@@ -50,11 +51,13 @@ class DataParallelEPCostModel(RooflineCostModel):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
                  eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
                  calibration: Calibration | None = None, engine: EngineProfile | None = None,
-                 expert_load_imbalance: float = 1.0, *, dp: int, links: All2AllLinks):
+                 expert_load_imbalance: float = 1.0, *, dp: int, links: All2AllLinks,
+                 nodes: NodeLinks | None = None):
         # RooflineCostModel's arguments written out (mypyc, sim/compiled_core.py, miscompiles a
         # super().__init__(*args, ..., **kwargs) forward)
         super().__init__(model, gpu, tp, kv_dtype_bytes, eff, weight_dtype_bytes, calibration, engine,
-                         enable_expert_parallel=True, expert_load_imbalance=expert_load_imbalance, dp=dp)
+                         enable_expert_parallel=True, expert_load_imbalance=expert_load_imbalance, dp=dp,
+                         nodes=nodes)
         self.dp, self.links = dp, links
         # vLLM dispatches in fp8 when the MoE runs fp8 W8A8 (its DeepEP prepare step quantizes
         # the input, DEEPEP_QUANT_BLOCK_SHAPE); else in the activation dtype

@@ -10,7 +10,9 @@ stages (latency = sum over stages, plus the activation send/recv at each boundar
 
 Send/recv: vLLM sends the ``IntermediateTensors`` of a stage, hidden states and residual
 (2 x tokens x hidden x bytes), each TP rank 1/tp of them (``send_tensor_dict`` with the TP
-group all-gathering on arrival), over ``link_bytes_per_s``.
+group all-gathering on arrival), over ``link_bytes_per_s``; with ``boundary_links`` each
+boundary over its own link: NVLink within a node, the network between nodes
+(sim/spec/nodes.py ``boundary_crosses``: TP innermost, then PP).
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ class PipelineCostModel:
     """Step cost of ``pp`` stages, each a ``RooflineCostModel`` of its layers on ``tp`` GPUs
     (``make_stage(model_of_stage)``); only the last stage runs the LM head and sampling."""
 
-    def __init__(self, model, pp: int, make_stage, link_bytes_per_s: float, link_eff: float = 0.8):
+    def __init__(self, model, pp: int, make_stage, link_bytes_per_s: float, link_eff: float = 0.8,
+                 boundary_links: tuple[tuple[float, float], ...] | None = None):
+        """``boundary_links``: (bytes/s, latency s) of the send after each stage but the last
+        (None: every boundary on ``link_bytes_per_s`` with ``P2P_LATENCY_S``)."""
         self.model, self.pp = model, pp
         self.stages = [make_stage(m) for m in stage_models(model, pp)]
         last = self.stages[-1]
@@ -73,6 +78,12 @@ class PipelineCostModel:
         self.carried_from = last.carried_from  # operators borrowing another GPU's curve (summary)
         self.engine = last.engine
         self.link_bytes_per_s = link_bytes_per_s * link_eff
+        links = boundary_links or ((link_bytes_per_s, P2P_LATENCY_S),) * (pp - 1)
+        if len(links) != pp - 1:
+            raise ValueError(f"{len(links)} boundary links for {pp} stages")
+        # (achieved bytes/s, latency) per boundary; one entry where every boundary is alike
+        self.boundaries = tuple((bw * link_eff, lat) for bw, lat in links)
+        self._uniform = len(set(self.boundaries)) <= 1
         # scratch registers of one synchronous call (reset on entry, returned with the durations)
         self._flag = self._lm_flag = False
         self._outside: tuple[int, int] | None = None
@@ -80,12 +91,13 @@ class PipelineCostModel:
     def overhead_s(self, num_seqs: int, has_prefill: bool = True) -> float:
         return self.stages[-1].overhead_s(num_seqs, has_prefill)
 
-    def send_s(self, tokens: int) -> float:
-        """One stage boundary's send/recv of a micro-batch of ``tokens``."""
-        if not tokens:
+    def send_s(self, tokens: int, boundary: int = 0) -> float:
+        """The send/recv of a micro-batch of ``tokens`` after stage ``boundary``."""
+        if not tokens or self.pp == 1:
             return 0.0
         m = self.model
-        return P2P_LATENCY_S + 2 * tokens * m.hidden_size * m.dtype_bytes / self.tp / self.link_bytes_per_s
+        bw, latency = self.boundaries[boundary]
+        return latency + 2 * tokens * m.hidden_size * m.dtype_bytes / self.tp / bw
 
     # -- costs ------------------------------------------------------------------------------------
     def _kernels_s(self, stage, mb: Batch, context: int) -> float:
@@ -111,7 +123,8 @@ class PipelineCostModel:
             trip = 0.0
             for s, stage in enumerate(self.stages):
                 g = self._kernels_s(stage, mb if s == pp - 1 else replace_logits(mb), ctx)
-                g += send if s < pp - 1 else 0.0
+                if s < pp - 1:
+                    g += send if self._uniform else self.send_s(mb.num_tokens, s)
                 busy[s] += g
                 trip += g
             # NOTE: the engine's host work runs once per micro-batch, overlapped with the other
@@ -154,7 +167,9 @@ class PipelineCostModel:
         """A prompt chunk alone goes through every stage in turn: the sum, plus the sends."""
         t = sum(s.prefill_alone_s(tokens, context_tokens, completing and i == self.pp - 1)
                 for i, s in enumerate(self.stages))
-        return t + (self.pp - 1) * self.send_s(tokens)
+        if self._uniform:
+            return t + (self.pp - 1) * self.send_s(tokens)
+        return t + sum(self.send_s(tokens, s) for s in range(self.pp - 1))
 
 
 def replace_logits(b: Batch) -> Batch:

@@ -28,7 +28,9 @@ from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecode
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
+from sim.cost.collectives import hierarchical_allreduce_s
 from sim.spec.hardware import GPUSpec
+from sim.spec.nodes import NodeLinks
 from sim.spec.model_spec import ModelSpec
 from sim.spec.quantization import get_quantization
 
@@ -205,8 +207,13 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, kv_dtype_bytes: int | None = None,
                  eff: Efficiencies | None = None, weight_dtype_bytes: int | None = None,
                  calibration: Calibration | None = None, engine: EngineProfile | None = None,
-                 enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0, dp: int = 1):
+                 enable_expert_parallel: bool = False, expert_load_imbalance: float = 1.0, dp: int = 1,
+                 nodes: NodeLinks | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Nodes the TP group spans (sim/spec/nodes.py: TP innermost); beyond one, its all-reduces
+        # are NCCL's hierarchical ones over the network (sim/cost/collectives.py)
+        self.nodes = nodes
+        self.tp_nodes = 1 if nodes is None else nodes.nodes(tp)
         self._num_layers = model.num_layers
         self._hbm_bw: float = gpu.hbm_bw_bytes_per_s
         # EP size = TP x DP (vLLM FusedMoEParallelConfig: ep_size = dp_size x tp_size)
@@ -347,6 +354,10 @@ class RooflineCostModel:
                            nvlink_bw_bytes_per_s=inf)
         eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
                            custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
+        nodes = kwargs.get("nodes")
+        if nodes is not None:  # the network as the GPU's own links: no latency; unlimited off the "both" bound
+            kwargs["nodes"] = _replace(nodes, inter_latency_s=0.0,
+                                       inter_bytes_per_s=nodes.inter_bytes_per_s if bound == "both" else inf)
         return cls(model, gpu, tp, kv_dtype_bytes, eff, **kwargs)
 
     # -- operators ------------------------------------------------------------------------------
@@ -536,6 +547,8 @@ class RooflineCostModel:
                                        bw_bytes_per_s=self.mem_bw, floor_s=self.eff.kernel_floor_s, window=window)
 
     def _uses_custom_ar(self, tokens: int) -> bool:
+        if self.tp_nodes > 1:
+            return False  # vLLM's custom all-reduce runs within a node only (sim/cost/collectives.py)
         return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
                                      self.gpu.full_nvlink)
 
@@ -548,7 +561,11 @@ class RooflineCostModel:
             return 0.0
         size = tokens * self.model.hidden_size * self.dtype_bytes
         link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
-        if allow_custom and self._uses_custom_ar(tokens):
+        nodes = self.nodes
+        if nodes is not None and self.tp_nodes > 1:
+            one = hierarchical_allreduce_s(float(size), self.tp, self.tp_nodes, link, self.eff.allreduce_latency_s,
+                                           nodes.inter_bytes_per_s * self.eff.link, nodes.inter_latency_s)
+        elif allow_custom and self._uses_custom_ar(tokens):
             one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
         else:
             one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
@@ -557,7 +574,7 @@ class RooflineCostModel:
     def nccl_allreduce_s(self, tokens: int) -> float:
         """The step's all-reduces of ``tokens`` through NCCL alone (no custom kernel), calibrated
         where the GPU has an NCCL table: what torch.distributed / nccl-tests time."""
-        if self.tp > 1 and self.cops is not None and self.cops.allreduce_curve is not None:
+        if self.tp > 1 and self.tp_nodes == 1 and self.cops is not None and self.cops.allreduce_curve is not None:
             return self.cops.allreduce_s(tokens)[0]
         return self._allreduce_s(tokens, allow_custom=False)
 
@@ -579,7 +596,11 @@ class RooflineCostModel:
             layer = sum(max(tokens * nb / self.mem_bw, fl) for nb in self._elem_kernel_bytes)
             elem = L * layer + max(tokens * 2 * h * b / self.mem_bw, fl)
         custom = self.tp > 1 and self._uses_custom_ar(tokens)
-        if custom and self.cops is not None and self.cops.custom_curve is not None:
+        if self.tp_nodes > 1:
+            # the calibrated curves were measured within one node: across nodes, the hierarchical
+            # model's (sim/cost/collectives.py)
+            ar = self._allreduce_s(tokens)
+        elif custom and self.cops is not None and self.cops.custom_curve is not None:
             ar, out = self.cops.allreduce_s(tokens, custom=True)
             flag |= out
         elif not custom and self.cops is not None and self.cops.allreduce_curve is not None:

@@ -17,6 +17,7 @@ from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.spec.hardware import GPUSpec, scenario_gpu
 from sim.spec.memory import MemoryPlan, plan_memory
+from sim.spec.nodes import NodeLinks, boundary_crosses, check_placement, node_links
 from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.policies.budget import budget_error, engine_limits, policy_engines, vllm_default_limits
@@ -40,6 +41,7 @@ class Deployment:
     prefix_caching: bool = False
     pp: int = 1
     dp: int = 1  # data-parallel ranks whose MoE layers span them all (sim/cost/dp_ep.py)
+    nodes: NodeLinks | None = None  # node size and inter-node link (sim/spec/nodes.py)
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
@@ -135,14 +137,16 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         admission=e.admission,
     )
     c = s.cluster
-    link = pipeline_link_bytes_per_s(s, gpu, tp) if pp > 1 else None
+    nodes = node_links(c, gpu)
+    check_placement(nodes, tp, pp, dp, "cluster" if where == "scenario" else where)
+    link = pipeline_links(s, gpu, tp, nodes) if pp > 1 else None
     key = None
     if _shared is not None:  # every input of the cost model below (frozen dataclasses: their reprs)
         key = repr((model, gpu, tp, kv_bytes, id(cal), engine, c.enable_expert_parallel, c.expert_load_imbalance, dp,
-                    pp, link))
+                    pp, link, nodes))
         hit = _shared.get(key)
         if hit is not None:
-            return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp)
+            return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp, nodes)
 
     def make_cost(m: ModelSpec) -> RooflineCostModel:
         if dp > 1:
@@ -151,51 +155,52 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
 
             return DataParallelEPCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
                                            expert_load_imbalance=c.expert_load_imbalance, dp=dp,
-                                           links=all2all_links(gpu, tp * dp))
+                                           links=all2all_links(gpu, tp * dp, nodes), nodes=nodes)
         return RooflineCostModel(m, gpu, tp, kv_bytes, Efficiencies(), calibration=cal, engine=engine,
                                  enable_expert_parallel=c.enable_expert_parallel,
-                                 expert_load_imbalance=c.expert_load_imbalance)
+                                 expert_load_imbalance=c.expert_load_imbalance, nodes=nodes)
 
     if link is None:
         cost = make_cost(model)
     else:
         from sim.cost.pipeline import PipelineCostModel
 
-        cost = PipelineCostModel(model, pp, make_cost, link)
+        cost = PipelineCostModel(model, pp, make_cost, link[0][0], boundary_links=link)
     if _shared is not None:
         if len(_shared) >= MAX_SHARED_COST_MODELS:
             _shared.pop(next(iter(_shared)))  # the oldest
         _shared[key] = cost
-    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp)
+    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp, nodes)
 
 
-GPUS_PER_NODE = 8          # HGX / DGX baseboards
-NODE_NIC_BYTES_PER_S = 50e9  # one 400 Gb/s NIC per GPU (DGX H100: 8 x ConnectX-7 400 Gb/s)
+def pipeline_links(s: Scenario, gpu: GPUSpec, tp: int, nodes: NodeLinks) -> tuple[tuple[float, float], ...]:
+    """(bytes/s per GPU, latency s) of each stage-to-stage send: ``cluster.pipeline_link_gb_per_s``
+    for every boundary when given; else the GPU's NVLink within a node and the inter-node link
+    between nodes (sim/spec/nodes.py ``boundary_crosses``: TP innermost, then PP), each send
+    paying its link's per-message latency (NVLink: NCCL send/recv launch + sync, P2P_LATENCY_S)."""
+    from sim.cost.pipeline import P2P_LATENCY_S
 
-
-def pipeline_link_bytes_per_s(s: Scenario, gpu: GPUSpec, tp: int) -> float:
-    """Stage-to-stage bandwidth per GPU: ``cluster.pipeline_link_gb_per_s`` when given; else
-    the GPU's NVLink when the replica fits one 8-GPU node, one 400 Gb/s NIC per GPU when not.
-    NOTE: replicas are assumed laid out node by node, stages in consecutive GPUs."""
+    pp = s.cluster.pipeline_parallel_size
     if s.cluster.pipeline_link_gb_per_s is not None:
-        return s.cluster.pipeline_link_gb_per_s * 1e9
-    if tp * s.cluster.pipeline_parallel_size <= GPUS_PER_NODE:
-        return gpu.nvlink_bw_bytes_per_s
-    return min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s)
+        return ((s.cluster.pipeline_link_gb_per_s * 1e9, P2P_LATENCY_S),) * (pp - 1)
+    return tuple((nodes.inter_bytes_per_s, nodes.inter_latency_s) if x else (gpu.nvlink_bw_bytes_per_s, P2P_LATENCY_S)
+                 for x in boundary_crosses(nodes, tp, pp))
 
 
-def all2all_links(gpu: GPUSpec, ep: int) -> All2AllLinks:
+def all2all_links(gpu: GPUSpec, ep: int, nodes: NodeLinks) -> All2AllLinks:
     """The links of the MoE all-to-all over ``ep`` GPUs (sim/cost/all2all.py): the GPU's NVLink
-    within its 8-GPU node, one 400 Gb/s NIC per GPU beyond (the node layout of
-    ``pipeline_link_bytes_per_s``), both at the link efficiency the all-reduce uses (0.8; DeepEP
-    measured 153 GB/s over H800's 200 GB/s-per-direction NVLink at EP8, 0.77, and 43 GB/s over a
-    50 GB/s CX7 NIC at EP16, 0.86: docs/legacy.md "Performance"), and the all-reduce's per-call
-    latency. NOTE: ranks are assumed laid out node by node."""
+    within its node, the inter-node link beyond (``nodes``: the scenario's node size and
+    network), both at the link efficiency the all-reduce uses (0.8; DeepEP measured 153 GB/s
+    over H800's 200 GB/s-per-direction NVLink at EP8, 0.77, and 43 GB/s over a 50 GB/s CX7 NIC
+    at EP16, 0.86: docs/legacy.md "Performance"); the per-call latency is the all-reduce's
+    within a node and the network's per-message latency when the ranks span nodes. Ranks are
+    laid out node by node (sim/spec/nodes.py)."""
     from sim.cost.all2all import All2AllLinks
 
     eff = Efficiencies()
-    return All2AllLinks(gpu.nvlink_bw_bytes_per_s * eff.link, min(NODE_NIC_BYTES_PER_S, gpu.nvlink_bw_bytes_per_s) * eff.link,
-                        GPUS_PER_NODE, eff.allreduce_latency_s)
+    latency = nodes.inter_latency_s if ep > nodes.gpus_per_node else eff.allreduce_latency_s
+    return All2AllLinks(gpu.nvlink_bw_bytes_per_s * eff.link, nodes.inter_bytes_per_s * eff.link,
+                        nodes.gpus_per_node, latency)
 
 
 def engine_profile(e):

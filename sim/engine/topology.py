@@ -131,8 +131,14 @@ class DisaggregatedLayout(ColocatedLayout):
         self.schedulers = [*prefill, *decode]
         router = _router(s, d.prefill.replicas)
         t = d.kv_transfer
-        link = Links(t.bandwidth_gb_per_s * 1e9, (t.decode_bandwidth_gb_per_s or t.bandwidth_gb_per_s) * 1e9,
-                     t.latency_ms / 1e3, pdep.model.num_layers if t.layerwise else 1)
+        if t.bandwidth_gb_per_s is not None:
+            egress = t.bandwidth_gb_per_s * 1e9
+            ingress = (t.decode_bandwidth_gb_per_s or t.bandwidth_gb_per_s) * 1e9
+        else:  # the pools' placement: NVLink within one node, else the network (sim/spec/nodes.py)
+            egress, ingress = s._kv_links_bytes_per_s(d)
+            if t.decode_bandwidth_gb_per_s is not None:
+                ingress = t.decode_bandwidth_gb_per_s * 1e9
+        link = Links(egress, ingress, t.latency_ms / 1e3, pdep.model.num_layers if t.layerwise else 1)
 
         def factory(env, rec, on_finish):
             self.topology = Disaggregated(env, prefill, [pdep.cost] * len(prefill), decode,

@@ -35,6 +35,11 @@ class GPUSpec:
     # every GPU pair linked directly (NVLink/NVSwitch, Infinity Fabric): vLLM's custom
     # all-reduce needs it beyond two GPUs (custom_all_reduce.py ``full_nvlink``)
     full_nvlink: bool = True
+    # the node this part usually ships in (catalog/gpus.yaml): GPUs sharing the GPU-GPU link,
+    # each GPU's share of the node's network (one direction) and that link's per-message latency
+    gpus_per_node: int = 8
+    inter_node_bw_bytes_per_s: float = 50.0e9
+    inter_node_latency_s: float = 10e-6
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -51,11 +56,19 @@ class GPUSpec:
 # Fields a catalogue entry or ``hardware.custom`` gives; the first three are required.
 REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
 OPTIONAL = ("fp8_flops_per_s", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
-            "num_sms", "driver_reserved_bytes", "full_nvlink")
+            "num_sms", "driver_reserved_bytes", "full_nvlink", "gpus_per_node", "inter_node_bw_bytes_per_s",
+            "inter_node_latency_s")
 # NOTE: nvidia-smi -q "FB Memory Usage / Reserved" on H100 80GB is 328-551 MiB across drivers; with
 # 551 MiB, 81,559 - 551 = 81,008 MiB = 79.11 GiB, the total_gpu_memory vLLM logs on that part
 # (kernels_profile/hardware.md). Used for NVIDIA parts without their own figure.
 DEFAULT_NVIDIA_RESERVED_BYTES = 551 * 2**20
+# NOTE: a part whose entry does not say: an 8-GPU HGX/DGX-class node with one 400 Gb/s NIC per GPU
+# (DGX H100: 8 x ConnectX-7 NDR 400 Gb/s; aiconfigurator systems/h100_sxm.yaml inter_node_bw 50e9),
+# 10 us per message across it (aiconfigurator p2p_latency; NCCL src/graph/tuning.cc hwLat of the
+# network for the ring's Simple protocol, 9.6 us).
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_INTER_NODE_BW_BYTES_PER_S = 50.0e9
+DEFAULT_INTER_NODE_LATENCY_S = 10e-6
 
 
 @lru_cache(maxsize=1)
@@ -93,10 +106,15 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
             else float(d.get("nvlink_bw_bytes_per_s") or pcie) > pcie,
             driver_reserved_bytes=int(d["driver_reserved_bytes"]) if d.get("driver_reserved_bytes") is not None
             else DEFAULT_NVIDIA_RESERVED_BYTES,
+            gpus_per_node=int(d.get("gpus_per_node") or DEFAULT_GPUS_PER_NODE),
+            inter_node_bw_bytes_per_s=float(d.get("inter_node_bw_bytes_per_s") or DEFAULT_INTER_NODE_BW_BYTES_PER_S),
+            inter_node_latency_s=float(d["inter_node_latency_s"]) if d.get("inter_node_latency_s") is not None
+            else DEFAULT_INTER_NODE_LATENCY_S,
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: bad value ({e})") from None
-    for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "cuda_total_bytes"):
+    for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "cuda_total_bytes", "gpus_per_node",
+              "inter_node_bw_bytes_per_s"):
         if not getattr(spec, k) > 0:
             raise UserError(f"{where}.{k}: must be > 0, got {getattr(spec, k)}")
     return spec
