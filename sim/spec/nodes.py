@@ -52,7 +52,7 @@ def node_links(cluster, gpu: GPUSpec) -> NodeLinks:
     source = ", ".join(given) + (" (scenario); else " if given else "") + f"catalogue {gpu.key}"
     return NodeLinks(gpus_per_node=gpu.gpus_per_node if gpn is None else gpn,
                      inter_bytes_per_s=gpu.inter_node_bw_bytes_per_s if bw is None else bw * 1e9,
-                     inter_latency_s=gpu.inter_node_latency_s if lat is None else lat * 1e-6,
+                     inter_latency_s=gpu.inter_node_latency_s if lat is None else lat / 1e6,
                      source=source)
 
 
