@@ -70,7 +70,8 @@ class PipelineCostModel:
     def __init__(self, model, pp: int, make_stage, link_bytes_per_s: float, link_eff: float = 0.8,
                  boundary_links: tuple[tuple[float, float], ...] | None = None):
         """``boundary_links``: (bytes/s, latency s) of the send after each stage but the last
-        (None: every boundary on ``link_bytes_per_s`` with ``P2P_LATENCY_S``)."""
+        (None: every boundary on ``link_bytes_per_s`` with ``P2P_LATENCY_S``; sim/engine/deployment.py
+        passes the first boundary's bandwidth as ``link_bytes_per_s``)."""
         self.model, self.pp = model, pp
         self.stages = [make_stage(m) for m in stage_models(model, pp)]
         last = self.stages[-1]
