@@ -119,6 +119,18 @@ def test_written_profile_loads_by_path_and_reproduces_the_fit(fitted):
         assert getattr(p, term_fields()[t.name]) == t.value_ms / 1e3
 
 
+def test_cli_picks_the_identifiable_terms_and_writes_a_loadable_profile(fitted):
+    tmp, case, _, _, _ = fitted
+    out = simsrv("fit", str(case), "--out", str(tmp / "cli.yaml"), "--hold-out", "SYN/b24/ttft")
+    assert out.code == 0, out.stderr
+    # one GPU, one scheduler step, CUDA-graphed decodes: the TP-rank, output and launch terms move nothing
+    assert "free terms (identifiable from the data): prefill_step_ms, decode_step_ms" in out.stdout
+    assert "per_extra_tp_rank_ms" not in out.stdout.split("free terms")[1].splitlines()[0]
+    assert "leave-one-out: median |err|" in out.stdout and "held out: median |err|" in out.stdout
+    p = get_profile(str(tmp / "cli.yaml"))
+    assert abs(p.prefill_step_s * 1e3 - TRUE["prefill_step_ms"]) < 0.15 * TRUE["prefill_step_ms"]
+
+
 def test_too_few_measurements_is_refused_in_one_line(tmp_path):
     case = _case_file(tmp_path / "one.yaml", {"solo/ttft": 40.0}, ROWS[:1])
     out = simsrv("fit", str(case), "--terms", "prefill_step_ms,decode_step_ms")

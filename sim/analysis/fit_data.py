@@ -41,8 +41,10 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
+from sim.metrics.keys import key
 
-BENCH_METRICS = ("median_ttft_ms", "median_tpot_ms")
+TTFT_KEY, TPOT_KEY = key("median", "ttft"), key("median", "tpot")  # result.json keys (sim/metrics/keys.py)
+BENCH_METRICS = (TTFT_KEY, TPOT_KEY)
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,11 @@ def _add_cases(data: FitData, files: list[Path], rows: list[str] | None) -> None
         if why:
             data.skipped.append((r.id, why))
             continue
-        key = json.dumps({k: v for k, v in r.scenario.items() if k != "name"}, sort_keys=True, default=str)
-        key = f"{Path(r.file).parent}:{key}"
-        if key not in data.runs:
-            data.runs[key] = MeasuredRun(key, r.scenario, str(Path(r.file).parent), r.file)
-        data.measurements.append(Measurement(r.id, r.metric, float(r.measured), key))
+        scen = json.dumps({k: v for k, v in r.scenario.items() if k != "name"}, sort_keys=True, default=str)
+        run_key = f"{Path(r.file).parent}:{scen}"
+        if run_key not in data.runs:
+            data.runs[run_key] = MeasuredRun(run_key, r.scenario, str(Path(r.file).parent), r.file)
+        data.measurements.append(Measurement(r.id, r.metric, float(r.measured), run_key))
 
 
 def _not_fittable(r) -> str:
@@ -183,11 +185,11 @@ def bench_measured(path: Path, doc: dict, ok: np.ndarray, out_lens: np.ndarray) 
         v = doc.get(m)
         if v is not None:
             out[m] = float(_number(path, doc, m, None, 0.0))
-    if "median_ttft_ms" not in out and "ttfts" in doc:
+    if TTFT_KEY not in out and "ttfts" in doc:
         ttft = _per_request(path, "ttfts", _list(path, doc, "ttfts", n), False)
         if ok.any():
-            out["median_ttft_ms"] = float(np.median(ttft[ok])) * 1e3
-    if "median_tpot_ms" not in out and "itls" in doc:
+            out[TTFT_KEY] = float(np.median(ttft[ok])) * 1e3
+    if TPOT_KEY not in out and "itls" in doc:
         itls = _list(path, doc, "itls", n)
         tpots = []
         for i in np.flatnonzero(ok & (out_lens > 1)):
@@ -195,7 +197,7 @@ def bench_measured(path: Path, doc: dict, ok: np.ndarray, out_lens: np.ndarray) 
                 raise UserError(f"{path}: itls[{i}] (request {i}) must be a list of seconds")
             tpots.append(float(_per_request(path, f"itls[{i}]", itls[i], False).sum()) / (int(out_lens[i]) - 1))
         if tpots:
-            out["median_tpot_ms"] = float(np.median(tpots)) * 1e3
+            out[TPOT_KEY] = float(np.median(tpots)) * 1e3
     return {k: v for k, v in out.items() if v > 0}
 
 
@@ -245,7 +247,7 @@ def _add_bench(data: FitData, path: Path, scenario: Path) -> None:
     arr, ok, out_lens, how, concurrency = bench_workload(path, doc, seed)
     measured = bench_measured(path, doc, ok, out_lens)
     if not measured:
-        raise UserError(f"{path}: no median_ttft_ms or median_tpot_ms, and no ttfts/itls to compute them from")
+        raise UserError(f"{path}: no {TTFT_KEY} or {TPOT_KEY}, and no ttfts/itls to compute them from")
     # the scenario's workload stands for the file's requests (run with them): a synthetic
     # workload of as many requests, closed loop when vLLM bench ran with --max-concurrency
     syn: dict = {"num_requests": len(arr), "request_rate": math.inf}
@@ -253,11 +255,11 @@ def _add_bench(data: FitData, path: Path, scenario: Path) -> None:
         syn["max_concurrency"] = concurrency
     raw["workload"] = {"synthetic": syn}
     raw.setdefault("name", path.stem)
-    key = f"bench:{path}"
-    data.runs[key] = MeasuredRun(key, raw, str(scenario.parent), f"{path} ({how}; {int((~ok).sum())} failed left out)",
+    run_key = f"bench:{path}"
+    data.runs[run_key] = MeasuredRun(run_key, raw, str(scenario.parent), f"{path} ({how}; {int((~ok).sum())} failed left out)",
                                  workload=arr)
     for m, v in measured.items():
-        data.measurements.append(Measurement(f"{path.name}/{m}", m, v, key))
+        data.measurements.append(Measurement(f"{path.name}/{m}", m, v, run_key))
 
 
 class Simulator:

@@ -210,7 +210,7 @@ def fit_terms(predict: Callable[[dict[str, float]], np.ndarray], names: list[str
     notes = []
     if not sol.success:
         notes.append(f"least squares stopped before converging: {sol.message}")
-    at_zero = [t.name for t in terms if t.value_ms == 0.0]
+    at_zero = [t.name for t in terms if t.value_ms <= 1e-9]  # on the bound (to rounding)
     if at_zero:
         notes.append(f"{', '.join(at_zero)} fitted at 0 (the bound): the data ask for less; its interval is "
                      "the linearisation's and crosses 0")
