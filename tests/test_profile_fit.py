@@ -191,6 +191,16 @@ def test_vllm_bench_detailed_result_is_read_and_replayed(tmp_path):
     # the summary keys vLLM writes win over the per-request lists
     p.write_text(json.dumps({**BENCH, "median_ttft_ms": 31.0}))
     assert read_fit_data([p], scen).measurements[0].measured == 31.0
+    # vLLM bench --max-concurrency: the same closed loop; request_rate "inf" (as vLLM writes it): all at 0
+    p.write_text(json.dumps({**BENCH, "request_rate": "inf", "max_concurrency": 2}))
+    (run,) = read_fit_data([p], scen).runs.values()
+    assert run.scenario["workload"]["synthetic"]["max_concurrency"] == 2 and "closed loop" in run.where
+    assert not run.workload.arrival_s.any()
+    # start_times (newer vLLM): replayed as sent, from the first
+    p.write_text(json.dumps({**BENCH, "max_concurrency": 2, "start_times": [5.0, 5.5, 5.6, 6.0, 7.25]}))
+    (run,) = read_fit_data([p], scen).runs.values()
+    assert list(run.workload.arrival_s) == [0.0, 0.5, 1.0, 2.25]
+    assert "max_concurrency" not in run.scenario["workload"]["synthetic"]
     # a bench result without the deployment is refused in one line
     out = simsrv("fit", str(p))
     assert out.code == 2 and out.clean and "--scenario" in out.lines[-1]
@@ -213,3 +223,62 @@ def test_profile_file_errors_name_the_file_and_key(tmp_path):
     scen.write_text(yaml.safe_dump({"engine": {"profile": "missing.yaml"}, "workload": RUNS["solo"]}))
     out = simsrv("run", str(scen), "--out", str(tmp_path / "r"))
     assert out.code == 2 and out.clean and "missing.yaml: profile file not found" in out.lines[-1]
+
+
+def test_intervals_are_the_linear_regression_ones_on_a_linear_model():
+    """On a model linear in its terms the fit is weighted least squares on relative error: its
+    estimate, standard errors and t intervals are the textbook ones (finite differences exact)."""
+    from scipy.stats import t as student_t
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(1, 10, size=(7, 2))
+    truth = np.array([2.0, 0.5])
+    y = X @ truth * (1 + rng.normal(0, 0.03, 7))
+    res = fit_terms(lambda v: X @ np.array([v["a_ms"], v["b_ms"]]), ["a_ms", "b_ms"], {"a_ms": 1.0, "b_ms": 1.0},
+                    y, [str(i) for i in range(7)])
+    A = X / y[:, None]
+    theta, *_ = np.linalg.lstsq(A, np.ones(7), rcond=None)
+    r = A @ theta - 1
+    se = np.sqrt(np.diag(r @ r / 5 * np.linalg.inv(A.T @ A)))
+    q = student_t.ppf(0.975, 5)
+    for j, t in enumerate(res.terms):
+        assert t.value_ms == pytest.approx(theta[j], rel=1e-4)
+        assert t.stderr_ms == pytest.approx(se[j], rel=1e-3)
+        assert t.ci_ms == pytest.approx((theta[j] - q * se[j], theta[j] + q * se[j]), rel=1e-3)
+    # leave-one-out: the regression without row i, predicting row i
+    for i in range(7):
+        keep = np.arange(7) != i
+        th, *_ = np.linalg.lstsq(A[keep], np.ones(6), rcond=None)
+        assert res.loo[i] == pytest.approx(A[i] @ th - 1, abs=1e-4)
+
+
+def test_default_terms_drop_one_the_fit_leaves_unidentified(monkeypatch):
+    """With default terms, a term the fitted values leave unidentified (VC-16's output terms
+    beside multi-step scheduling) is dropped, the weakest of those named, and the rest refitted;
+    a term the user named is refused instead."""
+    import sim.cost.profile_fit as pf
+    from sim.cli.fit import _fit
+
+    X = np.array([[1.0, 2.0, 3.0], [2.0, 1.0, 1.0], [3.0, 3.0, 2.0], [1.0, 4.0, 1.0], [2.0, 2.0, 5.0]])
+    X[:, 2] *= 0.1  # c moves the measurements least
+
+    def predict(v):
+        return X @ np.array([v["a_ms"], v["b_ms"], v.get("c_ms", 1.0)]) + 10  # others at the base, as Simulator
+
+    real = pf.fit_terms
+    calls = []
+
+    def fit_terms(predict, names, base_ms, measured, ids):
+        calls.append(list(names))
+        if len(names) == 3:  # as if the optimum left b and c measured only together
+            raise pf.NotIdentifiable("terms not identifiable at the fitted values: b_ms + c_ms (...)", ["b_ms", "c_ms"])
+        return real(predict, names, base_ms, measured, ids)
+
+    monkeypatch.setattr(pf, "fit_terms", fit_terms)
+    y = predict({"a_ms": 2.0, "b_ms": 1.0, "c_ms": 1.0})
+    base = {"a_ms": 1.0, "b_ms": 1.0, "c_ms": 1.0}
+    res = _fit(predict, ["a_ms", "b_ms", "c_ms"], base, y, [str(i) for i in range(5)], chosen=True)
+    assert calls == [["a_ms", "b_ms", "c_ms"], ["a_ms", "b_ms"]]
+    assert [t.name for t in res.terms] == ["a_ms", "b_ms"]
+    with pytest.raises(pf.NotIdentifiable, match="b_ms \\+ c_ms"):
+        _fit(predict, ["a_ms", "b_ms", "c_ms"], base, y, [str(i) for i in range(5)], chosen=False)

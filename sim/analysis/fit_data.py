@@ -256,8 +256,8 @@ def _add_bench(data: FitData, path: Path, scenario: Path) -> None:
     raw["workload"] = {"synthetic": syn}
     raw.setdefault("name", path.stem)
     run_key = f"bench:{path}"
-    data.runs[run_key] = MeasuredRun(run_key, raw, str(scenario.parent), f"{path} ({how}; {int((~ok).sum())} failed left out)",
-                                 workload=arr)
+    where = f"{path} ({how}; {int((~ok).sum())} failed left out)"
+    data.runs[run_key] = MeasuredRun(run_key, raw, str(scenario.parent), where, workload=arr)
     for m, v in measured.items():
         data.measurements.append(Measurement(f"{path.name}/{m}", m, v, run_key))
 

@@ -47,7 +47,7 @@ def fit(
     from sim.analysis.fit_data import Simulator, hold_out, read_fit_data
     from sim.cli.outputs import check_output
     from sim.cost.engine_profile import profile_entry, term_fields
-    from sim.cost.profile_fit import check_count, default_terms, fit_terms, scales_ms, sensitivities, Predictor
+    from sim.cost.profile_fit import Predictor, check_count, default_terms, scales_ms, sensitivities
 
     import numpy as np
 
@@ -77,7 +77,7 @@ def fit(
                 raise UserError(f"no term of profile {base} moves these {len(measured)} measurements: nothing to fit")
             console.print(f"free terms (identifiable from the data): {', '.join(names)}", highlight=False)
         check_count(len(measured), names)
-        result = fit_terms(sim, names, {k: base_entry[k] for k in names}, measured, ids)
+        result = _fit(sim, names, base_entry, measured, ids, chosen=terms is None)
         judged_sim = Simulator(judged, base_entry, Path(tmp))(result.values) if judged.measurements else None
     _show(result, data, ids)
     if judged_sim is not None:
@@ -89,6 +89,28 @@ def fit(
         sources = sorted({r.where for r in data.runs.values()})
         write_text(out, fitted_profile_yaml(base, base_entry, result, ids, sources))
         console.print(f"wrote {out} (use it as engine.profile: {out})", highlight=False)
+
+
+def _fit(sim, names: list[str], base_entry: dict, measured, ids: list[str], chosen: bool):
+    """``fit_terms``; with terms chosen by default, a term the fitted values leave unidentified
+    (a term pushed to its bound, where it stops acting) is dropped and the rest refitted: of
+    the terms named, the one with the least effect at the base."""
+    from sim.cost.profile_fit import NotIdentifiable, Predictor, fit_terms, scales_ms, sensitivities
+
+    import numpy as np
+
+    names = list(names)
+    while True:
+        try:
+            return fit_terms(sim, names, {k: base_entry[k] for k in names}, measured, ids)
+        except NotIdentifiable as e:
+            if not chosen or len(names) <= 1:
+                raise
+            base_ms = np.array([base_entry[k] for k in names])
+            effect = np.linalg.norm(sensitivities(Predictor(names, sim), base_ms, scales_ms(base_ms), measured), axis=0)
+            drop = min(e.terms, key=lambda k: effect[names.index(k)])
+            console.print(f"dropped {drop}: {str(e).split('; fit fewer')[0]}", highlight=False)
+            names.remove(drop)
 
 
 def _show_judged(judged, simulated) -> None:

@@ -195,7 +195,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
     valid = [*terms, *_PLAIN_KEYS, *_FILE_TEXT_KEYS]
     for k in d:
         if k not in valid:
-            raise _file_error(path, k if isinstance(k, str) else shown_value(k), f"unknown key; valid keys: {', '.join(valid)}")
+            shown_key = k if isinstance(k, str) else shown_value(k)
+            raise _file_error(path, shown_key, f"unknown key; valid keys: {', '.join(valid)}")
     missing = [k for k in _PLAIN_KEYS if k not in d]
     if missing:
         raise _file_error(path, missing[0], "missing (a profile file gives " + ", ".join(_PLAIN_KEYS) + ")")

@@ -110,23 +110,36 @@ def sensitivities(pred: Predictor, values_ms: np.ndarray, scale: np.ndarray, mea
     return np.column_stack(cols) if cols else np.zeros((len(measured), 0))
 
 
-def unidentified(J: np.ndarray, names: list[str], rcond_min: float = RCOND_MIN) -> str:
-    """Why the columns of J do not identify the terms ("" when they do): terms with no effect,
-    then groups measured only in combination (the terms weighing in the near-null directions)."""
+class NotIdentifiable(UserError):
+    """The measurements do not pin down ``terms`` (the message says how)."""
+
+    def __init__(self, message: str, terms: list[str]):
+        super().__init__(message)
+        self.terms = terms
+
+
+def unidentified_terms(J: np.ndarray, names: list[str], rcond_min: float = RCOND_MIN) -> tuple[str, list[str]]:
+    """Why the columns of J do not identify the terms ("" when they do) and the terms concerned:
+    terms with no effect, else groups measured only in combination (the terms weighing in the
+    near-null directions of the normalised columns)."""
     norms = np.linalg.norm(J, axis=0)
     dead = [n for n, x in zip(names, norms) if x < EFFECT_MIN]
     if dead:
-        return f"{', '.join(dead)} (no measurement depends on {'it' if len(dead) == 1 else 'them'})"
-    Jn = J / norms
-    _, s, vt = np.linalg.svd(Jn, full_matrices=False)
+        return f"{', '.join(dead)} (no measurement depends on {'it' if len(dead) == 1 else 'them'})", dead
+    _, s, vt = np.linalg.svd(J / norms, full_matrices=False)
     if len(s) and s[-1] >= rcond_min * s[0] and len(s) == len(names):
-        return ""
-    groups = []
+        return "", []
+    groups: list[list[str]] = []
     for k in range(len(s)):
         if s[k] < rcond_min * s[0]:
             v = np.abs(vt[k])
-            groups.append(" + ".join(n for n, w in zip(names, v) if w >= 0.2 * v.max()))
-    return "; ".join(f"{g} (only their combination is measured)" for g in groups)
+            groups.append([n for n, w in zip(names, v) if w >= 0.2 * v.max()])
+    why = "; ".join(f"{' + '.join(g)} (only their combination is measured)" for g in groups)
+    return why, sorted({n for g in groups for n in g}, key=names.index)
+
+
+def unidentified(J: np.ndarray, names: list[str], rcond_min: float = RCOND_MIN) -> str:
+    return unidentified_terms(J, names, rcond_min)[0]
 
 
 def default_terms(J: np.ndarray, names: list[str], n: int) -> list[str]:
@@ -176,18 +189,18 @@ def fit_terms(predict: Callable[[dict[str, float]], np.ndarray], names: list[str
     pred = Predictor(names, predict)
     base = np.array([base_ms[k] for k in names], dtype=np.float64)
     scale = scales_ms(base)
-    why = unidentified(sensitivities(pred, base, scale, measured), names)
+    why, lost = unidentified_terms(sensitivities(pred, base, scale, measured), names)
     if why:
-        raise UserError(f"terms not identifiable from these {n} measurements: {why}; fit fewer --terms or add "
-                        "measurements that move them differently")
+        raise NotIdentifiable(f"terms not identifiable from these {n} measurements: {why}; fit fewer --terms or "
+                              "add measurements that move them differently", lost)
     rows = np.arange(n)
     sol = _solve(pred, base / scale, scale, measured, rows)
     values = sol.x * scale
     J = sensitivities(pred, values, scale, measured)
-    why = unidentified(J, names)
+    why, lost = unidentified_terms(J, names)
     if why:
-        raise UserError(f"terms not identifiable at the fitted values: {why}; fit fewer --terms or add "
-                        "measurements that move them differently")
+        raise NotIdentifiable(f"terms not identifiable at the fitted values: {why}; fit fewer --terms or add "
+                              "measurements that move them differently", lost)
     sim = pred(values)
     err = sim / measured - 1.0
     dof = n - p
@@ -253,10 +266,11 @@ def fitted_profile_yaml(base: str, base_entry: dict, result: FitResult, ids: lis
     entry = {**base_entry, **result.values}
     entry["basis"] = (f"simsrv fit: {', '.join(t.name for t in result.terms)} fitted over profile {base} by least "
                       f"squares on the relative error of {len(ids)} measurements")
-    entry["sources"] = list(sources)
+    entry["sources"] = list(sources) + [f"base {base}: {x}" for x in base_entry.get("sources") or []]
     lines = [f"# Engine profile fitted by simsrv fit (sim/cost/profile_fit.py) over base profile {base}.",
              f"# {result.cost_function}; {len(ids)} measurements, {len(result.terms)} free terms, "
-             f"{result.dof} residual degrees of freedom; {CONFIDENCE:.0%} intervals from s^2 (J^T J)^-1, t({result.dof}).",
+             f"{result.dof} residual degrees of freedom; {CONFIDENCE:.0%} intervals from s^2 (J^T J)^-1, "
+             f"t({result.dof}).",
              "# term: fitted [interval] (base)"]
     for t in result.terms:
         ci = f"[{t.ci_ms[0]:.6g}, {t.ci_ms[1]:.6g}]" if t.ci_ms else "[n/a: no degrees of freedom]"
