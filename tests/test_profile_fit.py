@@ -136,6 +136,8 @@ def test_too_few_measurements_is_refused_in_one_line(tmp_path):
     out = simsrv("fit", str(case), "--terms", "prefill_step_ms,decode_step_ms")
     assert out.code == 2 and out.clean, out.stderr
     assert "1 measurement for 2 free terms" in out.lines[-1]
+    out = simsrv("fit", str(case), "--scenario", str(case))  # nothing for the deployment to apply to
+    assert out.code == 2 and out.clean and "--scenario is the deployment of a vLLM bench result" in out.lines[-1]
 
 
 def test_terms_the_data_do_not_move_or_only_combine_are_named(tmp_path):
@@ -156,7 +158,8 @@ def test_terms_the_data_do_not_move_or_only_combine_are_named(tmp_path):
 
 
 def test_every_float_term_of_the_profile_is_fittable():
-    names = {f"{f[:-2]}_ms" for f, t in EngineProfile.__annotations__.items() if t == "float" and f.endswith("_s")}
+    names = {f"{f[:-2]}_ms" for f, t in EngineProfile.__annotations__.items()
+             if t == "float" and f.endswith("_s") and not f.endswith("_per_s")}
     assert set(term_fields()) == names
     assert set(profile_entry("vllm-v1")) >= names
 

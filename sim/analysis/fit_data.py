@@ -84,6 +84,9 @@ def read_fit_data(paths: list[Path], scenario: Path | None = None, rows: list[st
     if benches and scenario is None:
         raise UserError(f"{benches[0]}: a vLLM bench result needs --scenario, the deployment it measured "
                         "(model, GPU, parallelism, engine settings)")
+    if scenario is not None and not benches:
+        raise UserError("--scenario is the deployment of a vLLM bench result (*.json); none given (a case file's "
+                        "rows carry their own scenarios)")
     if rows and not cases:
         raise UserError("--rows selects rows of validation case files (*.yaml); none given")
     if cases:

@@ -148,10 +148,10 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
 
 def term_fields() -> dict[str, str]:
     """Profile-file (and catalogue) key in ms -> ``EngineProfile`` field, for every float field in
-    seconds (``*_s``), read from the dataclass: a term added to ``EngineProfile`` is a key of a
+    seconds (``*_s``, not a rate ``*_per_s``), read from the dataclass: a term added to ``EngineProfile`` is a key of a
     profile file and a term ``simsrv fit`` can fit, with no list to update."""
     return {f.name[:-2] + "_ms": f.name for f in fields(EngineProfile)
-            if f.type in ("float", float) and f.name.endswith("_s")}
+            if f.type in ("float", float) and f.name.endswith("_s") and not f.name.endswith("_per_s")}
 
 
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
