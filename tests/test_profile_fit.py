@@ -180,8 +180,8 @@ def test_vllm_bench_detailed_result_is_read_and_replayed(tmp_path):
     p = tmp_path / "bench.json"
     p.write_text(json.dumps(BENCH))
     scen = tmp_path / "dep.yaml"
-    scen.write_text(yaml.safe_dump({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}, "seed": 3,
-                                    "workload": RUNS["solo"]}))
+    # the deployment only: its workload (none here) is the bench result's requests
+    scen.write_text(yaml.safe_dump({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}, "seed": 3}))
     data = read_fit_data([p], scen)
     got = {m.metric: m.measured for m in data.measurements}
     assert got == pytest.approx({"median_ttft_ms": 30.5, "median_tpot_ms": 8.25})
