@@ -246,8 +246,10 @@ class Engine(_Strict):
     admission: Literal["vllm", "sglang"] = "vllm"
     step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
-    # host-side step cost of this serving engine (sim/cost/engine_profile.py)
-    profile: Literal["vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
+    # host-side step cost of this serving engine (sim/cost/engine_profile.py): a catalogue entry
+    # or a profile file (*.yaml, the catalogue's keys; simsrv fit writes one), made absolute by
+    # Scenario._profile_file
+    profile: str = "vllm-v1"
     # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
     attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
@@ -290,6 +292,16 @@ class Engine(_Strict):
         names = backend_names()
         if v is not None and v not in names:
             raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in names[:-1]) + f" or '{names[-1]}'")
+        return v
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
+        from sim.cost.engine_profile import is_profile_path, profile_names
+
+        names = profile_names()
+        if v not in names and not is_profile_path(v):
+            raise ValueError("Input should be " + ", ".join(f"'{n}'" for n in names) + " or a profile file (*.yaml)")
         return v
 
     @field_validator("policy")
@@ -540,6 +552,24 @@ class Scenario(_Strict):
         budget = scenario_budget_error(self.engine, self._default_limits)  # vLLM's start-up rule (sim/policies/budget.py)
         if budget:
             raise ValueError(budget)
+        return self
+
+    @model_validator(mode="after")
+    def _profile_file(self) -> "Scenario":
+        """``engine.profile`` naming a file: looked up as other paths are (``resolve_path``: the
+        current directory, then the scenario file's), read and checked now (one line naming the
+        file and the key), and kept absolute, so the run and its resolved scenario find it."""
+        from sim.cost.engine_profile import is_profile_path, load_profile_file
+
+        e = self.engine
+        if not is_profile_path(e.profile):
+            return self
+        path = self.resolve_path(e.profile).resolve()
+        load_profile_file(path)
+        if str(path) != e.profile:
+            filled = e.model_copy(update={"profile": str(path)})
+            object.__setattr__(filled, "__pydantic_fields_set__", set(e.model_fields_set))
+            object.__setattr__(self, "engine", filled)
         return self
 
     def _default_limits(self, where: str) -> tuple[int, int]:

@@ -53,6 +53,7 @@ class Row:
     status: str = "ok"
     reason: str = ""
     simulated: float | None = None
+    file: str = ""  # the case file (its directory resolves the scenario's relative paths)
 
     @property
     def err(self) -> float | None:
@@ -77,12 +78,18 @@ def _merge(base: dict, over: dict) -> dict:
 
 def load_rows(directory: Path | None = None) -> list[Row]:
     """Every row of every case file, in file order."""
-    from sim.files.yamlfile import read_yaml
-
     d = Path(directory) if directory is not None else validation_dir()
     files = sorted(d.glob("*.yaml"))
     if not files:
         raise UserError(f"{d}: no validation case files (*.yaml)")
+    return load_case_files(files, str(d))
+
+
+def load_case_files(files: list[Path], where: str) -> list[Row]:
+    """Every row of the case files ``files``, in order (``where`` names them in errors)."""
+    from sim.files.yamlfile import read_yaml
+
+    d = where
     rows: list[Row] = []
     for f in files:
         c = read_yaml(f, "validation case")
@@ -109,7 +116,7 @@ def load_rows(directory: Path | None = None) -> list[Row]:
                             tolerance=float(tol), role=r.get("role", "held-out"), source=c.get("source", ""),
                             scenario=None if r.get("ratio") else scen, allreduce=r.get("allreduce"),
                             order=list(r.get("order") or []), capacity=r.get("capacity"),
-                            ratio=list(r.get("ratio") or []), status=status, reason=reason))
+                            ratio=list(r.get("ratio") or []), status=status, reason=reason, file=str(f)))
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
@@ -155,7 +162,8 @@ def select(rows: list[Row], case: str | None) -> list[Row]:
     return picked
 
 
-def _metric(summary: dict, metric: str) -> float:
+def metric_value(summary: dict, metric: str) -> float:
+    """A row's metric from a run's summary (``result.json`` keys, or ``output_tok_per_s_per_gpu``)."""
     if metric == "output_tok_per_s_per_gpu":
         return summary["output_throughput"] / summary["simsrv_num_gpus"]
     v = summary.get(metric)
@@ -193,7 +201,7 @@ class Runner:
             return allreduce_ms(**row.allreduce)
         if row.capacity is not None:
             return self.capacity(row.scenario, row.capacity, row.id)
-        return _metric(self.summary(row.scenario), row.metric)
+        return metric_value(self.summary(row.scenario), row.metric)
 
     def capacity(self, scen: dict, limits: dict, where: str) -> float:
         """Requests per second at the knee of ``scen`` under ``limits`` (one seed; the sweep's

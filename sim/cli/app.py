@@ -108,6 +108,10 @@ from sim.cli.validate import validate  # noqa: E402
 
 app.command("validate")(validate)
 
+from sim.cli.fit import fit  # noqa: E402
+
+app.command("fit")(fit)
+
 from sim.cli.report import register as register_reports  # noqa: E402
 
 register_reports(app)

@@ -26,9 +26,11 @@ GPU (the profile was measured on A100 hosts).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from pathlib import Path
 
 from sim.cost.attention_backend import get_backend
 from sim.errors import UserError
@@ -144,12 +146,145 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
+def term_fields() -> dict[str, str]:
+    """Profile-file (and catalogue) key in ms -> ``EngineProfile`` field, for every float field in
+    seconds (``*_s``, not a rate ``*_per_s``), read from the dataclass: a term added to ``EngineProfile`` is a key of a
+    profile file and a term ``simsrv fit`` can fit, with no list to update."""
+    return {f.name[:-2] + "_ms": f.name for f in fields(EngineProfile)
+            if f.type in ("float", float) and f.name.endswith("_s") and not f.name.endswith("_per_s")}
+
+
+PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
+_FILE_TEXT_KEYS = ("kv_memory_basis", "basis", "sources")
+KV_MEMORY_BASES = ("total", "free")
+
+
+def is_profile_path(name: str) -> bool:
+    """Whether ``engine.profile`` names a profile file (``*.yaml``) rather than a catalogue entry."""
+    return name not in _catalog() and name.lower().endswith(PROFILE_FILE_SUFFIXES)
+
+
+def _file_error(path: Path, key: str, what: str) -> UserError:
+    return UserError(f"engine.profile: {path}: key {key}: {what}")
+
+
+def _file_number(path: Path, key: str, v: object, integer: bool) -> float | int:
+    from sim.limits import MAX_COUNT, MAX_FIGURE
+
+    top = MAX_COUNT if integer else MAX_FIGURE
+    ok = (isinstance(v, int) if integer else isinstance(v, (int, float))) and not isinstance(v, bool)
+    if not ok or not math.isfinite(v) or not 0 <= v <= top:
+        kind = "a whole number" if integer else "a number"
+        raise _file_error(path, key, f"{shown_value(v)} is not {kind} from 0 to {top:g}")
+    return v
+
+
+def shown_value(v: object, max_chars: int = 40) -> str:
+    """A value from a user's file as an error shows it: ``repr`` (control characters escaped), cut."""
+    text = repr(v)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+
+def _check_file_entry(path: Path, d: object) -> dict:
+    """A profile file's mapping checked key by key (the catalogue's keys, strictly typed): one
+    ``UserError`` line naming the file and the key."""
+    if not isinstance(d, dict):
+        raise UserError(f"engine.profile: {path}: a profile file is a YAML mapping of the catalogue's keys "
+                        f"(sim/catalog/engine_profiles.yaml), got {type(d).__name__}")
+    terms = term_fields()
+    valid = [*terms, *_PLAIN_KEYS, *_FILE_TEXT_KEYS]
+    for k in d:
+        if k not in valid:
+            shown_key = k if isinstance(k, str) else shown_value(k)
+            raise _file_error(path, shown_key, f"unknown key; valid keys: {', '.join(valid)}")
+    missing = [k for k in _PLAIN_KEYS if k not in d]
+    if missing:
+        raise _file_error(path, missing[0], "missing (a profile file gives " + ", ".join(_PLAIN_KEYS) + ")")
+    for k in terms:
+        if k in d:
+            _file_number(path, k, d[k], integer=False)
+    for k in ("overlap_cpu", "cuda_graph_decode"):
+        if not isinstance(d[k], bool):
+            raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
+    _file_number(path, "cuda_graph_max_batch", d["cuda_graph_max_batch"], integer=True)
+    if not isinstance(d["attention_backend"], str):
+        raise _file_error(path, "attention_backend", f"{shown_value(d['attention_backend'])} is not a name")
+    try:
+        get_backend(d["attention_backend"])
+    except UserError as e:
+        raise _file_error(path, "attention_backend", str(e).split(": ", 1)[-1]) from None
+    br = d["batch_range"]
+    if br is not None and not (isinstance(br, list) and len(br) == 2
+                               and all(isinstance(x, int) and not isinstance(x, bool) for x in br)
+                               and 1 <= br[0] <= br[1]):
+        raise _file_error(path, "batch_range", f"{shown_value(br)} is not null or [low, high] with 1 <= low <= high")
+    if d.get("kv_memory_basis", "total") not in KV_MEMORY_BASES:
+        raise _file_error(path, "kv_memory_basis", f"{shown_value(d['kv_memory_basis'])} is not total or free")
+    if not isinstance(d.get("basis", ""), str):
+        raise _file_error(path, "basis", "is not text")
+    src = d.get("sources") or []
+    if not isinstance(src, list) or not all(isinstance(x, str) for x in src):
+        raise _file_error(path, "sources", "is not a list of text lines")
+    return d
+
+
+@lru_cache(maxsize=32)
+def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
+    from sim.files.yamlfile import read_yaml
+
+    p = Path(path)
+    d = _check_file_entry(p, read_yaml(p, "engine profile file"))
+    kw: dict = {f: float(d.get(k, 0.0)) / 1e3 for k, f in term_fields().items()}
+    kw.update({k: d[k] for k in _PLAIN_KEYS})
+    kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
+    kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
+
+
+def load_profile_file(path: str | Path) -> EngineProfile:
+    """The profile a YAML file holds (``engine.profile: path/to/profile.yaml``): the keys of a
+    catalogue entry (``sim/catalog/engine_profiles.yaml``), terms in ms (an absent term is 0, as
+    in the catalogue), validated strictly; read again when the file changes."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise UserError(f"engine.profile: {p}: profile file not found") from None
+    return _read_profile_file(str(p), st.st_mtime_ns, st.st_size)
+
+
+def profile_entry(name: str) -> dict:
+    """The catalogue entry or profile file ``name`` as a profile file writes it: every key, each
+    term in ms as given there (0 where absent), so a file made from it runs as ``name`` does."""
+    if is_profile_path(name):
+        from sim.files.yamlfile import read_yaml
+
+        load_profile_file(name)  # validated
+        d = read_yaml(name, "engine profile file")
+    elif name in _catalog():
+        d = _catalog()[name]
+    else:
+        raise UserError(f"unknown profile '{name}'; valid: {', '.join(PROFILE_NAMES)} or a profile file (*.yaml)")
+    out: dict = {k: float(d.get(k, 0.0)) for k in term_fields()}
+    out.update({k: d[k] for k in _PLAIN_KEYS})
+    out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
+    out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    out["basis"] = d.get("basis", "")
+    out["sources"] = list(d.get("sources") or [])
+    return out
+
+
 def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> EngineProfile:
-    """Profile ``name`` with ``overrides`` (scenario ``engine.overhead`` keys, ms) applied."""
+    """Profile ``name`` (a catalogue entry, or a profile file: ``load_profile_file``) with
+    ``overrides`` (scenario ``engine.overhead`` keys, ms) applied."""
     cat = _catalog()
-    if name not in cat:
-        raise UserError(f"engine.profile: unknown profile '{name}'; valid: {', '.join(PROFILE_NAMES)}")
-    p = _from_entry(name, cat[name])
+    if is_profile_path(name):
+        p = load_profile_file(name)
+    elif name not in cat:
+        raise UserError(f"engine.profile: unknown profile '{name}'; valid: {', '.join(PROFILE_NAMES)} "
+                        "or a profile file (*.yaml)")
+    else:
+        p = _from_entry(name, cat[name])
     changes = {}
     for k, v in (overrides or {}).items():
         if v is None:
@@ -175,3 +310,4 @@ def profile_names() -> tuple[str, ...]:
 
 
 assert {f.name for f in fields(EngineProfile)} >= set(_MS_KEYS.values()) | set(_PLAIN_KEYS)
+assert set(_MS_KEYS) <= set(term_fields())  # every overridable term is a profile-file key
