@@ -105,10 +105,10 @@ class GemmEff:
 
     The measured efficiencies (<= 1: the fit keeps no row beyond the roofline,
     ``sim.cost.fit.fit_op``) are interpolated along m (``Curve``: log-linear in the log bound).
-    With a wave term (``wave``: the GPU's SMs and the output tile the fit selected), a token
-    count whose output tiles run in more padded waves than the interpolation of its measured
-    neighbours' (``wave_log_ratio`` at m above its interpolation at the nodes) takes that much
-    more time: the efficiency is divided by exp(excess). The term only adds time; a token count
+    With a wave term (``wave``: the GPU's SMs and the output tile the fit selected), a shape
+    whose output tiles run in more padded waves than the measured kernels it is interpolated
+    from (``wave_log_ratio`` at (m, n, k) above its interpolation at the measured token counts
+    and weight shapes) takes that much more time: the efficiency is divided by exp(excess). The term only adds time; a token count
     that fills its waves better than its neighbours keeps their interpolated efficiency, so the
     result never exceeds 1 against the bound, whichever operation divides its bound by it (an
     MoE expert GEMM's weight reads, ``sim.cost.arch.moe_mlp_s``).
@@ -120,12 +120,15 @@ class GemmEff:
 
     __slots__ = ("curve", "waves", "n", "k", "peaks", "wave")
 
-    def __init__(self, curve: Curve, n: float, k: float, peaks: dict, wave: dict | None, nodes: list):
+    def __init__(self, curve: Curve, n: float, k: float, peaks: dict, wave: dict | None, nodes: list,
+                 ref: list | None = None):
         self.curve, self.n, self.k, self.peaks, self.wave = curve, n, k, peaks, wave
-        # log(padded / roofline bound) at the measured token counts, on the same axis: the same
-        # bracket and weights as the efficiency's interpolation
+        # log(padded / roofline bound) of the measured kernels at the measured token counts
+        # (``ref``, blended over the measured weight shapes as the efficiency is; else this
+        # shape's own), on the same axis: the same bracket and weights as the efficiency's
+        # interpolation
         self.waves: Curve | None = None if not wave else Curve(
-            nodes, [wave_log_ratio(x, n, k, peaks, wave) for x in nodes], curve.axis)
+            nodes, ref if ref is not None else [wave_log_ratio(x, n, k, peaks, wave) for x in nodes], curve.axis)
 
     def eff(self, m: float) -> tuple[float, bool]:
         """(efficiency <= 1 at m tokens, m outside the measured token counts)."""
@@ -164,30 +167,43 @@ class GemmTable:
                                            gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8))
         return c
 
-    def curve(self, n: float, k: float) -> tuple[Curve, bool]:
+    def _corners(self, n: float, k: float) -> tuple[list[tuple[float, int, int]], bool]:
+        """(weight, n index, k index) of the measured weight shapes around (n, k), bilinear in
+        (log n, log k), and whether (n, k) lies outside them."""
         i, wn, on = bracket(self.ln, math.log(n))
         j, wk, ok = bracket(self.lk, math.log(k))
         corners = []
         for di, wi in ((0, 1 - wn), (1, wn)):
             for dj, wj in ((0, 1 - wk), (1, wk)):
                 ii, jj = min(i + di, len(self.n) - 1), min(j + dj, len(self.k) - 1)
-                c = self._at(ii, jj)
-                if c and wi * wj > 0:
-                    corners.append((wi * wj, c))
+                if self._at(ii, jj) and wi * wj > 0:
+                    corners.append((wi * wj, ii, jj))
         if not corners:  # every surrounding shape unmeasured: the nearest measured one
             ii, jj = min(((a, b) for a in range(len(self.n)) for b in range(len(self.k)) if self._at(a, b)),
                          key=lambda ab: abs(self.ln[ab[0]] - math.log(n)) + abs(self.lk[ab[1]] - math.log(k)))
-            corners = [(1.0, self._at(ii, jj))]
-        tot = sum(w for w, _ in corners)
-        ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
-        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8))
-        return out, on or ok
+            corners = [(1.0, ii, jj)]
+        return corners, on or ok
+
+    def curve(self, n: float, k: float) -> tuple[Curve, bool]:
+        corners, out = self._corners(n, k)
+        tot = sum(w for w, _, _ in corners)
+        ys = [sum(w * self._at(ii, jj).log_eff(m)[0] for w, ii, jj in corners) / tot for m in self.m]
+        return Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8)), out
 
     def eff_fn(self, n: float, k: float) -> tuple[GemmEff, bool]:
         """(the efficiency along m of weight shape (n, k), with the wave term, ``GemmEff``;
-        whether the shape lies outside the measured ones)."""
+        whether the shape lies outside the measured ones). The wave term's reference at the
+        measured token counts is blended from the same measured weight shapes as the
+        efficiency, each at its own (n, k)."""
         c, out = self.curve(n, k)
-        return GemmEff(c, n, k, self.peaks, None if self.fp8 else self.wave, self.m), out
+        wave = None if self.fp8 else self.wave
+        ref = None
+        if wave:
+            corners, _ = self._corners(n, k)
+            tot = sum(w for w, _, _ in corners)
+            ref = [sum(w * wave_log_ratio(m, self.n[ii], self.k[jj], self.peaks, wave) for w, ii, jj in corners) / tot
+                   for m in self.m]
+        return GemmEff(c, n, k, self.peaks, wave, self.m, ref), out
 
     def eff(self, m: float, n: float, k: float) -> tuple[float, bool]:
         g, out = self.eff_fn(n, k)
