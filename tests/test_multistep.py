@@ -92,11 +92,13 @@ def _run(engine: dict, n=40, rate=4.0, out=120, **kw) -> dict:
 
 def test_multi_step_bursts_itl_and_delays_first_tokens():
     """vLLM 0.6.0 with --num-scheduler-steps 10 (sglang benchmark_vllm_060): median ITL about
-    10 x TPOT (tokens come out once per block) and a TTFT that waits for the running block."""
-    one, ten = _run({}), _run({"num_scheduler_steps": 10})
+    10 x TPOT (tokens come out once per block) and a TTFT that waits for the running block: on
+    average a fraction of a block (the mean over 120 arrivals: the median of 40 moved from just
+    above 0.3 blocks to under it with a 10% change of the step's GEMM time, issue 37)."""
+    one, ten = _run({}, n=120), _run({"num_scheduler_steps": 10}, n=120)
     assert one["median_itl_ms"] == pytest.approx(one["median_tpot_ms"], rel=0.15)
     assert 8 <= ten["median_itl_ms"] / ten["median_tpot_ms"] <= 11
-    assert ten["median_ttft_ms"] > one["median_ttft_ms"] + 0.3 * ten["median_itl_ms"]
+    assert ten["mean_ttft_ms"] > one["mean_ttft_ms"] + 0.3 * ten["median_itl_ms"]
     # one gap per block: (out - 1) tokens after the first in blocks of 10 (plus partial ones)
     assert ten["simsrv_num_itl_samples"] < 0.2 * one["simsrv_num_itl_samples"]
 

@@ -57,10 +57,11 @@ def calibrate(
     from rich.table import Table
 
     t = Table(title=f"{gpu}: held-out shapes (every fifth token count / context / size / batch)")
-    for c in ("operator", "rows fitted", "rows held out", "median abs err", "p90 abs err"):
+    for c in ("operator", "rows fitted", "rows held out", "median abs err", "p90 abs err", "held out beyond roofline"):
         t.add_column(c, justify="left" if c == "operator" else "right")
     for r in held:
-        t.add_row(r["op"], f"{r['rows_fitted']:,}", f"{r['rows_held_out']:,}", _pct(r["median_pct"]), _pct(r["p90_pct"]))
+        t.add_row(r["op"], f"{r['rows_fitted']:,}", f"{r['rows_held_out']:,}", _pct(r["median_pct"]), _pct(r["p90_pct"]),
+                  f"{r['rows_beyond_roofline']:,}" if "rows_beyond_roofline" in r else "-")
     out_console.print(t)
     for title, rows in (("cross-source GEMM: aiconfigurator GEMM fit -> vidur per-layer linear ops", cross),
                         ("cross-source attention: primary-source fit -> other sources", attn)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sim.cost.calibration import Calibration
+from sim.cost.calibration import Calibration, GemmEff
 from sim.cost.decode_attention import DecodeAttention, decode_work
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
 from sim.cost.tables import Axis, Curve, Grid2, bisect_floats, bracket
@@ -27,20 +27,15 @@ class CalibratedOps:
         self.cal = cal
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
-        # (typed: compiled, sim/compiled_core.py, ``linear_s`` reads them natively: a curve's
-        # lookup, the wave term's arithmetic)
-        self.gemm_curves: dict[str, tuple[Curve, bool, float]] | None = None
-        self.wave: tuple[int, int, int] | None = None
+        # (typed: compiled, sim/compiled_core.py, ``linear_s`` reads them natively)
+        self.gemm_curves: dict[str, tuple[GemmEff, bool]] | None = None
         if cal.gemm is not None:
             # (out, in) of the cost model's (in, out): the table is x[m,k] @ W[k,n].
-            self.gemm_curves = {name: (*cal.gemm.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
-            w = cal.gemm.wave
-            if w:
-                self.wave = (w["sms"], w["tile"][0], w["tile"][1])
+            self.gemm_curves = {name: cal.gemm.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.fp8_curves = None
         if fp8 and cal.gemm_fp8 is not None:  # the model's GEMMs run in fp8 (curves: start-up)
             self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
-            self.fp8_curves = {name: (*cal.gemm_fp8.curve(fout, fin), fout) for name, (fin, fout) in linear_shapes.items()}
+            self.fp8_curves = {name: cal.gemm_fp8.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
@@ -78,20 +73,13 @@ class CalibratedOps:
 
     # -- per token count (the caller caches these) ----------------------------------------------
     def linear_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
-        """Raw bound over the measured efficiency; with the wave term the FLOPs are those of the
-        padded waves of output tiles (``sim.cost.fit.wave_factor``), as in the fit."""
-        curves, wave = self.gemm_curves, self.wave
+        """The roofline bound max(FLOPs / peak, bytes / bandwidth) over the efficiency measured
+        at this weight shape and token count against that bound (<= 1, the wave term
+        included: ``GemmEff``), so no GEMM, dense or an MoE layer's experts, beats its bound."""
+        curves = self.gemm_curves
         assert curves is not None  # (the cost model calls this only with GEMM tables)
-        curve, out, n = curves[name]
-        if wave is not None and tokens >= 1:
-            sms, tm, tn = wave
-            tiles = math.ceil(tokens / tm) * math.ceil(n / tn)
-            # as fit.wave_factor: max(1, tiles / sms) below one tile row, else whole waves
-            # (max written out: the same value)
-            w = tiles / sms
-            waves: float = (w if w > 1.0 else 1.0) if tokens < tm else math.ceil(w)
-            flops *= waves * sms * tm * tn / (tokens * n)
-        e, out_m = curve.eff(tokens)
+        g, out = curves[name]
+        e, out_m = g.eff(tokens)
         b = flops / self.peak
         m = bytes_ / self.bw
         return (b if b > m else m) / e, out or out_m
@@ -99,8 +87,8 @@ class CalibratedOps:
     def linear_fp8_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
         """An fp8 W8A8 GEMM: its own raw bound (FP8 peak, 1-byte inputs) over the efficiency
         measured for fp8 GEMMs at this weight shape and token count."""
-        curve, out, _ = self.fp8_curves[name]
-        e, out_m = curve.eff(tokens)
+        g, out = self.fp8_curves[name]
+        e, out_m = g.eff(tokens)
         return max(flops / self.fp8_peak, bytes_ / self.bw) / e, out or out_m
 
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:

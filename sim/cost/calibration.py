@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.cost.shapes import wave_padding
 from sim.cost.tables import Axis, Curve, Grid2, bracket
 
 CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
@@ -88,6 +89,58 @@ def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False) -> Axis:
     return Axis(a=2.0 * n * k / peaks["bf16_flops_per_s"], b=2.0 * k * n / bw, c=2.0 * (k + n) / bw)
 
 
+def wave_log_ratio(m: float, n: float, k: float, peaks: dict, wave: dict) -> float:
+    """log of the bound of x[m,k] @ W[k,n] with its FLOPs padded to whole waves of tiles
+    (``sim.cost.shapes.wave_padding``) over its roofline bound: >= 0, 0 where bytes limit it."""
+    fl = 2.0 * m * n * k / peaks["bf16_flops_per_s"]
+    by = 2.0 * (m * k + k * n + m * n) / peaks["hbm_bw_bytes_per_s"]
+    tm, tn = wave["tile"]
+    padded = fl * wave_padding(m, n, wave["sms"], tm, tn)
+    return math.log(max(padded, by) / max(fl, by))
+
+
+class GemmEff:
+    """Efficiency of x[m,k] @ W[k,n] against its roofline bound max(FLOPs / peak, bytes /
+    bandwidth), as a function of the token count m, for one weight shape (``GemmTable.eff_fn``).
+
+    The measured efficiencies (<= 1: the fit keeps no row beyond the roofline,
+    ``sim.cost.fit.fit_op``) are interpolated along m (``Curve``: log-linear in the log bound).
+    With a wave term (``wave``: the GPU's SMs and the output tile the fit selected), a shape
+    whose output tiles run in more padded waves than the measured kernels it is interpolated
+    from (``wave_log_ratio`` at (m, n, k) above its interpolation at the measured token counts
+    and weight shapes) takes that much more time: the efficiency is divided by exp(excess). The term only adds time; a token count
+    that fills its waves better than its neighbours keeps their interpolated efficiency, so the
+    result never exceeds 1 against the bound, whichever operation divides its bound by it (an
+    MoE expert GEMM's weight reads, ``sim.cost.arch.moe_mlp_s``).
+    NOTE: before, the efficiency was fitted against the padded bound itself; the padded FLOPs
+    of skinny GEMMs are no floor (measured kernels beat them 4x at 8 tokens on A100, cuBLAS
+    picking smaller tiles), so those efficiencies reached 4.09 and an MoE layer's weight reads,
+    divided by them, ran 4x faster than HBM allows (issue 37: Mixtral TP2 on A100 decoded at
+    19.3 ms against a 20.7 ms floor)."""
+
+    __slots__ = ("curve", "waves", "n", "k", "peaks", "wave")
+
+    def __init__(self, curve: Curve, n: float, k: float, peaks: dict, wave: dict | None, nodes: list,
+                 ref: list | None = None):
+        self.curve, self.n, self.k, self.peaks, self.wave = curve, n, k, peaks, wave
+        # log(padded / roofline bound) of the measured kernels at the measured token counts
+        # (``ref``, blended over the measured weight shapes as the efficiency is; else this
+        # shape's own), on the same axis: the same bracket and weights as the efficiency's
+        # interpolation
+        self.waves: Curve | None = None if not wave else Curve(
+            nodes, ref if ref is not None else [wave_log_ratio(x, n, k, peaks, wave) for x in nodes], curve.axis)
+
+    def eff(self, m: float) -> tuple[float, bool]:
+        """(efficiency <= 1 at m tokens, m outside the measured token counts)."""
+        u = self.curve.axis.u(m)
+        y, out = self.curve.at(u)
+        if self.waves is not None:
+            excess = wave_log_ratio(m, self.n, self.k, self.peaks, self.wave) - self.waves.at(u)[0]
+            if excess > 0.0:
+                y -= excess
+        return math.exp(y), out
+
+
 class GemmTable:
     """Efficiency of x[m,k] @ W[k,n] over measured (m, n, k); ``curve(n, k)`` gives the
     efficiency against m for one weight shape (interpolated along its roofline bound),
@@ -96,8 +149,9 @@ class GemmTable:
     def __init__(self, d: dict, peaks: dict, fp8: bool = False):
         self.m, self.n, self.k = d["m"], d["n"], d["k"]
         self.peaks, self.fp8 = peaks, fp8
-        # Wave quantization term (sim/cost/fit.py ``wave_factor``): the efficiencies are relative
-        # to the bound of the padded waves; None when the fit found no tile that helps.
+        # Wave quantization term (``GemmEff``): the output tile the fit selected, whose padded
+        # waves add time between measured token counts; None when no tile helps. The
+        # efficiencies themselves are against the roofline bound, never the padded one.
         self.wave = d.get("wave")
         self.ln = [math.log(x) for x in self.n]
         self.lk = [math.log(x) for x in self.k]
@@ -113,28 +167,47 @@ class GemmTable:
                                            gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8))
         return c
 
-    def curve(self, n: float, k: float) -> tuple[Curve, bool]:
+    def _corners(self, n: float, k: float) -> tuple[list[tuple[float, int, int]], bool]:
+        """(weight, n index, k index) of the measured weight shapes around (n, k), bilinear in
+        (log n, log k), and whether (n, k) lies outside them."""
         i, wn, on = bracket(self.ln, math.log(n))
         j, wk, ok = bracket(self.lk, math.log(k))
         corners = []
         for di, wi in ((0, 1 - wn), (1, wn)):
             for dj, wj in ((0, 1 - wk), (1, wk)):
                 ii, jj = min(i + di, len(self.n) - 1), min(j + dj, len(self.k) - 1)
-                c = self._at(ii, jj)
-                if c and wi * wj > 0:
-                    corners.append((wi * wj, c))
+                if self._at(ii, jj) and wi * wj > 0:
+                    corners.append((wi * wj, ii, jj))
         if not corners:  # every surrounding shape unmeasured: the nearest measured one
             ii, jj = min(((a, b) for a in range(len(self.n)) for b in range(len(self.k)) if self._at(a, b)),
                          key=lambda ab: abs(self.ln[ab[0]] - math.log(n)) + abs(self.lk[ab[1]] - math.log(k)))
-            corners = [(1.0, self._at(ii, jj))]
-        tot = sum(w for w, _ in corners)
-        ys = [sum(w * c.log_eff(m)[0] for w, c in corners) / tot for m in self.m]
-        out = Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8))
-        return out, on or ok
+            corners = [(1.0, ii, jj)]
+        return corners, on or ok
+
+    def curve(self, n: float, k: float) -> tuple[Curve, bool]:
+        corners, out = self._corners(n, k)
+        tot = sum(w for w, _, _ in corners)
+        ys = [sum(w * self._at(ii, jj).log_eff(m)[0] for w, ii, jj in corners) / tot for m in self.m]
+        return Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8)), out
+
+    def eff_fn(self, n: float, k: float) -> tuple[GemmEff, bool]:
+        """(the efficiency along m of weight shape (n, k), with the wave term, ``GemmEff``;
+        whether the shape lies outside the measured ones). The wave term's reference at the
+        measured token counts is blended from the same measured weight shapes as the
+        efficiency, each at its own (n, k)."""
+        c, out = self.curve(n, k)
+        wave = None if self.fp8 else self.wave
+        ref = None
+        if wave:
+            corners, _ = self._corners(n, k)
+            tot = sum(w for w, _, _ in corners)
+            ref = [sum(w * wave_log_ratio(m, self.n[ii], self.k[jj], self.peaks, wave) for w, ii, jj in corners) / tot
+                   for m in self.m]
+        return GemmEff(c, n, k, self.peaks, wave, self.m, ref), out
 
     def eff(self, m: float, n: float, k: float) -> tuple[float, bool]:
-        c, out = self.curve(n, k)
-        e, out_m = c.eff(m)
+        g, out = self.eff_fn(n, k)
+        e, out_m = g.eff(m)
         return e, out or out_m
 
 

@@ -52,6 +52,29 @@ def fa2_split_kv(batch: int, heads: float, kv_heads: float, kv_len: float, sms: 
     return fa2_num_splits(bnh, 2 * sms, math.ceil(kv_len / block)) > 1
 
 
+def wave_padding(m: float, n: float, sms: int, tm: int, tn: int) -> float:
+    """Wave quantization of a GEMM's output tiles (NVIDIA, "Matrix Multiplication Background
+    User's Guide"): tiles = ceil(m/Tm) ceil(n/Tn) run in waves = ceil(tiles / SMs), so the GPU
+    does the work of waves * SMs * Tm * Tn outputs; the factor is that over m * n (>= 1).
+    A skinny GEMM (m < Tm: one row of tiles, decode batches) is charged a partial last wave for
+    the tiles it has (waves = max(1, tiles / SMs)), not a whole one: its tiles stream weights,
+    so a tail wave of 4 tiles on 108 SMs does not cost a full wave of tensor-core work (with a
+    whole last wave, Llama-3-8B's gate+up, n = 28,672 = 112 tiles of 256, at one token became
+    compute bound at twice the weight-read time, where the measured neighbours, n = 16,384 and
+    65,536, stream weights at 67-78% of HBM bandwidth).
+    NOTE: this is a shape feature of the tile the fit selected, not a bound: cuBLAS picks other
+    tiles and split-K where they run faster, and measured kernels beat the padded FLOPs at peak
+    (A100 4096 x 14336 at m = 8: 4x), so it never divides a roofline bound
+    (``sim.cost.calibration.GemmEff``: it only adds time between measured token counts)."""
+    mm = m if m > 1.0 else 1.0
+    nn = n if n > 1.0 else 1.0
+    tiles = math.ceil(mm / tm) * math.ceil(nn / tn)
+    w = tiles / sms
+    # (max written out: compiled, sim/compiled_core.py, native arithmetic)
+    waves: float = (w if w > 1.0 else 1.0) if mm < tm else float(math.ceil(w))
+    return waves * sms * tm * tn / (mm * nn)
+
+
 # vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py): used for
 # world sizes 2, 4, 6, 8 (``_SUPPORTED_WORLD_SIZES``), buffers under ``max_size`` = 8 MiB, on
 # fully NVLink-connected GPUs (or any two GPUs); otherwise NCCL's ring.
