@@ -45,7 +45,7 @@ CORE_MODULES = (
     "sim/policies/chunked.py", "sim/policies/continuous.py",
     "sim/cost/runs.py", "sim/cost/decode_attention.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
     "sim/engine/results.py", "sim/engine/cluster.py",
-    "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
+    "sim/engine/clock.py", "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
     "sim/engine/arrivals.py", "sim/cost/tables.py", "sim/cost/arch.py", "sim/cost/calibrated.py",
     "sim/cost/shapes.py", "sim/engine/router.py",
 )

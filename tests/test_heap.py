@@ -1,18 +1,15 @@
 """``HeapOrder`` (sim/core/heap.py) is heapq step for step: after every push and pop the list
 holds, entry for entry, what heapq's functions leave in theirs, and pops return the same
-entries. For its default order (``<``), the event queue's (``QUEUE_ORDER``: Calls beside
-SimPy's tuples) and the decode set's finish heaps (``_DueOrder``: (step, request id, epoch,
-request) entries), the last two compared natively when compiled."""
+entries. For its default order (``<``) and the decode set's finish heaps (``_DueOrder``: (step, request
+id, epoch, request) entries, compared natively when compiled)."""
 
 import heapq
 
 import numpy as np
 import pytest
-import simpy
 
 from sim.core.heap import HeapOrder
 from sim.core.request import Request
-from sim.engine.calls import QUEUE_ORDER, Call
 from sim.policies.decode_set import _DUE
 
 
@@ -48,21 +45,6 @@ def test_finish_heap_order_is_heapqs_on_its_tuples():
         return (int(rng.integers(0, 12)), r.request_id, r.epoch, r)
 
     _same_as_heapq(_DUE, entry)
-
-
-def test_event_queue_order_is_heapqs_on_calls_beside_simpys_tuples():
-    """Calls at equal and distinct times, priorities and ids beside SimPy's own entries."""
-    env = simpy.Environment()
-
-    def entry(rng, eid):
-        t, priority = float(rng.choice([0.0, 0.5, 1.0, 2.0])), int(rng.choice([0, 1]))
-        if rng.random() < 0.3:
-            return (t, priority, eid, object())  # SimPy's own event
-        call = Call(env, lambda e: None)
-        call._t, call._priority, call._eid = t, priority, eid
-        return call
-
-    _same_as_heapq(QUEUE_ORDER, entry, steps=600, seed=11)
 
 
 def test_pop_of_an_empty_heap_raises_as_heapq():
