@@ -40,7 +40,7 @@ except ImportError:  # installed without mypy: the same classes, not compiled
 
 # module paths relative to the repository root, in the order mypyc is given them
 CORE_MODULES = (
-    "sim/core/request.py", "sim/core/kv.py", "sim/core/ttft.py", "sim/core/heap.py",
+    "sim/core/request.py", "sim/core/kv.py", "sim/core/ttft.py",
     "sim/policies/decode_set.py", "sim/policies/admission.py", "sim/policies/base.py",
     "sim/policies/chunked.py", "sim/policies/continuous.py",
     "sim/cost/runs.py", "sim/cost/decode_attention.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
