@@ -194,9 +194,11 @@ class Replica:
         # would reach a model that reads its fields by name as a plain tuple.)
         roofline = self._roofline
         if roofline is not None:
-            values = plan.batch_values()
-            _decodes, _context, _chunks, _logits, _steps, prefill_tokens, _tokens = values
-            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = roofline.run_cost_values(values)
+            # (unpacked by name, then handed on whole: mypyc 1.13 frees the items of a tuple
+            # still in use when names unpacked from it go unused, tests/test_compiled_core.py)
+            decodes, context, chunks, logits, steps, prefill_tokens, tokens = plan.batch_values()
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = roofline.run_cost_values(
+                (decodes, context, chunks, logits, steps, prefill_tokens, tokens))
         else:
             batch = plan.batch
             prefill_tokens = batch.prefill_tokens
