@@ -9,7 +9,8 @@ the test suite runs the installed package both ways and compares the runs byte f
 (tests/test_compiled_core.py).
 
 This module is the one seam between the two: ``pure_reason`` (None when the compiled core
-runs) is the single flag, decided once per process by ``choose``. The Python sources run
+runs) is the single flag, decided once per process by ``choose``; no other module asks, and the
+two cores run one code path (tests/test_one_seam.py; ARCHITECTURE.md section 8). The Python sources run
 instead, for every module of the core together (compiled modules call each other directly, so
 the core is never mixed), when:
 
