@@ -56,7 +56,7 @@ def simsrv_run(policy: str, chunk: int, n: int) -> tuple[float, int, int]:
         cpu = time.process_time() - t0
     finally:
         simpy.core.Environment.__init__ = original
-    return cpu, result.steps.height, sum(next(env._eid) for env in envs)
+    return cpu, result.steps.height, sum(env.clock.events_scheduled for env in envs)
 
 
 def skeleton(events: int, arrivals: int) -> float:

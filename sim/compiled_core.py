@@ -9,7 +9,8 @@ the test suite runs the installed package both ways and compares the runs byte f
 (tests/test_compiled_core.py).
 
 This module is the one seam between the two: ``pure_reason`` (None when the compiled core
-runs) is the single flag, decided once per process by ``choose``. The Python sources run
+runs) is the single flag, decided once per process by ``choose``; no other module asks, and the
+two cores run one code path (tests/test_one_seam.py; ARCHITECTURE.md section 8). The Python sources run
 instead, for every module of the core together (compiled modules call each other directly, so
 the core is never mixed), when:
 
@@ -40,12 +41,12 @@ except ImportError:  # installed without mypy: the same classes, not compiled
 
 # module paths relative to the repository root, in the order mypyc is given them
 CORE_MODULES = (
-    "sim/core/request.py", "sim/core/kv.py", "sim/core/ttft.py", "sim/core/heap.py",
+    "sim/core/request.py", "sim/core/kv.py", "sim/core/ttft.py",
     "sim/policies/decode_set.py", "sim/policies/admission.py", "sim/policies/base.py",
     "sim/policies/chunked.py", "sim/policies/continuous.py",
     "sim/cost/runs.py", "sim/cost/decode_attention.py", "sim/cost/roofline.py", "sim/cost/dp_ep.py",
     "sim/engine/results.py", "sim/engine/cluster.py",
-    "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
+    "sim/engine/clock.py", "sim/engine/calls.py", "sim/engine/recorder.py", "sim/engine/columns.py",
     "sim/engine/arrivals.py", "sim/cost/tables.py", "sim/cost/arch.py", "sim/cost/calibrated.py",
     "sim/cost/shapes.py", "sim/engine/router.py",
 )

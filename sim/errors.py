@@ -11,4 +11,4 @@ class UserError(Exception):
 
 class SimulationStalled(RuntimeError):
     """The simulated clock stopped advancing: a model defect, never an answer (the watchdog in
-    ``sim.engine.cluster.run_watched`` raises it instead of letting a run spin forever)."""
+    ``sim.engine.clock.Clock`` raises it instead of letting a run spin forever)."""

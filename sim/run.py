@@ -14,6 +14,7 @@ import numpy as np
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.engine.columns import ColumnBuffer
+from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.metrics.vllm_bench import REQUEST_METRICS, request_metric
 from sim.scenario import Scenario
@@ -174,10 +175,17 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     layout = layout_for(scenario)
     results = RequestResults()
     _, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
+    return run_result(scenario, layout, results, rec,
+                      None if streamed or concurrency is not None else arrays,  # else: the requests as sent
+                      time.perf_counter() - t0)
+
+
+def run_result(scenario: Scenario, layout, results: RequestResults, rec: Recorder,
+               given_workload: RequestArrays | None, wall_s: float) -> RunResult:
+    """The ``RunResult`` of a simulation that has ended (its results finished here)."""
     results.finish()
-    return RunResult(scenario, layout.deployment, results, rec.step_store(),
-                     None if streamed or concurrency is not None else arrays,  # else: the requests as sent
-                     rec.resume_gaps_s, time.perf_counter() - t0, layout.schedulers, rec.itl_adjust,
+    return RunResult(scenario, layout.deployment, results, rec.step_store(), given_workload,
+                     rec.resume_gaps_s, wall_s, layout.schedulers, rec.itl_adjust,
                      layout.transfer_stats(), dict(sorted(rec.extrapolated_steps.items())),
                      rec.lm_head_extrapolated, layout=layout,
                      overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())))

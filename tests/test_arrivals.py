@@ -154,9 +154,9 @@ def test_a_client_limit(rate, think_s, monkeypatch):
 
 def test_stream_read_only_as_far_as_time_has_reached():
     """The next chunk is read when the previous one's last request has been sent, not before."""
-    import simpy
     from sim.engine.arrivals import Arrivals
-    env, read, sent = simpy.Environment(), [], []
+    from sim.engine.simpy_clock import ClockEnvironment
+    env, read, sent = ClockEnvironment(), [], []
     whole = _workload(30, 0.5, 5)
     whole = whole.with_arrivals(whole.arrival_s + 1.0)
 

@@ -249,14 +249,13 @@ def test_replicas_sharing_a_cost_model_share_its_solo_memo():
     """The TTFT split's chunk-alone seconds are memoised in the cost model: every replica of a
     deployment reads one memo, and a second replica finds what the first computed, the same
     float the model gives."""
-    import simpy
-
     from sim.core.ttft import solo_key
     from sim.engine.recorder import Recorder
+    from sim.engine.simpy_clock import ClockEnvironment
     from sim.engine.topology import ColocatedLayout
 
     layout = ColocatedLayout(scenario_from_dict(small_scenario(cluster={"replicas": 3})))
-    topo = layout.build()(simpy.Environment(), Recorder(), lambda reqs: None)
+    topo = layout.build()(ClockEnvironment(), Recorder(), lambda reqs: None)
     cost = layout.deployment.cost
     first, second, third = (r.ttft.solo for r in topo.replicas)
     assert first.cache is second.cache is third.cache is cost.solo_cache

@@ -3,7 +3,7 @@ exactly the events the generator process it replaced did: same times, priorities
 The process is kept here as the reference; runs that exercise every path of the loop (runs cut
 by arrivals on a coarse time grid, where arrivals and step ends coincide; multi-step blocks;
 swap preemption; disaggregation's hooks and wake-ups) must give identical step logs and
-request records. Also: the watched event loop is ``env.run()`` event for event."""
+request records. Also: the owned clock runs SimPy processes as SimPy does."""
 
 import math
 
@@ -25,6 +25,7 @@ class ProcessReplica(cluster.Replica):
 
     def __init__(self, env, index, scheduler, cost, recorder, on_finish, swap_s_per_block=0.0, on_step=None):
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
+        self.clock = env.clock
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         self.ttft = TTFTAccounting(cost)
@@ -208,16 +209,27 @@ def _trace(env: simpy.Environment, log: list):
         env.process(proc(i))
 
 
-def test_watched_loop_is_env_run():
+def test_the_owned_clock_runs_simpy_processes_as_simpy_does():
+    """SimPy processes on ``ClockEnvironment`` (its public ``now``/``schedule``/``step``/``peek``
+    overridden, sim/engine/simpy_clock.py) run as on SimPy's own Environment: the same steps at
+    the same times, a failed process's exception raised, ``run(until=...)`` stopping there."""
+    from sim.engine.simpy_clock import ClockEnvironment
     a, b = [], []
-    env_a, env_b = simpy.Environment(), simpy.Environment()
+    env_a, env_b = simpy.Environment(), ClockEnvironment()
     _trace(env_a, a)
     _trace(env_b, b)
     with pytest.raises(KeyError, match="boom"):
         env_a.run()
     with pytest.raises(KeyError, match="boom"):
-        cluster.run_watched(env_b, lambda: 0)
+        env_b.clock.run()
     assert a == b and env_a.now == env_b.now and len(a) > 10
+    c, d = [], []
+    env_c, env_d = simpy.Environment(), ClockEnvironment()
+    _trace(env_c, c)
+    _trace(env_d, d)
+    env_c.run(until=1.55)
+    env_d.run(until=1.55)
+    assert c == d and env_c.now == env_d.now == 1.55
 
 
 def test_batch_derives_its_token_counts():
@@ -230,11 +242,9 @@ def test_batch_derives_its_token_counts():
 
 
 def test_batch_fields_in_the_order_read_by_position():
-    """The replica loop and the cost model read a batch's fields by position (compiled, a
-    NamedTuple's field read by name is a generic attribute look-up): that order is this."""
+    """The replica loop unpacks a plan's ``batch_values`` in ``Batch``'s field order: that order is this."""
     assert Batch._fields == ("num_decode_seqs", "decode_context_tokens", "prefill_chunks", "num_logits",
                              "num_steps", "prefill_tokens", "num_tokens")
-    assert Batch._fields[cluster._PREFILL_TOKENS] == "prefill_tokens"
 
 
 class _SimpyCall:
@@ -246,13 +256,19 @@ class _SimpyCall:
 
     def at(self, delay_s, priority=simpy.events.NORMAL):
         ev = simpy.Event(self.env)
-        ev._ok, ev._value, ev.callbacks = True, None, [self.fn]
+        ev.callbacks.append(self.fn)
+        ev._ok, ev._value = True, None  # (a triggered event, as Event.succeed leaves it, unscheduled)
         self.env.schedule(ev, priority, delay_s)
         return ev
 
 
-def _calls_beside_a_process(make_call, run):
-    env, seen = simpy.Environment(), []
+def _call(env, fn):
+    from sim.engine.calls import Call
+    return Call(env.clock, fn)
+
+
+def _calls_beside_a_process(env, make_call, abandon):
+    seen = []
     a = make_call(env, lambda e: seen.append(("a", env.now)))
     emptied = make_call(env, lambda e: seen.append(("emptied", env.now)))
 
@@ -265,72 +281,47 @@ def _calls_beside_a_process(make_call, run):
 
     env.process(proc())
     a.at(1.0)
-    emptied.at(1.0).callbacks.clear()
+    abandon(emptied.at(1.0))
     make_call(env, lambda e: seen.append(("urgent", env.now))).at(1.0, simpy.events.URGENT)
-    run(env)
+    env.run()
     return seen
 
 
-@pytest.mark.parametrize("self_entries", [False, True])
-def test_calls_and_simpy_events_share_one_order(self_entries, monkeypatch):
-    """A ``Call`` enters SimPy's queue as SimPy's own events do: at one time and priority, in
-    the order scheduled (the environment's event ids), URGENT first; rescheduled after it ran,
-    it runs again; emptied while pending (a cut run's end), it runs nothing. As a tuple (the
-    Python sources) and as its own heap entry beside SimPy's tuples (compiled)."""
-    from sim.engine import calls
-    from sim.engine.calls import Call
-    monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)  # (compiled: always its own entry)
-    monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)  # (its pop: the queue's own heap)
-    seen = _calls_beside_a_process(Call, lambda env: cluster.run_watched(env, lambda: 0))
-    assert seen == _calls_beside_a_process(_SimpyCall, lambda env: env.run())
+def test_calls_and_simpy_events_share_one_order():
+    """A ``Call`` enters the clock's queue beside SimPy's own events: at one time and priority,
+    in the order scheduled, URGENT first; rescheduled after it ran, it runs again; abandoned
+    while pending (a cut run's end), it runs nothing. As SimPy orders its own events."""
+    from sim.engine.simpy_clock import ClockEnvironment
+    seen = _calls_beside_a_process(ClockEnvironment(), _call, lambda c: c.abandon())
+    assert seen == _calls_beside_a_process(simpy.Environment(), _SimpyCall, lambda ev: ev.callbacks.clear())
     assert seen == [("urgent", 1.0), ("a", 1.0), ("process", 1.0), ("a", 1.5), ("process", 1.5)]
 
 
-def test_event_ids_go_on_from_the_environments_counter():
-    """``event_ids`` puts an ``EventIds`` in place of SimPy's counter: the ids go on from the
-    one the counter would have given next, for SimPy's own events (``next``) and for Calls
-    (its field) alike, one sequence; installed once."""
-    from sim.engine.calls import EventIds, event_ids
-    env = simpy.Environment()
-    env.timeout(1.0)
-    env.timeout(1.0)  # ids 0 and 1
-    ids = event_ids(env)
-    assert isinstance(env._eid, EventIds) and ids.next_id == 2 and event_ids(env) is ids
-    env.timeout(1.0)  # SimPy's own event: id 2
-    assert ids.next_id == 3 and [entry[2] for entry in sorted(env._queue)] == [0, 1, 2]
-    assert next(iter(ids)) == 3 and ids.next_id == 4
-
-
-def test_calls_as_heap_entries_keep_the_tuples_order(monkeypatch):
+def test_calls_keep_simpys_order_beside_its_timeouts():
     """Calls at equal and distinct times and priorities, beside SimPy's own timeouts, some
-    scheduled from callbacks: processed in one order whether each Call enters the heap as a
-    tuple or as itself (its ``__lt__`` / ``__gt__``)."""
-    from sim.engine import calls
+    scheduled from callbacks: processed in the order SimPy's own loop processes the same events."""
+    from sim.engine.simpy_clock import ClockEnvironment
 
-    def order(self_entries: bool, run=lambda env: cluster.run_watched(env, lambda: 0)) -> list:
-        monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)
-        monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)
-        env, seen = simpy.Environment(), []
+    def order(env, make_call) -> list:
+        seen = []
         rng = np.random.default_rng(5)
 
         def fire(name):
             def fn(_event):
                 seen.append((name, env.now))
                 if name % 3 == 0 and name < 200:  # reschedule a fresh one from inside the loop
-                    calls.Call(env, fire(name + 1000)).at(float(rng.choice([0.0, 0.25])),
-                                                          int(rng.choice([0, 1])))
+                    make_call(env, fire(name + 1000)).at(float(rng.choice([0.0, 0.25])), int(rng.choice([0, 1])))
             return fn
 
         for i in range(120):
-            calls.Call(env, fire(i)).at(float(rng.choice([0.0, 0.5, 1.0, 1.25])), int(rng.choice([0, 1])))
+            make_call(env, fire(i)).at(float(rng.choice([0.0, 0.5, 1.0, 1.25])), int(rng.choice([0, 1])))
             if i % 7 == 0:
                 env.timeout(float(rng.choice([0.5, 1.0]))).callbacks.append(lambda e, i=i: seen.append((-i, env.now)))
-        run(env)
+        env.run()
         return seen
 
-    tuples = order(False)
-    assert len(tuples) > 150 and order(True) == tuples
-    assert order(True, run=lambda env: env.run()) == tuples  # SimPy's own loop reads a Call's entry as the tuple
+    ours = order(ClockEnvironment(), _call)
+    assert len(ours) > 150 and ours == order(simpy.Environment(), _SimpyCall)
 
 
 def test_an_abandoned_call_stays_queued_and_calls_nothing():
@@ -338,70 +329,29 @@ def test_an_abandoned_call_stays_queued_and_calls_nothing():
     calling nothing; the Call returned calls the same function once scheduled. Abandoning a Call
     that is not pending is refused."""
     from sim.engine.calls import Call
-    env, seen = simpy.Environment(), []
-    old = Call(env, lambda e: seen.append(env.now)).at(2.0)
+    from sim.engine.clock import Clock
+    clock, seen = Clock(), []
+    old = Call(clock, lambda e: seen.append(clock.now_s)).at(2.0)
     heir = old.abandon()
-    assert heir is not old and heir.callbacks is None and len(env._queue) == 1
+    assert heir is not old and not heir.pending and len(clock) == 1
     heir.at(1.0)
-    cluster.run_watched(env, lambda: 0)
-    assert seen == [1.0] and env.now == 2.0  # the abandoned one was processed at 2.0, calling nothing
+    clock.run()
+    assert seen == [1.0] and clock.now_s == 2.0  # the abandoned one was processed at 2.0, calling nothing
     with pytest.raises(RuntimeError, match="not pending"):
         old.abandon()
 
 
-def test_the_loop_sets_the_clock_through_an_environments_own_now():
-    """The event loop stores the clock straight into a SimPy Environment's dict (SimPy's ``now``
-    reads it); an environment whose ``_now`` is a property still has its setter called, event by
-    event."""
-    from sim.engine.calls import Call
-
-    class OwnNow(simpy.Environment):
-        @property
-        def _now(self):
-            return self.__dict__.get("t", 0.0)
-
-        @_now.setter
-        def _now(self, t):
-            self.__dict__["t"] = t
-            set_to.append(t)
-
-    seen: list[float] = []
-    set_to: list[float] = []
-    plain, own = simpy.Environment(), OwnNow()
-    assert cluster._clock_dict(plain) is plain.__dict__ and cluster._clock_dict(own) is None
-    for env in (plain, own):
-        for t in (2.5, 1.0):
-            Call(env, lambda e, env=env: seen.append(env.now)).at(t)
-        cluster.run_watched(env, lambda: 0)
-    assert seen == [1.0, 2.5, 1.0, 2.5] and set_to[-2:] == [1.0, 2.5] and plain.now == own.now == 2.5
-
-
 def test_a_pending_call_is_not_scheduled_again():
     from sim.engine.calls import Call
-    env = simpy.Environment()
-    c = Call(env, lambda e: None).at(1.0)
+    from sim.engine.clock import Clock
+    clock = Clock()
+    c = Call(clock, lambda e: None).at(1.0)
     with pytest.raises(RuntimeError, match="pending"):
         c.at(2.0)
-    cluster.run_watched(env, lambda: 0)
+    clock.run()
     c.at(0.5)  # after it ran: again
-    cluster.run_watched(env, lambda: 0)
-    assert env.now == 1.5
-
-
-@pytest.mark.parametrize("case", ["chunked", "disaggregated"])
-def test_calls_as_heap_entries_change_no_output(case, monkeypatch):
-    """The whole run, Calls as tuples (the Python sources) and as their own heap entries
-    (compiled), beside the SimPy timeouts of a disaggregated cluster's KV transfers."""
-    from sim.engine import calls
-    raw = _case_raw(case)
-    workload = _workload(200, 0.05, 4)
-    runs = []
-    for self_entries in (False, True):
-        monkeypatch.setattr(calls, "SELF_ENTRIES", self_entries)
-        monkeypatch.setattr(cluster, "SELF_ENTRIES", self_entries)
-        runs.append(run_scenario(scenario_from_dict(raw), workload=workload))
-    assert runs[0].steps.height > 200
-    assert runs[0].steps.equals(runs[1].steps) and runs[0].requests.equals(runs[1].requests)
+    clock.run()
+    assert clock.now_s == 1.5
 
 
 def test_the_replica_reads_run_cost_values_unless_run_cost_is_overridden():

@@ -1,9 +1,8 @@
 """Time advances by construction: the KV link never spins, and a stalled run fails clearly."""
 
-import simpy
 import pytest
 
-from sim.engine import cluster
+from sim.engine.simpy_clock import ClockEnvironment
 from sim.errors import SimulationStalled
 from sim.engine.link import SharedLink
 
@@ -28,10 +27,9 @@ def test_link_finishes_every_transfer_strictly_after_now(bandwidth_bytes_per_s, 
     assert sorted(finished) == list(range(5))
 
 
-def test_watchdog_stops_a_process_that_never_advances_time(monkeypatch):
-    monkeypatch.setattr(cluster, "STALL_EVENTS_BASE", 1000)
-    monkeypatch.setattr(cluster, "STALL_EVENTS_PER_REQUEST", 0)
-    env = simpy.Environment()
+def test_watchdog_stops_a_process_that_never_advances_time():
+    env = ClockEnvironment()
+    env.clock.stall_events_base, env.clock.stall_events_per_request = 1000, 0
 
     def spin():
         while True:
@@ -44,13 +42,14 @@ def test_watchdog_stops_a_process_that_never_advances_time(monkeypatch):
 
     env.process(tick())
     with pytest.raises(SimulationStalled, match=r"t=5 s"):
-        cluster.run_watched(env, lambda: 0)
+        env.clock.run()
 
 
-def test_watchdog_allows_many_events_on_one_instant_when_requests_share_it(monkeypatch):
-    monkeypatch.setattr(cluster, "STALL_EVENTS_BASE", 100)
-    env = simpy.Environment()
+def test_watchdog_allows_many_events_on_one_instant_when_requests_share_it():
+    env = ClockEnvironment()
+    env.clock.stall_events_base = 100
+    env.clock.num_requests = lambda: 300
     for _ in range(300):  # 300 arrivals on one grid instant, each a handful of events
         env.timeout(2.0)
-    cluster.run_watched(env, lambda: 300)
+    env.clock.run()
     assert env.now == 2.0

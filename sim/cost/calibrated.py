@@ -11,12 +11,13 @@ measured efficiency and are flagged; the cost model counts such steps.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 
 from sim.cost.calibration import Calibration, GemmEff
 from sim.cost.decode_attention import DecodeAttention, decode_work
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
-from sim.cost.tables import Axis, Curve, Grid2, bisect_floats, bracket
+from sim.cost.tables import Axis, Curve, Grid2, bracket
 
 
 class CalibratedOps:
@@ -178,7 +179,7 @@ class CalibratedOps:
         block boundary where the combine kernel starts or stops) lies before it."""
         end = ctx_last
         nodes = self._decode_nodes
-        m = bisect_floats(nodes, ctx_first * kv_scale)
+        m = bisect_right(nodes, ctx_first * kv_scale)
         if m < len(nodes):
             bound = nodes[m] / kv_scale
             if bound < end:  # min(end, bound), written out (compiled: native)
@@ -272,7 +273,7 @@ class CalibratedDecodeAttention(DecodeAttention):
             out = self.cout or x < self.first or x > self.last
         else:
             nodes = self.nodes
-            k = bisect_floats(nodes, x) - 1
+            k = bisect_right(nodes, x) - 1
             cell = self.cells.get(k)
             if cell is None:
                 cell = self.cells[k] = self.ops._decode_cell(self.n_eq, k)

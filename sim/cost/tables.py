@@ -17,32 +17,10 @@ extrapolated). Plain Python: these run on the simulator's per-step path.
 from __future__ import annotations
 
 import math
+# (bisect_right on the tables' ascending float lists, compiled and not: a native loop in its place,
+# compiled, saved 2.3% of a chunked run's instructions, under the 5% that keeps a second path:
+# bench/README.md, "Issue 39 item 3: one seam")
 from bisect import bisect_right
-from typing import Final
-
-# (Final: compiled, sim/compiled_core.py, a constant, not a look-up in the module's dict)
-_bisect_right: Final = bisect_right
-
-
-def bisect_floats(xs: list[float], x: float) -> int:
-    """``bisect.bisect_right(xs, x)`` on ascending floats. Compiled (sim/compiled_core.py) its
-    loop compares native floats, where ``bisect_right`` compares boxed ones through the generic
-    comparison (2.3% of a compiled chunked run's instructions); with the Python sources it is
-    ``bisect_right`` (the same index: the same comparisons, ``x < xs[mid]``)."""
-    if not _COMPILED:
-        return _bisect_right(xs, x)
-    lo, hi = 0, len(xs)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if x < xs[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-# compiled by mypyc, a function has no ``__code__``
-_COMPILED: Final = not hasattr(bisect_floats, "__code__")
 
 
 def bracket(xs: list[float], x: float) -> tuple[int, float, bool]:
@@ -54,7 +32,7 @@ def bracket(xs: list[float], x: float) -> tuple[int, float, bool]:
         return 0, 0.0, x < xs[0]
     if x >= xs[-1]:
         return n - 2, 1.0, x > xs[-1]
-    i = bisect_floats(xs, x) - 1
+    i = bisect_right(xs, x) - 1
     return i, (x - xs[i]) / (xs[i + 1] - xs[i]), False
 
 
@@ -151,7 +129,7 @@ class Curve:
         elif u >= lx[-1]:
             i, w, out = n - 2, 1.0, u > lx[-1]
         else:
-            i = bisect_floats(lx, u) - 1
+            i = bisect_right(lx, u) - 1
             w, out = (u - lx[i]) / (lx[i + 1] - lx[i]), False
         if self.m is None or out or w == 0.0 or w == 1.0:
             return ly[i] + w * (ly[i + 1] - ly[i]), out

@@ -5,13 +5,15 @@ one, read only as far as simulated time has reached) by submitting each request 
 topology at its time; with ``max_concurrency`` (vLLM bench ``--max-concurrency``) a request
 also waits for a free client and is sent (its arrival time) when one frees up.
 
-It runs as callbacks of events in SimPy's queue (sim/engine/calls.py ``Call``), not as a
+It runs as callbacks of events in the clock's queue (sim/engine/calls.py ``Call``), not as a
 generator process (a generator resume and a new ``Timeout`` per arrival), and schedules the
 very events that process did, at the same times and priorities and in the same order: its start as
 ``Initialize`` (URGENT, at 0), a wait for the next arrival time as ``Timeout`` (NORMAL, after
 the gap), a wait for a free client as an event that ``release`` succeeds (NORMAL, now). The one
 event it leaves out is the process's end (scheduled when the last request was sent, with no
 callbacks: nothing waits on it); it only counted towards the stall watchdog's events.
+A live run (sim/live.py) sends its requests with ``inject`` instead, one at the clock's time,
+as ``_send`` sends one whose time has come.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import simpy
-from simpy.events import URGENT
-
 from sim.core.request import Request
 from sim.engine.calls import Call
+from sim.engine.clock import URGENT
+from sim.engine.simpy_clock import ClockEnvironment
 from sim.workload.arrays import RequestArrays
 
 ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a whole chunk)
@@ -55,9 +56,10 @@ class Arrivals:
     each one sent is appended to ``requests`` (unless None). ``sent`` counts them. With
     ``max_concurrency``, ``release(n)`` returns n clients (their requests ended)."""
 
-    def __init__(self, env: simpy.Environment, chunks: Iterable[RequestArrays], submit: Callable[[Request], None],
+    def __init__(self, env: ClockEnvironment, chunks: Iterable[RequestArrays], submit: Callable[[Request], None],
                  requests: list[Request] | None, max_concurrency: int | None = None):
         self.env = env
+        self.clock = clock = env.clock
         self._submit = submit
         self.requests = requests
         self.sent = 0
@@ -68,34 +70,31 @@ class Arrivals:
         # the slice being sent (``_slices``) and the index in it of the next request
         self._slice: _Slice = ([], [], [], None, 0, 16)
         self._j = 0
-        self._timer = Call(env, self._time_reached)  # the wait for the next arrival time (one at a time)
-        Call(env, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
+        self._timer = Call(clock, self._time_reached)  # the wait for the next arrival time (one at a time)
+        Call(clock, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
 
     def release(self, n: int) -> None:
         """``n`` clients are free again: a request waiting for one is woken."""
         self.free += n
         if self._wait == _WAITING:
             self._wait = _WOKEN
-            Call(self.env, self._woken, self._timer).at(0.0)  # the wait's event succeeding now
+            Call(self.clock, self._woken).at(0.0)  # the wait's event succeeding now
 
     def _start(self, event: Call) -> None:
-        self._send(False, event._t)
+        self._send(False, event.time_s)
 
     def _time_reached(self, event: Call) -> None:
-        self._send(True, event._t)
+        self._send(True, event.time_s)
 
     def _woken(self, event: Call) -> None:
         self._wait = _NO_WAIT
-        self._send(True, event._t)
+        self._send(True, event.time_s)
 
     def _send(self, reached: bool, now: float) -> None:
         """Send requests from the next one on until one must wait (for its arrival time or,
         with ``max_concurrency``, a free client) or the workload ends. ``reached``: the next
         one's arrival time has come (the wait for it just ended: its time is not compared
-        with the clock again, as the process went on after its timeout). ``now``: the clock
-        (the event's time; compiled, sim/compiled_core.py, read natively from the event, where
-        the environment's ``_now`` is a generic look-up)."""
-        submit, requests = self._submit, self.requests
+        with the clock again, as the process went on after its timeout). ``now``: the clock."""
         arrival, inp, out, hash_ids, lo, block_size = self._slice
         j = self._j
         t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
@@ -121,12 +120,23 @@ class Arrivals:
                     return
                 self.free -= 1
                 t = now  # sent now
-            req = Request(self.sent, t, inp[j], out[j])
-            if hash_ids is not None:
-                req.hash_ids = hash_ids[lo + j]
-                req.hash_block_size = block_size
-            if requests is not None:
-                requests.append(req)
-            self.sent += 1
-            submit(req)
+            self._emit(t, inp[j], out[j], None if hash_ids is None else hash_ids[lo + j], block_size)
             j += 1
+
+    def inject(self, prompt_tokens: int, output_tokens: int, hash_ids: Any = None,
+               hash_block_size: int = 16) -> Request:
+        """Send one request now (the clock's time), numbered next: a live run's arrival."""
+        return self._emit(self.clock.now_s, prompt_tokens, output_tokens, hash_ids, hash_block_size)
+
+    def _emit(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
+              hash_block_size: int) -> Request:
+        """Send a request arriving at ``t`` (now) to the topology."""
+        req = Request(self.sent, t, prompt_tokens, output_tokens)
+        if hash_ids is not None:
+            req.hash_ids = hash_ids
+            req.hash_block_size = hash_block_size
+        if self.requests is not None:
+            self.requests.append(req)
+        self.sent += 1
+        self._submit(req)
+        return req

@@ -1,6 +1,6 @@
-"""Cluster wiring in SimPy: the arrivals (sim/engine/arrivals.py), a router, one loop per replica.
+"""Cluster wiring on the simulation's clock (sim/engine/clock.py): the arrivals (sim/engine/arrivals.py), a router, one loop per replica.
 
-Why: SimPy keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
+Why: the clock keeps simulated time only. Each replica loops ``plan = scheduler.schedule(now)``,
 waits the plan's step time and applies ``on_step_done``; its TTFT accounting observes every
 plan and step (sim/core/ttft.py). A fast-forwarded run of identical
 decode steps is interrupted by an arrival and cut at the step boundary after it, where an
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import gc
 import math
-from heapq import heappop
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any
 
-import simpy
-from simpy.events import URGENT
+from sim.engine.clock import URGENT
 
 from sim.core.batch import Batch, BatchValues
 from sim.cost.roofline import RooflineCostModel, RunCostValues
@@ -29,7 +27,8 @@ from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler, StepPlan
 from sim.engine.arrivals import Arrivals
-from sim.engine.calls import QUEUE_ORDER, SELF_ENTRIES, Call
+from sim.engine.calls import Call
+from sim.engine.simpy_clock import ClockEnvironment
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.core.request import Request
@@ -38,10 +37,6 @@ from sim.core.ttft import SoloPrefill, TTFTAccounting
 from sim.workload.arrays import RequestArrays
 
 
-# Batch's prefill_tokens, read by position: compiled (sim/compiled_core.py) a NamedTuple's
-# field read by name is a generic attribute look-up, by position a tuple item
-_PREFILL_TOKENS: Final = 5
-_URGENT: Final = URGENT  # (compiled: a constant, not a look-up in the module's dict)
 
 
 def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_s: float = 0.0) -> int:
@@ -62,95 +57,6 @@ def steps_within(elapsed_s: float, first_s: float, last_s: float, k: int, curve_
     while j < k and run_sum_s(j, first_s, last_s, k, curve_s) < elapsed_s:
         j += 1
     return j
-
-
-# Events allowed at one simulated instant before the run is declared stalled, on top of a
-# per-request allowance (a trace on a coarse time grid legitimately puts thousands of
-# arrivals, wake-ups and steps on one instant; a spinning process puts millions).
-STALL_EVENTS_BASE = 1_000_000
-STALL_EVENTS_PER_REQUEST = 64
-
-
-# A list to log the events ``run_watched`` processes in, or None (tests compare two event loops'
-# events: (time, priority) of each event popped that has something to call)
-EVENT_LOG: list[tuple[float, int]] | None = None
-
-
-def _log_event(log: list[tuple[float, int]], item: object) -> None:
-    entry: Any = item.entry() if isinstance(item, Call) else item
-    if entry[3].callbacks:
-        log.append((entry[0], entry[1]))
-
-
-def run_watched(env: simpy.Environment, num_requests: Callable[[], int]) -> None:
-    """``env.run()`` with a watchdog: a run whose clock stays at one instant for more than
-    ``STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * requests`` events raises
-    ``SimulationStalled`` naming the instant, instead of hanging."""
-    # ``Environment.step`` written out, with ``peek`` (simpy 4.1: ``_queue`` is a heap of (time,
-    # priority, event id, event); a step pops the first, sets the clock ``_now``, runs the
-    # event's callbacks and raises the exception of a failed event that no one defused): the
-    # loop runs once per event, and a call per event was a tenth of its cost.
-    queue: list = env._queue
-    log = EVENT_LOG  # (read once per run: a module global is a generic look-up, compiled)
-    t: float  # (compiled, a native float: the clock's comparisons below are not generic)
-    event: Any  # a SimPy event
-    call: Call | None  # or a Call (typed: compiled, its fields are read and written natively)
-    last_t, same = -1.0, 0
-    clock = _clock_dict(env)
-    while queue:
-        # compiled, the queue's heap natively (sim/engine/calls.py); heapq's with the Python sources
-        item = QUEUE_ORDER.pop(queue) if SELF_ENTRIES else heappop(queue)
-        if log is not None:
-            _log_event(log, item)
-        if isinstance(item, Call):  # compiled, a pending Call is its own entry (sim/engine/calls.py)
-            call = item
-            t = call._t
-        else:  # SimPy's (time, priority, event id, event)
-            t, _, _, event = item
-            call = event if isinstance(event, Call) else None  # (with the Python sources a Call is in a tuple)
-        if t == last_t:
-            same += 1
-            if same > STALL_EVENTS_BASE:
-                limit = STALL_EVENTS_BASE + STALL_EVENTS_PER_REQUEST * num_requests()
-                if same > limit:
-                    raise SimulationStalled(
-                        f"simulation stalled: the clock stayed at t={t:.9g} s for {same:,} events "
-                        f"(a model defect; please report it with the scenario)")
-        else:
-            if t == math.inf:
-                return
-            last_t, same = t, 0
-        if clock is not None:
-            clock["_now"] = t
-        else:
-            env._now = t
-        if call is not None:  # the replicas' and the arrivals' events: native fields, never failed
-            call_fns = call.callbacks
-            assert call_fns is not None, "a Call in the queue twice"  # (Call.at refuses it; as SimPy fails on it)
-            call.callbacks = None  # SimPy's processed mark
-            for fn in call_fns:
-                fn(call)
-            continue
-        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]  # SimPy's processed mark
-        for callback in callbacks:
-            callback(event)
-        if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
-
-
-def _clock_dict(env: simpy.Environment) -> dict[str, Any] | None:
-    """The dict in which ``env._now = t`` stores the clock, where that assignment does nothing
-    but store it (no ``__setattr__`` of its own, no descriptor named ``_now``: SimPy's
-    Environment); else None. Compiled (sim/compiled_core.py), the assignment, once per event,
-    is a generic ``setattr``: ~250 instructions, where the store into the dict takes ~190
-    (both with the old time's float freed)."""
-    cls = type(env)
-    d = getattr(env, "__dict__", None)
-    if cls.__setattr__ is not object.__setattr__ or hasattr(cls, "_now") or type(d) is not dict:
-        return None
-    return d
 
 
 def run_cost_reader(cost) -> tuple[Callable[[BatchValues], RunCostValues], bool]:
@@ -193,17 +99,18 @@ class Replica:
     """One serving-engine instance: a scheduler stepping on simulated GPUs.
 
     The loop (plan a step at now, wait the step's time, apply it, plan again) runs as callbacks
-    of events in SimPy's queue (sim/engine/calls.py ``Call``) rather than as a generator process
+    of events in the clock's queue (sim/engine/calls.py ``Call``) rather than as a generator process
     (a process costs a resume of the generator per step): ``_plan`` plans and schedules the
     step's end, ``_step_end`` applies the step and plans again. It schedules the very events such a process does, at the same
     times and priorities and in the same order (the start as ``Initialize``: URGENT; a step's
     end as ``Timeout``: NORMAL; an idle replica's wake-up as ``Event.succeed``: NORMAL, now; a
     cut of a run as ``Interruption``: URGENT, now), so a run is event for event the same."""
 
-    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, cost,
+    def __init__(self, env: ClockEnvironment, index: int, scheduler: Scheduler, cost,
                  recorder: Recorder, on_finish: Callable[[list[Request]], None],
                  swap_s_per_block: float = 0.0, on_step: Callable[["Replica"], None] | None = None):
         self.env, self.index, self.scheduler, self.cost = env, index, scheduler, cost
+        self.clock = clock = env.clock
         self.recorder, self.on_finish, self.on_step = recorder, on_finish, on_step
         self.swap_s_per_block = swap_s_per_block
         # observes the scheduler's plans and the steps' times
@@ -229,20 +136,20 @@ class Replica:
         self._outside: tuple[int, int] | None = None
         # the end event of the step or run in flight: one object, scheduled again for each step
         # (a cut run leaves its end event pending in the queue, abandoned: a new one then follows)
-        self._end = Call(env, self._step_end)
+        self._end = Call(clock, self._step_end)
         # the wake-up, the cut and the cut run's end: one object each, scheduled again each time
         # (each is pending at most once: an idle replica has no step in flight; a run is cut once)
-        self._wake = Call(env, self._plan, self._end)
-        self._cut_call = Call(env, self._cut, self._end)
-        self._cut_end_call = Call(env, self._cut_end, self._end)
+        self._wake = Call(clock, self._plan)
+        self._cut_call = Call(clock, self._cut)
+        self._cut_end_call = Call(clock, self._cut_end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
-        Call(env, self._plan, self._end).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
+        Call(clock, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        now: float = self.env._now  # (Environment.now returns _now; typed: native compiled)
+        now = self.clock.now_s
         if not self.scheduler.add_request(req, now):
             self.on_finish([req])
             return
@@ -252,7 +159,7 @@ class Replica:
     def notify(self) -> None:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
         if self._idle or self._interruptible:
-            now: float = self.env._now
+            now = self.clock.now_s
             self._notify_at(now)
 
     def _notify_at(self, now: float) -> None:
@@ -262,17 +169,15 @@ class Replica:
             self._wake.at_from(now, 0.0)  # a wake-up event succeeding now
         elif self._interruptible:
             self._interruptible = False
-            self._cut_call.at_from(now, 0.0, _URGENT)  # an interruption
+            self._cut_call.at_from(now, 0.0, URGENT)  # an interruption
 
     def _plan(self, event: Call) -> None:
         """The loop's start, or a wake-up (``notify``)."""
-        self._plan_at(event._t)
+        self._plan_at(event.time_s)
 
     def _plan_at(self, now: float) -> None:
-        """The loop's top: plan a step at ``now`` (the clock's time; the events that call it
-        know it: compiled, sim/compiled_core.py, a native read of the event's time, where the
-        environment's ``_now`` is a generic attribute look-up) and start it, or stay idle until
-        ``notify``."""
+        """The loop's top: plan a step at ``now`` (the clock's time) and start it, or stay idle
+        until ``notify``."""
         sched = self.scheduler
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
@@ -289,12 +194,14 @@ class Replica:
         # would reach a model that reads its fields by name as a plain tuple.)
         roofline = self._roofline
         if roofline is not None:
-            values = plan.batch_values()
-            prefill_tokens = values[5]  # _PREFILL_TOKENS (a literal: compiled, an item of the unboxed tuple)
-            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = roofline.run_cost_values(values)
+            # (unpacked by name, then handed on whole: mypyc 1.13 frees the items of a tuple
+            # still in use when names unpacked from it go unused, tests/test_compiled_core.py)
+            decodes, context, chunks, logits, steps, prefill_tokens, tokens = plan.batch_values()
+            first, last, k, extrapolated, lm_head_extrapolated, curve, outside = roofline.run_cost_values(
+                (decodes, context, chunks, logits, steps, prefill_tokens, tokens))
         else:
             batch = plan.batch
-            prefill_tokens = batch[_PREFILL_TOKENS]
+            prefill_tokens = batch.prefill_tokens
             first, last, k, extrapolated, lm_head_extrapolated, curve, outside = self._run_cost(batch)
         if plan.swap_blocks:  # NOTE: PCIe swap copies are serialised with the step
             first += plan.swap_blocks * self.swap_s_per_block
@@ -311,14 +218,14 @@ class Replica:
     def _step_end(self, event: Call) -> None:
         """The step (or the whole run) ended."""
         self._interruptible = False
-        self._apply(self._steps, self._last_s, event._t)
+        self._apply(self._steps, self._last_s, event.time_s)
 
     def _cut(self, event: Call) -> None:
         """An arrival during a run: the run ends at the boundary of the step running now."""
         # the run's end event stays in the queue until its time, calling nothing; a new one follows
         self._end = self._end.abandon()
         start, first, last, k, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
-        now = event._t
+        now = event.time_s
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
         self._cut_steps = done
@@ -328,7 +235,7 @@ class Replica:
             self._cut_end_at(now)
 
     def _cut_end(self, event: Call) -> None:
-        self._cut_end_at(event._t)
+        self._cut_end_at(event.time_s)
 
     def _cut_end_at(self, now: float) -> None:
         """A cut run's last step ended (now)."""
@@ -378,7 +285,7 @@ class Replica:
             bs.first_s = rc.first_s
         bs.last_s = rc.last_s
         bs.rc = rc
-        Call(self.env, self._block_piece_end).at(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps,
+        Call(self.clock, self._block_piece_end).at(run_sum_s(rc.num_steps, rc.first_s, rc.last_s, rc.num_steps,
                                                            rc.curve_s))
 
     def _block_piece_end(self, _event) -> None:
@@ -393,7 +300,7 @@ class Replica:
         """All the block's steps ran: its tokens are released together now."""
         bs, sched, rec = self._block, self.scheduler, self.recorder
         plan, start = bs.plan, bs.start_s
-        now = self.env.now
+        now = self.clock.now_s
         self.ttft.on_decode_step(plan, now)
         done = plan.num_steps
         kv_used = sched.kv.num_used
@@ -412,7 +319,7 @@ class Replica:
 class Colocated:
     """Replicas that each run prefill and decode; the router picks one per arrival."""
 
-    def __init__(self, env: simpy.Environment, schedulers: list[Scheduler], costs: list, router: RouterFn,
+    def __init__(self, env: ClockEnvironment, schedulers: list[Scheduler], costs: list, router: RouterFn,
                  recorder: Recorder, on_finish: Callable[[list[Request]], None], swap_s_per_block: float = 0.0):
         self.schedulers = schedulers
         self.router = router
@@ -430,7 +337,80 @@ class Colocated:
         self.replicas[i].submit(req)
 
 
-TopologyFactory = Callable[[simpy.Environment, Recorder, Callable[[list[Request]], None]], object]
+TopologyFactory = Callable[[ClockEnvironment, Recorder, Callable[[list[Request]], None]], object]
+
+# A list to log (time, priority) of the events a run processes that call something, or None
+# (tests compare two event loops' events: tests/test_arrivals.py)
+EVENT_LOG: list[tuple[float, int]] | None = None
+
+
+class Simulation:
+    """One run's wiring: the clock (sim/engine/clock.py), the topology (colocated replicas by
+    default) and the arrivals of ``chunks`` (consecutive sorted chunks of a workload, read as
+    simulated time reaches them; none for a live run, whose arrivals are injected:
+    ``arrivals.inject``). ``clock.run()`` runs it to the end, ``clock.run_until(t_s)`` to a time.
+    With ``max_concurrency`` (vLLM bench ``--max-concurrency``) a request waits for its arrival
+    time and for a free client; a client is free ``think_time_s`` after its previous request
+    ended, and the request's arrival time is when it is sent. With ``results``, each request is
+    written there as it ends and not kept (``requests`` stays empty): memory then grows with
+    the requests in flight. ``on_end`` (if given) sees every request that ends."""
+
+    def __init__(self, chunks: Iterable[RequestArrays], schedulers: list[Scheduler] | None = None,
+                 costs: list | None = None, router: RouterFn | None = None,
+                 progress: Callable[[int], None] | None = None, topology: TopologyFactory | None = None,
+                 swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
+                 total: int = 0, results: RequestResults | None = None,
+                 on_end: Callable[[list[Request]], None] | None = None):
+        self.env = env = ClockEnvironment()
+        self.clock = clock = env.clock
+        clock.log = EVENT_LOG
+        self.recorder = Recorder()
+        self.requests: list[Request] = []
+        self.results = results
+        self.ended = 0
+        self._progress, self._report_every, self._on_end = progress, max(1, total // 200), on_end
+        self._max_concurrency, self._think_time_s = max_concurrency, think_time_s
+        topo: Any  # Colocated, or what a topology builds (sim/engine/topology.py)
+        if topology is None:
+            topo = Colocated(env, schedulers, costs, router, self.recorder, self._on_finish, swap_s_per_block)
+        else:
+            topo = topology(env, self.recorder, self._on_finish)
+        self.topology = topo
+        # (made after the topology, as the arrival process was started after the replicas')
+        self.arrivals = arrivals = Arrivals(env, chunks, topo.submit, self.requests if results is None else None,
+                                            max_concurrency)
+        clock.num_requests = lambda: arrivals.sent
+
+    def _release_later(self, n: int):
+        yield self.env.timeout(self._think_time_s)
+        self.arrivals.release(n)
+
+    def _on_finish(self, finished: list[Request]) -> None:
+        if self.results is not None:
+            self.results.add(finished)
+        if self._on_end is not None:
+            self._on_end(finished)
+        before = self.ended
+        self.ended += len(finished)
+        if self._max_concurrency is not None:
+            if self._think_time_s > 0:
+                self.env.process(self._release_later(len(finished)))
+            else:
+                self.arrivals.release(len(finished))
+        if self._progress is not None and self.ended // self._report_every != before // self._report_every:
+            self._progress(self.ended)
+
+    def close(self) -> Recorder:
+        """The run is over: its step records, the schedulers' resume gaps added."""
+        rec = self.recorder
+        if self.results is not None:
+            self.results.sent = self.arrivals.sent
+        for s in self.topology.schedulers:
+            rec.resume_gaps_s.extend(s.resume_gaps_s)
+            rec.resume_gaps_s.extend(s.burst_gaps_s)
+        if self._progress is not None:
+            self._progress(self.ended)
+        return rec
 
 
 def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[Scheduler] | None = None,
@@ -440,60 +420,21 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
              swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
              total_hint: int | None = None, results: RequestResults | None = None) -> tuple[list[Request], Recorder]:
     """Replay ``arrays`` (or consecutive sorted chunks of a workload, fed as simulated time
-    reaches them) through a topology (colocated replicas by default); return every request
-    (completed or failed) and the step records. With ``max_concurrency`` (vLLM bench
-    ``--max-concurrency``) a request waits for its arrival time and for a free client; a client
-    is free ``think_time_s`` after its previous request ended, and the request's arrival time
-    is when it is sent. With ``results``, each request is written there as it ends and not
-    kept (the returned list is empty): memory then grows with the requests in flight."""
-    env = simpy.Environment()
-    rec = Recorder()
-    requests: list[Request] = []
-    ended = [0]
+    reaches them) through a topology (``Simulation``, which says what each argument does) to
+    the end; return every request (completed or failed; empty with ``results``) and the step
+    records."""
     chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
     total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
-    report_every = max(1, total // 200)
-    arrivals: Arrivals | None = None  # (made after the topology, as the process was started)
-
-    def release_later(n: int):
-        yield env.timeout(think_time_s)
-        arrivals.release(n)
-
-    def on_finish(finished: list[Request]) -> None:
-        if results is not None:
-            results.add(finished)
-        before = ended[0]
-        ended[0] += len(finished)
-        if max_concurrency is not None:
-            if think_time_s > 0:
-                env.process(release_later(len(finished)))
-            else:
-                arrivals.release(len(finished))
-        if progress is not None and ended[0] // report_every != before // report_every:
-            progress(ended[0])
-
-    topo: Any  # Colocated, or what a topology builds (sim/engine/topology.py)
-    if topology is None:
-        topo = Colocated(env, schedulers, costs, router, rec, on_finish, swap_s_per_block)
-    else:
-        topo = topology(env, rec, on_finish)
-
-    arrivals = Arrivals(env, chunks, topo.submit, requests if results is None else None, max_concurrency)
+    sim = Simulation(chunks, schedulers, costs, router, progress, topology, swap_s_per_block, max_concurrency,
+                     think_time_s, total, results)
     # The run allocates millions of short-lived objects but creates almost no reference cycles;
     # the cyclic collector would rescan every live request on each pass (28% of the wall time
     # at 100k requests, bench/README.md). Reference counting still frees everything meanwhile.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run_watched(env, lambda: arrivals.sent)
+        sim.clock.run()
     finally:
         if was_enabled:
             gc.enable()
-    if results is not None:
-        results.sent = arrivals.sent
-    for s in topo.schedulers:
-        rec.resume_gaps_s.extend(s.resume_gaps_s)
-        rec.resume_gaps_s.extend(s.burst_gaps_s)
-    if progress is not None:
-        progress(ended[0])
-    return requests, rec
+    return sim.requests, sim.close()

@@ -159,7 +159,6 @@ class StepPlan:
 
 # module constants read per step (Final: compiled, sim/compiled_core.py, C statics instead of
 # look-ups in the module's dict)
-_new: Final = object.__new__
 _tuple_new: Final = tuple.__new__
 _reversed: Final = reversed
 _Batch: Final = Batch
@@ -167,26 +166,8 @@ _NONE: Final = NONE
 
 
 def new_plan(now: float) -> StepPlan:
-    """``StepPlan(1, 0, 0, 0, planned_s=now)``: a round's fresh plan (one step, nothing in it),
-    every field set here in one pass (in Python, ``StepPlan.__init__`` binds its sixteen
-    arguments one by one, a measurable share of a round; compiled, its native ``__init__`` is
-    the faster). A field added to ``StepPlan`` must be set here and in its ``__init__`` too
-    (tests/test_sched_fast_paths.py compares the three field by field)."""
-    if _COMPILED:
-        return StepPlan(1, 0, 0, 0, planned_s=now)
-    plan = _new(StepPlan)
-    plan.num_steps = 1
-    plan.num_decode_seqs = plan.decode_context_tokens = plan.decode_blocks = plan.swap_blocks = 0
-    plan.chunks = plan.chunk_contexts = plan.kv_ready = plan.ready_gaps_s = NONE
-    plan.new_reqs = plan.preempted = plan.prompts_skipped = plan.pause_extras = NONE
-    plan.kv_blocked = plan.block = False
-    plan.planned_s = now
-    return plan
-
-
-# compiled by mypyc (setup.py) this module's functions are not Python functions, and its native
-# StepPlan is built by its constructor (object.__new__ refuses it), fast there
-_COMPILED: Final = not hasattr(new_plan, "__code__")
+    """``StepPlan(1, 0, 0, 0, planned_s=now)``: a round's fresh plan (one step, nothing in it)."""
+    return StepPlan(1, 0, 0, 0, planned_s=now)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled core

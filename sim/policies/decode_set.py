@@ -15,60 +15,28 @@ each stops ends a run there, so the weights stay constant along a run.
 
 from __future__ import annotations
 
-import heapq
-from typing import Final, cast
-
-from sim.core.heap import COMPILED, HeapOrder
+from heapq import heappop, heappush
+from typing import Final
 from sim.core.kv import KVBlockManager
 from sim.core.request import Request
 
 
-# heapq's functions as constants (compiled, sim/compiled_core.py, a module attribute is looked up
-# at each call otherwise)
-_heappush: Final = heapq.heappush
-_heappop: Final = heapq.heappop
+# A finish heap's entry: (step, request id, epoch, request), ordered by heapq's tuple comparison
+# (step, then id, then epoch: no two entries share all three, as a request's epoch changes
+# whenever it leaves the set); an entry whose epoch is no longer its request's is stale.
+# (One path, heapq's, compiled and not: the typed heap that ordered them natively when
+# compiled gained ~3% of a chunked run, bench/README.md "Compiled core, ninth round", under
+# the 5% that keeps a second path: "Issue 39 item 3: one seam".)
+_Due = tuple[int, int, int, Request]
 
 
-class _DueOrder(HeapOrder):
-    """The finish heaps' order (sim/core/heap.py): entries (step, request id, epoch, request)
-    by (step, id, epoch), natively, as heapq's tuple comparison orders them (no two entries
-    share all three: a request's epoch changes whenever it leaves the set). Compiled, heapq's
-    generic tuple comparisons were ~3% of a chunked run (bench/README.md, "Compiled core, ninth
-    round")."""
-
-    def before(self, a: object, b: object) -> bool:
-        # read as plain tuples, field by field (compiled: a cast to tuple[int, int, int, Request]
-        # unboxes all four fields and checks each, twice the instructions)
-        x, y = cast(tuple, a), cast(tuple, b)
-        i: int = x[0]
-        j: int = y[0]
-        if i != j:
-            return i < j
-        i = x[1]
-        j = y[1]
-        if i != j:
-            return i < j
-        i = x[2]
-        j = y[2]
-        return i < j
-
-
-_DUE: Final = _DueOrder()
-
-
-def _push_due(heap: list[tuple[int, int, int, Request]], entry: tuple[int, int, int, Request]) -> None:
-    """``heapq.heappush`` onto a finish heap (compiled: its order natively, ``_DueOrder``)."""
-    if COMPILED:
-        _DUE.push(heap, entry)
-    else:
-        _heappush(heap, entry)
-
-
-def _pop_due(heap: list[tuple[int, int, int, Request]]) -> tuple[int, int, int, Request]:
-    """``heapq.heappop`` of a finish heap (compiled: its order natively, ``_DueOrder``)."""
-    if COMPILED:
-        return cast(tuple[int, int, int, Request], _DUE.pop(heap))
-    return _heappop(heap)
+def _drop_stale(heap: list[_Due]) -> None:
+    """Pop the entries at the top whose request has left the set since (epoch moved on)."""
+    while heap:
+        _step, _id, epoch, req = heap[0]
+        if epoch == req.epoch:
+            return
+        heappop(heap)
 
 
 # ``advance``'s answer when no sequence finishes (shared: its callers only read it)
@@ -88,14 +56,14 @@ class DecodeSet:
         self._sliding = groups.sliding > 0
         self.num_filling = 0        # sequences whose sliding-window blocks still grow
         self.filling_count = [0] * block_size  # those, by phase class (as phase_count)
-        self._fill_heap: list[tuple[int, int, int, Request]] = []  # (step it stops, id, epoch, request)
+        self._fill_heap: list[_Due] = []  # (step it stops, id, epoch, request)
         self.steps = 0              # decode steps this replica has run
         self.num_seqs = 0
         self.context_tokens = 0     # sum over sequences of computed tokens (KV slots filled)
         # phase_count[q]: sequences whose computed-token count n satisfies
         # n % block_size == (q + steps) % block_size; constant while a sequence stays in the set.
         self.phase_count = [0] * block_size
-        self._heap: list[tuple[int, int, int, Request]] = []  # (finish step, id, epoch, request)
+        self._heap: list[_Due] = []  # (finish step, id, epoch, request)
 
     # -- membership ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -110,14 +78,14 @@ class DecodeSet:
         self.kv.to_decode(req)
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
-        _push_due(self._heap, (finish_step, req.request_id, req.epoch, req))
+        heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
         if not self._sliding:  # _slide_last is -1: nothing to fill
             return
         last = self._slide_last(req)
         if n <= last:  # it opens blocks at n + j for j = 0, bs, ... up to ``last``
             self.num_filling += 1
             self.filling_count[req.phase] += 1
-            _push_due(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
+            heappush(self._fill_heap, (self.steps + last - n + 1, req.request_id, req.epoch, req))
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out (finish, preemption, a step without it), writing back its tokens;
@@ -226,21 +194,21 @@ class DecodeSet:
     def steps_to_next_finish(self) -> int:
         """Steps until the earliest sequence emits its last token (>= 1)."""
         heap = self._heap
-        while heap and heap[0][2] != heap[0][3].epoch:
-            _pop_due(heap)
+        _drop_stale(heap)
         if not heap:
             return 1 << 62
-        return heap[0][0] - self.steps
+        step, _id, _epoch, _req = heap[0]
+        return step - self.steps
 
     def steps_to_next_change(self) -> int:
         """Steps until the set's block weights or membership change: the earliest finish, or the
         step after which a sequence's sliding windows are full (>= 1)."""
         k = self.steps_to_next_finish()
         heap = self._fill_heap
-        while heap and heap[0][2] != heap[0][3].epoch:
-            _pop_due(heap)
+        _drop_stale(heap)
         if heap:
-            k = min(k, heap[0][0] - self.steps)
+            step, _id, _epoch, _req = heap[0]
+            k = min(k, step - self.steps)
         return k
 
     # -- progress -----------------------------------------------------------------------------
@@ -250,19 +218,23 @@ class DecodeSet:
         self.steps = steps = self.steps + num_steps
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
-        while fill and fill[0][0] <= steps:
-            due = _pop_due(fill)  # (indexed: compiled, an unpacked ``_`` is a boxed int)
-            epoch, req = due[2], due[3]
+        while fill:
+            step, _id, epoch, req = fill[0]
+            if step > steps:
+                break
+            heappop(fill)
             if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
                 self.num_filling -= 1
                 self.filling_count[req.phase] -= 1
         heap = self._heap
-        if not heap or heap[0][0] > steps:
-            return _NO_REQUESTS  # (most steps: no list made)
-        done = []
-        while heap and heap[0][0] <= steps:
-            due = _pop_due(heap)
-            epoch, req = due[2], due[3]
+        done = _NO_REQUESTS  # (most steps: no list made)
+        while heap:
+            step, _id, epoch, req = heap[0]
+            if step > steps:
+                break
+            heappop(heap)
             if epoch == req.epoch:
+                if done is _NO_REQUESTS:
+                    done = []
                 done.append(req)
         return done

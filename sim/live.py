@@ -1,0 +1,108 @@
+"""``LiveSimulation``: a scenario's cluster run as time goes, its requests injected while it runs.
+
+Why: a simulated HTTP endpoint (a live ``serve``) does not know its requests in advance: it
+runs the simulation up to the simulated time a request comes in (``run_until``), sends it
+there (``inject``), and reads the clock and the next event's time to pace itself. The loop is
+the one every run uses (sim/engine/cluster.py ``Simulation`` on sim/engine/clock.py's clock):
+a run whose arrivals are all injected one by one at their times gives, request for request and
+step for step, what the same arrivals give replayed from a trace (tests/test_live_loop.py).
+The one difference is an exact tie: ``run_until(t)`` processes every event due at ``t`` before
+a request injected at ``t``, where a trace's arrival at ``t`` comes after only the events at
+``t`` scheduled before its own wait began.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from sim.core.request import Request
+from sim.engine.cluster import Simulation
+from sim.engine.results import RequestResults
+from sim.engine.topology import layout_for
+from sim.errors import UserError
+from sim.run import RunResult, run_result
+from sim.scenario import Scenario
+from sim.workload.build import closed_loop
+
+# the failure reason of a request still in flight when the live run finishes
+IN_FLIGHT_AT_FINISH = "still in flight when the live simulation finished"
+
+
+class LiveSimulation:
+    """``scenario``'s cluster (its workload is not used: requests come by ``inject``), at
+    simulated time ``now_s`` (0 to begin with)."""
+
+    def __init__(self, scenario: Scenario, max_run_steps: int | None = None):
+        if closed_loop(scenario)[0] is not None:
+            raise UserError("workload.synthetic.max_concurrency: a live simulation's clients send its "
+                            "requests (inject); a closed loop cannot run live")
+        self.scenario = scenario
+        self._t0 = time.perf_counter()
+        self._layout = layout_for(scenario)
+        self._results = RequestResults()
+        self._in_flight: dict[int, Request] = {}
+        self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
+                               on_end=self._ended)
+        self._finished = False
+
+    @property
+    def now_s(self) -> float:
+        """The simulated clock."""
+        return self._sim.clock.now_s
+
+    def next_event_s(self) -> float:
+        """When the next event is due (``inf``: nothing will happen until a request comes)."""
+        return self._sim.clock.next_event_s()
+
+    def run_until(self, t_s: float) -> None:
+        """Run every event due at or before ``t_s``; the clock is then ``t_s`` and later events
+        wait. A fast-forwarded run of decode steps spanning ``t_s`` is not cut by this: only an
+        arrival injected during it cuts it (at the step boundary after, as in any run)."""
+        self._check_open()
+        # (the cyclic collector paused as in run_scenario: millions of acyclic objects)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._sim.clock.run_until(t_s)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def inject(self, input_tokens: int, output_tokens: int, hash_ids: Any = None,
+               hash_block_size: int = 16) -> int:
+        """A request arriving now (``now_s``) with ``input_tokens`` prompt tokens that will
+        produce ``output_tokens``; optional prompt block-hash ids for prefix caching. Returns
+        its request id (0, 1, ... in the order injected)."""
+        self._check_open()
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"inject: {name} must be a positive integer, got {value!r}")
+        req = self._sim.arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size)
+        if req.status not in ("completed", "failed"):  # (failed at the door: ended already)
+            self._in_flight[req.request_id] = req
+        return req.request_id
+
+    def finish(self) -> RunResult:
+        """End the run now: each request still in flight is counted failed
+        (``IN_FLIGHT_AT_FINISH``) at the clock's time; the result of the run so far."""
+        self._check_open()
+        self._finished = True
+        now = self.now_s
+        left = [self._in_flight[k] for k in sorted(self._in_flight)]
+        for req in left:
+            req.status, req.fail_reason, req.finish_s = "failed", IN_FLIGHT_AT_FINISH, now
+        self._in_flight.clear()
+        if left:
+            self._results.add(left)
+        rec = self._sim.close()
+        return run_result(self.scenario, self._layout, self._results, rec, None, time.perf_counter() - self._t0)
+
+    def _ended(self, finished: list[Request]) -> None:
+        for req in finished:
+            self._in_flight.pop(req.request_id, None)
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError("the live simulation has finished")
