@@ -104,6 +104,10 @@ from sim.cli.validate import validate  # noqa: E402
 
 app.command("validate")(validate)
 
+from sim.cli.serve import serve  # noqa: E402
+
+app.command("serve")(serve)
+
 from sim.cli.report import register as register_reports  # noqa: E402
 
 register_reports(app)
