@@ -101,12 +101,11 @@ async def _load_rate(url: str, model: str, rate: float, speed: float, seconds: f
         t0 = time.perf_counter()
         body = {"model": model, "prompt": prompt, "max_tokens": 256, "stream": True}
         async with c.stream("POST", url + "/v1/completions", json=body, timeout=None) as r:
+            first = True
             async for line in r.aiter_lines():
-                if line.startswith("data: {"):
+                if first and line.startswith("data: {"):
                     ttfts.append((time.perf_counter() - t0) * speed)
-                    break
-            async for _ in r.aiter_lines():
-                pass
+                    first = False
 
     async def scrape(c: httpx.AsyncClient, end: float) -> None:
         while time.perf_counter() < end:
@@ -136,8 +135,10 @@ def load(args) -> None:
     for i, rate in enumerate(rates):
         out = Path(tempfile.mkdtemp()) / f"load{i}"
         proc, url = start(out, args.speed)
-        ttfts, samples = asyncio.run(_load_rate(url, "llama-3-8b", rate, args.speed, args.seconds, i))
-        stop(proc)
+        try:
+            ttfts, samples = asyncio.run(_load_rate(url, "llama-3-8b", rate, args.speed, args.seconds, i))
+        finally:
+            stop(proc)
         w = max(s[0] for s in samples)
         kv = max(s[1] for s in samples)
         print(f"{rate:>10g} {len(ttfts):>9} {np.percentile(ttfts, 50) * 1e3:>9.0f} {np.percentile(ttfts, 99) * 1e3:>9.0f} "
