@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sim.core.request import Request
-from sim.engine.cluster import Simulation
+from sim.engine.cluster import Replica, Simulation
 from sim.engine.results import RequestResults
 from sim.engine.topology import layout_for
 from sim.errors import UserError
@@ -34,7 +35,9 @@ class LiveSimulation:
     """``scenario``'s cluster (its workload is not used: requests come by ``inject``), at
     simulated time ``now_s`` (0 to begin with)."""
 
-    def __init__(self, scenario: Scenario, max_run_steps: int | None = None):
+    def __init__(self, scenario: Scenario, max_run_steps: int | None = None,
+                 on_end: Callable[[list[Request]], None] | None = None):
+        """``on_end`` (if given) sees each request as it ends (completed, or failed with a reason)."""
         if closed_loop(scenario)[0] is not None:
             raise UserError("workload.synthetic.max_concurrency: a live simulation's clients send its "
                             "requests (inject); a closed loop cannot run live")
@@ -43,9 +46,34 @@ class LiveSimulation:
         self._layout = layout_for(scenario)
         self._results = RequestResults()
         self._in_flight: dict[int, Request] = {}
+        self._on_end = on_end
         self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
                                on_end=self._ended)
         self._finished = False
+
+    @property
+    def schedulers(self) -> list:
+        """Each replica's scheduler, by replica index (its queues, its KV manager)."""
+        return self._sim.topology.schedulers
+
+    def replicas(self) -> list[Replica | None]:
+        """Each replica's loop by replica index (None where replicas step in lockstep groups:
+        data parallelism, whose steps are single)."""
+        topo = self._sim.topology
+        loops = getattr(topo, "replicas", None) or [*getattr(topo, "prefill", []), *getattr(topo, "decode", [])]
+        by_index: list[Replica | None] = [None] * len(self.schedulers)
+        for rep in loops:
+            by_index[rep.index] = rep
+        return by_index
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt plus output a request may have (vLLM's ``max_model_len``)."""
+        return self._layout.deployment.limits.max_model_len
+
+    def request(self, request_id: int) -> Request | None:
+        """The request with this id while it is in flight (None once it has ended)."""
+        return self._in_flight.get(request_id)
 
     @property
     def now_s(self) -> float:
@@ -84,15 +112,15 @@ class LiveSimulation:
             self._in_flight[req.request_id] = req
         return req.request_id
 
-    def finish(self) -> RunResult:
-        """End the run now: each request still in flight is counted failed
-        (``IN_FLIGHT_AT_FINISH``) at the clock's time; the result of the run so far."""
+    def finish(self, reason: str = IN_FLIGHT_AT_FINISH) -> RunResult:
+        """End the run now: each request still in flight is counted failed (with ``reason``) at
+        the clock's time; the result of the run so far."""
         self._check_open()
         self._finished = True
         now = self.now_s
         left = [self._in_flight[k] for k in sorted(self._in_flight)]
         for req in left:
-            req.status, req.fail_reason, req.finish_s = "failed", IN_FLIGHT_AT_FINISH, now
+            req.status, req.fail_reason, req.finish_s = "failed", reason, now
         self._in_flight.clear()
         if left:
             self._results.add(left)
@@ -102,6 +130,8 @@ class LiveSimulation:
     def _ended(self, finished: list[Request]) -> None:
         for req in finished:
             self._in_flight.pop(req.request_id, None)
+        if self._on_end is not None:
+            self._on_end(finished)
 
     def _check_open(self) -> None:
         if self._finished:

@@ -111,6 +111,9 @@ app.command("validate")(validate)
 from sim.cli.fit import fit  # noqa: E402
 
 app.command("fit")(fit)
+from sim.cli.serve import serve  # noqa: E402
+
+app.command("serve")(serve)
 
 from sim.cli.report import register as register_reports  # noqa: E402
 

@@ -143,6 +143,8 @@ class Replica:
         self._cut_call = Call(clock, self._cut)
         self._cut_end_call = Call(clock, self._cut_end)
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
+        self._cut_pending = False  # the run in flight was cut: it ends after ``_cut_steps``
+        self._in_step = False  # a step (or run) planned by ``_plan_at`` is in flight
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
         Call(clock, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
@@ -209,6 +211,7 @@ class Replica:
         self._inflight, self._prefill_tokens, self._start_s = plan, prefill_tokens, now
         self._first_s, self._last_s, self._steps, self._curve_s = first, last, k, curve
         self._extrapolated, self._lm_extrapolated, self._outside = extrapolated, lm_head_extrapolated, outside
+        self._in_step, self._cut_pending = True, False
         if k > 1:
             self._interruptible = True
             self._end.at_from(now, run_sum_s(k, first, last, k, curve))
@@ -228,7 +231,7 @@ class Replica:
         now = event.time_s
         done = steps_within(now - start, first, last, k, curve)
         end = start + run_sum_s(done, first, last, k, curve)
-        self._cut_steps = done
+        self._cut_steps, self._cut_pending = done, True
         if end > now:
             self._cut_end_call.at_from(now, end - now)
         else:
@@ -249,6 +252,7 @@ class Replica:
         again."""
         plan, start, first, outside = self._inflight, self._start_s, self._first_s, self._outside
         extrapolated, lm_head_extrapolated = self._extrapolated, self._lm_extrapolated
+        self._in_step = False
         sched, rec = self.scheduler, self.recorder
         if plan.chunks or plan.prompts_skipped or plan.kv_ready:  # TTFTAccounting.concerns, inline
             self.ttft.on_step(plan, now, now - start)
@@ -268,6 +272,37 @@ class Replica:
         if self.on_step is not None:
             self.on_step(self)
         self._plan_at(now)
+
+    # -- a run in flight, as a client streaming from it sees it (sim/serve/live_view.py) ----------
+    def steps_ended_by(self, t_s: float) -> int:
+        """Steps of the decode run in flight that ended by ``t_s``, before the run's own end
+        (which is an event: once processed the sequences' tokens are counted): a sequence
+        decoding in the run has emitted that many more tokens. Reads the run, cuts nothing."""
+        if not self._in_step or not self._inflight.num_decode_seqs:
+            return 0
+        k = self._cut_steps if self._cut_pending else self._steps
+        elapsed = t_s - self._start_s
+        if k <= 1 or elapsed <= 0.0:
+            return 0
+        start, first, last, steps, curve = self._start_s, self._first_s, self._last_s, self._steps, self._curve_s
+        # (compared as absolute times, as ``next_step_end_s`` gives them: t - start would round)
+        j = min(steps_within(elapsed, first, last, steps, curve), k - 1)
+        while j > 0 and start + run_sum_s(j, first, last, steps, curve) > t_s:
+            j -= 1
+        while j + 1 < k and start + run_sum_s(j + 1, first, last, steps, curve) <= t_s:
+            j += 1
+        return j
+
+    def next_step_end_s(self, t_s: float) -> float:
+        """When the next step of the decode run in flight ends after ``t_s``, short of the
+        run's own end (an event already queued); ``inf`` when there is none."""
+        if not self._in_step or not self._inflight.num_decode_seqs:
+            return math.inf
+        k = self._cut_steps if self._cut_pending else self._steps
+        j = self.steps_ended_by(t_s) + 1
+        if j >= k:
+            return math.inf
+        return self._start_s + run_sum_s(j, self._first_s, self._last_s, self._steps, self._curve_s)
 
     # -- multi-step blocks ------------------------------------------------------------------------
     def _block_piece(self) -> None:

@@ -1,0 +1,162 @@
+"""``simsrv serve`` as clients see it: the ``openai`` client against an idle endpoint, and a
+load test through the endpoint (issue 41's acceptance; figures in bench/README.md).
+
+    python bench/serve_clients.py idle [--requests 12]
+    python bench/serve_clients.py load [--speed 10] [--rates 2,4,8,16] [--seconds 60]
+
+``idle``: one request at a time (each after the previous ended, with a pause), prompts from
+64 to 4,096 tokens, 64 output tokens; the client's TTFT (send to first chunk) and TPOT (mean
+gap over the answer's chunks) against the simulation's figures for the same request
+(requests.parquet of the run written at shutdown); the target is |client - simulated| <= 5 ms
++ 2% of the simulated figure. ``load``: an open-loop Poisson client at each offered rate
+(simulated req/s; the endpoint runs ``--speed`` times faster than real time, so the client
+sends at rate/speed per wall second and its latencies are multiplied by speed), prompts of
+2,000 tokens and 256 output tokens; ``/metrics`` is scraped every wall second for the
+requests waiting and the KV use; the client's TTFT percentiles in simulated ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "chat.yaml"
+
+
+def start(out: Path, speed: float) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "serve", str(SCENARIO), "--port", "0", "--out", str(out),
+                             "--speed", str(speed)], stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    return proc, "http://" + line.split("http://", 1)[1].split()[0].removesuffix("/v1")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+
+
+def words(n: int) -> str:
+    """A prompt of exactly n tokens by simsrv serve's count (sim/serve/tokens.py rule 3)."""
+    return " ".join(f"w{i % 1000}" for i in range(n))
+
+
+def idle(args) -> None:
+    import openai
+    import polars as pl
+
+    out = Path(tempfile.mkdtemp()) / "idle"
+    proc, url = start(out, 1.0)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    model = client.models.list().data[0].id
+    lengths = [64 * 2 ** (i % 7) for i in range(args.requests)]  # 64 .. 4,096
+
+    def ask(n_prompt: int, n_out: int) -> list[float]:
+        t0 = time.perf_counter()
+        times = []
+        for ch in client.chat.completions.create(model=model, messages=[{"role": "user", "content": words(n_prompt)}],
+                                                 max_tokens=n_out, stream=True):
+            if ch.choices and ch.choices[0].delta.content:
+                times.append(time.perf_counter() - t0)
+        return times
+
+    ask(16, 4)  # the client's own first call (its connection, its imports)
+    client_rows = []
+    for n in lengths:
+        time.sleep(0.3)
+        t = ask(n, 64)
+        client_rows.append((t[0], (t[-1] - t[0]) / (len(t) - 1)))
+    stop(proc)
+    sim = pl.read_parquet(out / "requests.parquet").tail(len(lengths))
+    print(f"{'prompt':>7} {'sim TTFT':>9} {'client':>8} {'diff':>7} {'sim TPOT':>9} {'client':>8} {'diff':>7}  within 5 ms + 2%")
+    worst = 0.0
+    for n, (cttft, ctpot), sttft, stpot in zip(lengths, client_rows, sim["ttft_s"], sim["tpot_s"]):
+        d1, d2 = (cttft - sttft) * 1e3, (ctpot - stpot) * 1e3
+        ok = abs(d1) <= 5 + 0.02 * sttft * 1e3 and abs(d2) <= 5 + 0.02 * stpot * 1e3
+        worst = max(worst, abs(d1) - 0.02 * sttft * 1e3, abs(d2) - 0.02 * stpot * 1e3)
+        print(f"{n:>7} {sttft * 1e3:>9.2f} {cttft * 1e3:>8.2f} {d1:>+7.2f} {stpot * 1e3:>9.3f} {ctpot * 1e3:>8.3f} "
+              f"{d2:>+7.3f}  {'yes' if ok else 'NO'}")
+    print(f"largest |client - simulated| beyond 2% of the simulated figure: {worst:.2f} ms (target 5 ms)")
+
+
+async def _load_rate(url: str, model: str, rate: float, speed: float, seconds: float, seed: int):
+    import httpx
+
+    rng = random.Random(seed)
+    ttfts: list[float] = []
+    samples: list[tuple[float, float]] = []
+    prompt = words(2000)
+
+    async def one(c: httpx.AsyncClient) -> None:
+        t0 = time.perf_counter()
+        body = {"model": model, "prompt": prompt, "max_tokens": 256, "stream": True}
+        async with c.stream("POST", url + "/v1/completions", json=body, timeout=None) as r:
+            first = True
+            async for line in r.aiter_lines():
+                if first and line.startswith("data: {"):
+                    ttfts.append((time.perf_counter() - t0) * speed)
+                    first = False
+
+    async def scrape(c: httpx.AsyncClient, end: float) -> None:
+        while time.perf_counter() < end:
+            text = (await c.get(url + "/metrics")).text
+            waiting = sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("vllm:num_requests_waiting{"))
+            kv = max(float(l.split()[-1]) for l in text.splitlines() if l.startswith("vllm:kv_cache_usage_perc{"))
+            samples.append((waiting, kv))
+            await asyncio.sleep(1.0)
+
+    limits = httpx.Limits(max_connections=10_000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(limits=limits) as c:
+        end = time.perf_counter() + seconds
+        tasks = [asyncio.create_task(scrape(c, end))]
+        while time.perf_counter() < end:
+            tasks.append(asyncio.create_task(one(c)))
+            await asyncio.sleep(rng.expovariate(rate / speed))
+        await asyncio.gather(*tasks)
+    return ttfts, samples
+
+
+def load(args) -> None:
+    import numpy as np
+
+    rates = [float(r) for r in args.rates.split(",")]
+    print(f"speed {args.speed:g}x; prompts 2,000 tokens, 256 output tokens; latencies in simulated ms")
+    print(f"{'rate req/s':>10} {'requests':>9} {'TTFT p50':>9} {'p99':>9} {'waiting max':>12} {'KV use max':>11}")
+    for i, rate in enumerate(rates):
+        out = Path(tempfile.mkdtemp()) / f"load{i}"
+        proc, url = start(out, args.speed)
+        try:
+            ttfts, samples = asyncio.run(_load_rate(url, "llama-3-8b", rate, args.speed, args.seconds, i))
+        finally:
+            stop(proc)
+        w = max(s[0] for s in samples)
+        kv = max(s[1] for s in samples)
+        print(f"{rate:>10g} {len(ttfts):>9} {np.percentile(ttfts, 50) * 1e3:>9.0f} {np.percentile(ttfts, 99) * 1e3:>9.0f} "
+              f"{w:>12.0f} {kv:>11.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("idle")
+    a.add_argument("--requests", type=int, default=12)
+    b = sub.add_parser("load")
+    b.add_argument("--speed", type=float, default=10.0)
+    b.add_argument("--rates", default="2,4,8,16")
+    b.add_argument("--seconds", type=float, default=30.0)
+    args = ap.parse_args()
+    idle(args) if args.what == "idle" else load(args)
+
+
+if __name__ == "__main__":
+    main()

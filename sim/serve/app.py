@@ -1,0 +1,127 @@
+"""The HTTP side of ``simsrv serve``: vLLM's OpenAI-compatible routes on an ASGI app.
+
+Why this stack: Starlette (the ASGI toolkit FastAPI is built on) served by uvicorn is what
+vLLM's own OpenAI server runs on (FastAPI + uvicorn, ``vllm/entrypoints/openai/api_server.py``),
+so clients meet the same HTTP behaviour: chunked transfer, ``text/event-stream`` framing,
+keep-alive. Both are maintained by Encode, BSD-licensed, pure Python, and come in the
+``serve`` extra only. All simulation work runs on the event loop's one thread (sim/serve/
+driver.py), so a request's arrival, its tokens and ``/metrics`` see one consistent state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from sim.serve.driver import Driver, Stream
+from sim.serve.openai_api import ApiError, chunk, parse, sse, token_text, usage_chunk, whole
+from sim.serve.prom import exposition
+
+# the header of the server's own warm-up request (sim/serve/session.py ``_warm_up``): it passes
+# before the doors open, to a throwaway copy of the deployment
+WARM_UP_HEADER = "x-simsrv-warm-up"
+
+
+class Endpoint:
+    """The routes, over one driver."""
+
+    def __init__(self, driver: Driver, model: str, max_model_len: int, count, output_tokens, version: str):
+        """``output_tokens(asked, index)``: how many tokens request number ``index`` will
+        generate (sim/serve/session.py: ``max_tokens``, or an end-of-sequence draw)."""
+        self.driver, self.model, self.max_model_len = driver, model, max_model_len
+        self.count, self.output_tokens, self.version = count, output_tokens, version
+        self.created = int(time.time())
+        self.num_requests = 0
+        self.open = asyncio.Event()  # set once simulated time 0 has begun (session.py)
+
+    def app(self, lifespan=None) -> Starlette:
+        routes = [
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/version", self.version_route, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    # -- info routes -----------------------------------------------------------------------------
+    async def models(self, _request: Request) -> Response:
+        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.model, "parent": None, "max_model_len": self.max_model_len, "permission": []}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, _request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version_route(self, _request: Request) -> Response:
+        return JSONResponse({"version": self.version})
+
+    async def metrics(self, _request: Request) -> Response:
+        d = self.driver
+        d.catch_up()
+        text = exposition(self.model, d.metrics, d.live.gauges())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- generation ------------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        if WARM_UP_HEADER not in request.headers:
+            await self.open.wait()
+        try:
+            try:
+                body = json.loads(await request.body())
+            except (ValueError, UnicodeDecodeError):
+                raise ApiError(400, "the request body is not valid JSON") from None
+            asked = parse(body, chat, self.count, self.max_model_len, self.model)
+            index = self.num_requests
+            stream = self.driver.submit(asked, self.output_tokens(asked, index))
+            self.num_requests += 1
+        except ApiError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.request_id}"
+        created = int(time.time())
+        if asked.stream:
+            return StreamingResponse(self._events(stream, rid, created), media_type="text/event-stream")
+        return await self._whole(stream, rid, created)
+
+    def _finish_reason(self, stream: Stream) -> str:
+        return "length" if stream.output_tokens >= stream.asked.max_tokens else "stop"
+
+    async def _events(self, stream: Stream, rid: str, created: int):
+        asked, last = stream.asked, stream.output_tokens - 1
+        while True:
+            item = await stream.tokens.get()
+            if item is None:
+                break
+            i, _t = item
+            if asked.chat and i == 0:  # vLLM's chat stream opens with the role, at the first output
+                yield sse(chunk(asked, rid, created, None, None, role=True))
+            yield sse(chunk(asked, rid, created, token_text(i), self._finish_reason(stream) if i == last else None))
+        if stream.failure:
+            yield sse(ApiError(500, f"the simulated engine did not finish the request: {stream.failure}",
+                               "InternalServerError").body())
+        elif asked.include_usage:
+            yield sse(usage_chunk(asked, rid, created, stream.sent))
+        yield sse("[DONE]")
+
+    async def _whole(self, stream: Stream, rid: str, created: int) -> Response:
+        while await stream.tokens.get() is not None:
+            pass
+        if stream.failure:
+            err = ApiError(500, f"the simulated engine did not finish the request: {stream.failure}",
+                           "InternalServerError")
+            return JSONResponse(err.body(), status_code=err.status)
+        text = "".join(token_text(i) for i in range(stream.sent))
+        return JSONResponse(whole(stream.asked, rid, created, text, self._finish_reason(stream), stream.sent))

@@ -1,0 +1,166 @@
+"""The driver of ``simsrv serve``: simulated time paced against the wall clock.
+
+Why: the simulation (sim/engine/live.py ``LiveSimulation``) never reads the wall clock; this
+driver decides how far it may run. Simulated time t is wall time ``start + t / speed``. The
+driver only ever runs the simulation up to the simulated time the wall clock has reached, so
+an arrival always lands at the simulation's present and cuts a fast-forwarded decode run as a
+replayed arrival does. It wakes when the next simulated event or the next decode-step
+boundary of a request it is streaming comes due, hands each request's new tokens to its HTTP
+stream at that moment, and records every arrival (time, prompt tokens, tokens to generate),
+so the session replays with ``simsrv run`` to the same results (sim/serve/session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sim.serve.openai_api import ApiError, Asked
+from sim.serve.prom import EngineMetrics
+
+# the waiting queue's bound (README, "simsrv serve"): requests waiting to be scheduled, summed
+# over the replicas; beyond it a new request gets 503, as a gateway in front of vLLM answers
+DEFAULT_MAX_WAITING = 4096
+
+
+@dataclass
+class Stream:
+    """One HTTP request in flight: what it asked and the tokens handed to its response."""
+    asked: Asked
+    request_id: int
+    output_tokens: int
+    # (token index, simulated time) per token as it comes out; None at the end
+    tokens: asyncio.Queue = field(default_factory=asyncio.Queue)
+    sent: int = 0
+    done: bool = False
+    failure: str = ""
+
+
+class Driver:
+    """Owns the live simulation and the streams; every method runs on the event loop's thread."""
+
+    def __init__(self, live, speed: float = 1.0, max_waiting: int = DEFAULT_MAX_WAITING,
+                 clock: Callable[[], float] = time.monotonic):
+        self.live, self.speed, self.max_waiting, self.clock = live, speed, max_waiting, clock
+        self.start_wall = clock()
+        self.started = False  # simulated time 0 begins with the first arrival (``submit``)
+        self.streams: dict[int, Stream] = {}
+        self.metrics = [EngineMetrics() for _ in range(live.num_replicas)]
+        self._poke = asyncio.Event()
+        self.stopping = False
+
+    # -- time ----------------------------------------------------------------------------------
+    def sim_now(self) -> float:
+        """The simulated time the wall clock has reached."""
+        return (self.clock() - self.start_wall) * self.speed
+
+    def wall_of(self, t_s: float) -> float:
+        return self.start_wall + t_s / self.speed
+
+    def catch_up(self) -> float:
+        """Run the simulation to the wall clock's present; hand out what came due."""
+        if not self.started:
+            return self.live.now_s
+        t = max(self.sim_now(), self.live.now_s)
+        self.live.run_until(t)
+        self._hand_out(t)
+        return t
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, asked: Asked, output_tokens: int) -> Stream:
+        """A request arriving now: into the simulation at the present simulated time."""
+        if self.stopping:
+            raise ApiError(503, "the server is shutting down", "ServiceUnavailableError")
+        if not self.started:
+            # simulated time 0 is the first arrival (nothing happens in an idle deployment
+            # before it), so the recorded arrivals replay from a trace to the same times
+            self.start_wall, self.started = self.clock(), True
+        else:
+            self.catch_up()
+        waiting = self.live.num_waiting()
+        if waiting >= self.max_waiting:
+            raise ApiError(503, f"{waiting} requests are waiting (simsrv serve --max-waiting "
+                                f"{self.max_waiting}); try again later", "ServiceUnavailableError")
+        rid = self.live.inject(asked.prompt_tokens, output_tokens)
+        stream = Stream(asked, rid, output_tokens)
+        self.streams[rid] = stream
+        self._hand_out(self.live.now_s)  # a request the engine refused fails at once
+        self._poke.set()
+        return stream
+
+    def _hand_out(self, t_s: float) -> None:
+        """Each stream's tokens emitted by ``t_s``; the end of those that finished."""
+        ended = []
+        for rid, s in self.streams.items():
+            n, finished, reason = self.live.progress(rid, t_s)
+            while s.sent < n:
+                s.tokens.put_nowait((s.sent, t_s))
+                s.sent += 1
+            if finished:
+                s.done, s.failure = True, reason
+                s.tokens.put_nowait(None)
+                ended.append(rid)
+        for rid in ended:
+            self._record(rid, self.streams.pop(rid))
+
+    def _record(self, rid: int, stream: Stream) -> None:
+        """A finished request's latencies into its replica's histograms (vLLM's metric names)."""
+        r = self.live.request_times(rid)
+        if r is None or r["replica"] < 0:
+            return
+        m = self.metrics[r["replica"]]
+        if r["status"] != "completed":
+            m.success["abort"] = m.success.get("abort", 0) + 1
+            return
+        h = m.histograms
+        h["vllm:time_to_first_token_seconds"].observe(r["first_token_s"] - r["arrival_s"])
+        h["vllm:e2e_request_latency_seconds"].observe(r["finish_s"] - r["arrival_s"])
+        h["vllm:request_queue_time_seconds"].observe(r["first_scheduled_s"] - r["arrival_s"])
+        n = r["output_tokens"]
+        if n > 1:  # vLLM observes each gap; a request's mean gap, n - 1 times, keeps the sum and count
+            h["vllm:inter_token_latency_seconds"].observe((r["finish_s"] - r["first_token_s"]) / (n - 1), n - 1)
+        m.counters["vllm:prompt_tokens"] += r["prompt_tokens"]
+        m.counters["vllm:generation_tokens"] += n
+        m.counters["vllm:num_preemptions"] += r["num_preemptions"]
+        m.counters["vllm:prefix_cache_queries"] += r["prompt_tokens"]
+        m.counters["vllm:prefix_cache_hits"] += r["prefix_hit_tokens"]
+        reason = "length" if n >= stream.asked.max_tokens else "stop"
+        m.success[reason] = m.success.get(reason, 0) + 1
+
+    # -- the pacing loop ---------------------------------------------------------------------
+    def next_wake_s(self) -> float:
+        """The next simulated time at which something comes due: an event, or a token of a
+        request being streamed (a decode-step boundary inside a fast-forwarded run)."""
+        t = self.live.next_event_s()
+        if self.streams:
+            t = min(t, self.live.next_token_s())
+        return t
+
+    async def pace(self) -> None:
+        """Run until ``stop``: catch up, then sleep until the next wake or a new arrival."""
+        while not self.stopping:
+            self.catch_up()
+            wake = self.next_wake_s()
+            self._poke.clear()
+            delay = math.inf if math.isinf(wake) else max(0.0, self.wall_of(wake) - self.clock())
+            try:
+                await asyncio.wait_for(self._poke.wait(), timeout=None if math.isinf(delay) else delay)
+            except asyncio.TimeoutError:
+                pass
+
+
+    def stop(self, reason: str) -> None:
+        """Shutdown: the simulation stops at the present (``LiveView.finish`` fails what is still
+        in flight); each open stream ends with ``reason``."""
+        if self.stopping:
+            return
+        self.catch_up()
+        self.stopping = True
+        for s in self.streams.values():
+            s.done, s.failure = True, reason
+            s.tokens.put_nowait(None)
+        self.streams.clear()
+        self._poke.set()

@@ -1,0 +1,120 @@
+"""What ``simsrv serve`` reads of a live simulation: each request's tokens so far, the next
+decode-step boundary, the replicas' queues and KV use, and the arrivals it was sent.
+
+Why: the live simulation (sim/live.py) advances a fast-forwarded run of identical decode steps
+in one event; a client streaming a request in that run must still get each token at its own
+step's end. A run's step times are known when it starts (sim/cost/runs.py ``run_sum_s``), so
+the tokens a request in the run has at time t are those of the steps ended by t
+(sim/engine/cluster.py ``Replica.steps_ended_by``), without cutting the run: the simulation
+stays event for event the one ``simsrv run`` replays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sim.core.request import Request
+from sim.live import LiveSimulation
+from sim.scenario import Scenario
+
+
+class LiveView:
+    """A ``LiveSimulation`` of ``scenario`` and the serve-side readings of it."""
+
+    def __init__(self, scenario: Scenario):
+        self.sim = LiveSimulation(scenario, on_end=self._ended)
+        self.replicas = self.sim.replicas()
+        self.num_replicas = len(self.sim.schedulers)
+        self.max_model_len = self.sim.max_model_len
+        self._requests: dict[int, Request] = {}     # in flight, by id
+        self._ended_rows: dict[int, dict[str, Any]] = {}  # ended, not yet read by the driver
+        self._arrival_s: list[float] = []
+        self._input: list[int] = []
+        self._output: list[int] = []
+
+    # -- the simulation ----------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.sim.now_s
+
+    def run_until(self, t_s: float) -> None:
+        self.sim.run_until(t_s)
+
+    def next_event_s(self) -> float:
+        return self.sim.next_event_s()
+
+    def inject(self, input_tokens: int, output_tokens: int) -> int:
+        self._arrival_s.append(self.sim.now_s)
+        self._input.append(input_tokens)
+        self._output.append(output_tokens)
+        rid = len(self._arrival_s) - 1
+        got = self.sim.inject(input_tokens, output_tokens)
+        assert got == rid, "request ids are given in the order injected"
+        req = self.sim.request(rid)  # None: it ended at once (refused at the door)
+        if req is not None:
+            self._requests[rid] = req
+        return rid
+
+    def recorded(self) -> tuple[list[float], list[int], list[int]]:
+        """Every arrival sent: (simulated time, prompt tokens, tokens it generates)."""
+        return self._arrival_s, self._input, self._output
+
+    def finish(self, reason: str):
+        return self.sim.finish(reason)
+
+    # -- readings ------------------------------------------------------------------------------
+    def _ended(self, finished: list[Request]) -> None:
+        for req in finished:
+            self._requests.pop(req.request_id, None)
+            self._ended_rows[req.request_id] = {
+                "status": req.status, "fail_reason": req.fail_reason, "replica": req.replica,
+                "arrival_s": req.arrival_s, "first_scheduled_s": req.first_scheduled_s,
+                "first_token_s": req.first_token_s, "finish_s": req.finish_s,
+                "prompt_tokens": req.prompt_tokens, "output_tokens": req.output_tokens,
+                "num_generated": req.output_tokens if req.status == "completed" else req.num_generated,
+                "num_preemptions": req.num_preemptions, "prefix_hit_tokens": req.prefix_hit_tokens,
+            }
+
+    def progress(self, rid: int, t_s: float) -> tuple[int, bool, str]:
+        """(tokens emitted by ``t_s``, ended, failure reason or "")."""
+        row = self._ended_rows.get(rid)
+        if row is not None:
+            return row["num_generated"], True, row["fail_reason"] if row["status"] != "completed" else ""
+        req = self._requests.get(rid)
+        if req is None:
+            return 0, False, ""
+        if not req.in_decode or req.replica < 0:
+            return req.num_generated, False, ""
+        rep = self.replicas[req.replica] if req.replica < len(self.replicas) else None
+        sched = self.sim.schedulers[req.replica]
+        ds = sched.decode
+        n = req.g_join + (ds.steps - req.step_join)
+        if rep is not None:
+            n += rep.steps_ended_by(t_s)
+        return min(n, req.output_tokens), False, ""
+
+    def request_times(self, rid: int) -> dict[str, Any] | None:
+        """An ended request's figures (for the metrics), read once."""
+        return self._ended_rows.pop(rid, None)
+
+    def next_token_s(self) -> float:
+        """The next decode-step boundary inside a fast-forwarded run, on any replica."""
+        t = math.inf
+        for rep in self.replicas:
+            if rep is not None:
+                t = min(t, rep.next_step_end_s(self.sim.now_s))
+        return t
+
+    def num_waiting(self) -> int:
+        return sum(len(s.waiting) for s in self.sim.schedulers)
+
+    def gauges(self) -> list[dict[str, float]]:
+        """Per replica, vLLM's gauges: requests running, waiting, KV-cache use (a fraction)."""
+        out = []
+        for s in self.sim.schedulers:
+            kv = s.kv
+            out.append({"vllm:num_requests_running": float(len(s.running)),
+                        "vllm:num_requests_waiting": float(len(s.waiting)),
+                        "vllm:kv_cache_usage_perc": (kv.num_blocks - kv.num_free) / kv.num_blocks})
+        return out
