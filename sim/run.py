@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.engine.cluster import simulate
-from sim.engine.deployment import Deployment
+from sim.engine.deployment import Deployment, engine_profile
+from sim.engine.frontend import CLIENT_COLUMNS, Frontend, client_times, shifted
 from sim.engine.columns import ColumnBuffer
 from sim.engine.results import RequestResults
 from sim.metrics.vllm_bench import REQUEST_METRICS, request_metric
 from sim.scenario import Scenario
 from sim.engine.topology import layout_for
-from sim.core.ttft import TTFT_PARTS
+from sim.core.ttft import ENGINE_TTFT_PARTS, TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 from sim.workload.arrays import mean_rate_per_s
 
@@ -31,7 +32,7 @@ _RAW = {"request_id": "request_id", "arrival_s": "arrival_s", "first_scheduled_s
         "first_token_s": "first_token_s", "finish_s": "finish_s", "input_tokens": "prompt_tokens",
         "output_tokens": "output_tokens", "num_preemptions": "num_preemptions", "replica": "replica",
         "prefix_hit_tokens": "prefix_hit_tokens", "decode_wait_s": "decode_wait_s",
-        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in TTFT_PARTS}}
+        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in ENGINE_TTFT_PARTS}}
 # the requests frame's columns, in its order
 REQUEST_FRAME_COLUMNS = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                          "input_tokens", "output_tokens", *REQUEST_METRICS, "num_preemptions", "replica",
@@ -63,6 +64,11 @@ class RunResult:
     # profile's measured batch range, per replica index (sim/engine/recorder.py)
     overhead_outside_seqs: dict[int, tuple[int, int]] = field(default_factory=dict)
     layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
+    # the serving front end (sim/engine/frontend.py; None: offline, in-process or no terms) and
+    # each request's seconds in it before the engine saw it (column frontend_in_s, by request id;
+    # None: the engine saw the send time, a closed loop)
+    frontend: Frontend | None = None
+    frontend_in: ColumnBuffer | None = None
 
     @property
     def peak_kv_usage(self) -> float:
@@ -102,17 +108,29 @@ class RunResult:
         """Rows [start, stop) of one requests-frame column (by request id); ``ok``: those rows'
         ``completed`` if the caller has it (the metrics read it)."""
         read = self.results.read
+        if name in CLIENT_COLUMNS:
+            return self._client(name, start, stop)
         if name in _RAW:
             return read(_RAW[name], start, stop)
+        if name == "queue_s":  # the engine's: from the request's arrival there (vLLM's queue time)
+            return read("first_scheduled_s", start, stop) - read("arrival_s", start, stop)
         if name in REQUEST_METRICS:
             if ok is None:
                 ok = self.completed(start, stop)
-            return request_metric(name, lambda f: read(f, start, stop), ok)
+            return request_metric(name, lambda f: self._client(f, start, stop) if f in CLIENT_COLUMNS
+                                  else read(f, start, stop), ok)
         if name == "kv_transfer_s":
             return read("transfer_end_s", start, stop) - read("transfer_start_s", start, stop)
         if name in ("status", "fail_reason", "label"):  # label: the (status, fail_reason) code
             return read(name, start, stop)
         raise KeyError(name)
+
+    def _client(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """A ``CLIENT_COLUMNS`` column of rows [start, stop) as the client sees it
+        (sim/engine/frontend.py ``client_times``)."""
+        recorded = self.frontend_in
+        spent = (lambda: recorded.read("frontend_in_s", start, stop)) if recorded is not None else None
+        return client_times(name, self.frontend, lambda f: self.results.read(f, start, stop), spent)
 
     def request_frame(self, start: int = 0, stop: int | None = None,
                       columns: tuple[str, ...] = REQUEST_FRAME_COLUMNS) -> pl.DataFrame:
@@ -173,11 +191,19 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     layout = layout_for(scenario)
     results = RequestResults()
-    _, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
+    # the serving front end (sim/engine/frontend.py): open loop, the engine sees each request
+    # when the API server hands it over; a closed loop sends from inside the simulation
+    frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
+    spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None and concurrency is None else None
+    sent = shifted(arrays, frontend, spent_in) if spent_in is not None else arrays
+    _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
     results.finish()
+    if spent_in is not None:
+        spent_in.finish()
     return RunResult(scenario, layout.deployment, results, rec.step_store(),
                      None if streamed or concurrency is not None else arrays,  # else: the requests as sent
                      rec.resume_gaps_s, time.perf_counter() - t0, layout.schedulers, rec.itl_adjust,
                      layout.transfer_stats(), dict(sorted(rec.extrapolated_steps.items())),
                      rec.lm_head_extrapolated, layout=layout,
-                     overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())))
+                     overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())),
+                     frontend=frontend, frontend_in=spent_in)

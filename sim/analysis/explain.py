@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
+from sim.engine.frontend import Frontend
 
 EXPLAIN_KEYS = (
     "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
@@ -28,6 +31,11 @@ EXPLAIN_KEYS = (
     # data-parallel attention with expert parallelism (sim/cost/all2all.py), at --batch tokens per rank
     "data_parallel_size", "all2all_dispatch_bytes_per_layer_per_gpu", "all2all_combine_bytes_per_layer_per_gpu",
     "all2all_ms_per_layer",
+    # per-request host work and the serving front end (issue 37; sim/engine/frontend.py), for one
+    # prompt of the context's length: 0 offline (engine.api_server: false); a front end in the
+    # engine's thread (frontend_overlap false) shows in prompt_host_ms_at_context instead
+    "frontend_overlap", "frontend_in_ms_at_context", "frontend_first_chunk_ms", "frontend_per_output_token_ms",
+    "frontend_chunk_ms", "prompt_host_ms_at_context",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -78,6 +86,25 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "prefill_attn_flops_per_pair_per_layer": flops_cm._prefill_pair_flops,
         "decode_attn_flops_per_pair_per_layer": flops_cm._decode_pair_flops,
         **all2all_figures(dep, b),
+        **frontend_figures(dep, n),
+    }
+
+
+def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:
+    """The per-request costs of a prompt of ``context_tokens`` (one chunk): the front end's
+    seconds before the engine sees it (HTTP, tokenise; without queueing behind others) and
+    after its first token (one chunk of one token), its per-token and per-chunk terms, and the
+    engine's host work for scheduling it (``EngineProfile.prompt_cpu_s``), in ms."""
+    eng = dep.cost.engine
+    fe = Frontend.of(eng)
+    tokens = np.array([context_tokens])
+    return {
+        "frontend_overlap": int(eng.frontend_overlap),
+        "frontend_in_ms_at_context": float(fe.input_s(tokens)[0]) * 1e3 if fe else 0.0,
+        "frontend_first_chunk_ms": float(fe.first_out_s(np.array([1]))[0]) * 1e3 if fe else 0.0,
+        "frontend_per_output_token_ms": eng.frontend_per_output_token_s * 1e3,
+        "frontend_chunk_ms": eng.frontend_chunk_s * 1e3,
+        "prompt_host_ms_at_context": eng.prompt_cpu_s(1, context_tokens) * 1e3,
     }
 
 
