@@ -127,6 +127,23 @@ def test_ttft_parts_add_up_exactly_to_the_clients_ttft(engine):
     assert TTFT_PARTS == (*ENGINE_TTFT_PARTS, FRONTEND_PART)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ttft_parts_add_up_for_drawn_terms(seed):
+    rng = np.random.default_rng(seed)
+    over = {k: float(rng.uniform(0.0, 2.0)) for k in FRONTEND_MS_KEYS}
+    over["frontend_per_prompt_token_ms"] /= 100
+    over.update(frontend_overlap=bool(seed % 2), per_prompt_chunk_ms=float(rng.uniform(0.0, 1.0)))
+    raw = small_scenario(engine={"policy": ("chunked", "continuous")[seed % 2], "max_num_batched_tokens": 8192,
+                                 "stream_interval": int(rng.integers(1, 5)), "overhead": over})
+    raw["workload"]["synthetic"].update(num_requests=80, request_rate=float(rng.uniform(5.0, 80.0)))
+    frame = _run(raw).request_frame()
+    ok = frame["status"].to_numpy() == "completed"
+    parts = sum(frame[p].to_numpy()[ok] for p in TTFT_PARTS)
+    assert parts == pytest.approx(frame["ttft_s"].to_numpy()[ok], rel=1e-9, abs=1e-12)
+    assert min(frame[p].to_numpy()[ok].min() for p in TTFT_PARTS) >= -1e-12
+    assert (frame["arrival_s"].to_numpy() <= frame["first_scheduled_s"].to_numpy()).all()
+
+
 def test_frontend_queue_delays_simultaneous_requests_one_after_another():
     raw = small_scenario(engine={"policy": "chunked", "max_num_batched_tokens": 8192,
                                  "overhead": {"frontend_request_ms": 10.0}})
