@@ -64,9 +64,9 @@ class RunResult:
     # profile's measured batch range, per replica index (sim/engine/recorder.py)
     overhead_outside_seqs: dict[int, tuple[int, int]] = field(default_factory=dict)
     layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
-    # the serving front end (sim/engine/frontend.py; None: offline, in-process or no terms) and
-    # each request's seconds in it before the engine saw it (column frontend_in_s, by request id;
-    # None: the engine saw the send time, a closed loop)
+    # the serving front end (sim/engine/frontend.py; None: offline, in-process, no terms or a
+    # closed loop) and each request's seconds in it before the engine saw it (column
+    # frontend_in_s, by request id)
     frontend: Frontend | None = None
     frontend_in: ColumnBuffer | None = None
 
@@ -129,8 +129,8 @@ class RunResult:
         """A ``CLIENT_COLUMNS`` column of rows [start, stop) as the client sees it
         (sim/engine/frontend.py ``client_times``)."""
         recorded = self.frontend_in
-        spent = (lambda: recorded.read("frontend_in_s", start, stop)) if recorded is not None else None
-        return client_times(name, self.frontend, lambda f: self.results.read(f, start, stop), spent)
+        return client_times(name, self.frontend, lambda f: self.results.read(f, start, stop),
+                            lambda: recorded.read("frontend_in_s", start, stop))
 
     def request_frame(self, start: int = 0, stop: int | None = None,
                       columns: tuple[str, ...] = REQUEST_FRAME_COLUMNS) -> pl.DataFrame:
@@ -162,6 +162,27 @@ class RunResult:
         return self.step_frame()
 
 
+FRONTEND_NOT_IN_CLOSED_LOOP = "not applied: closed loop (workload.synthetic.max_concurrency)"
+
+
+def frontend_status(scenario: Scenario) -> str:
+    """How the run treats the serving front end (result.json ``simsrv_frontend``): ``offline``
+    (``engine.api_server: false``), ``in the engine's steps`` (an in-process front end:
+    ``frontend_overlap`` false), ``no front-end terms`` (all 0), ``own process`` (delays on
+    requests: sim/engine/frontend.py), or not applied under a closed loop."""
+    from sim.workload.build import closed_loop
+
+    e = scenario.engine
+    if not e.api_server:
+        return "offline"
+    p = engine_profile(e)
+    if not p.frontend_overlap:
+        return "in the engine's steps"
+    if Frontend.of(p, e.stream_interval) is None:
+        return "no front-end terms"
+    return FRONTEND_NOT_IN_CLOSED_LOOP if closed_loop(scenario)[0] is not None else "own process"
+
+
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
                  workload: RequestArrays | None = None, max_run_steps: int | None = None) -> RunResult:
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end.
@@ -191,10 +212,14 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     layout = layout_for(scenario)
     results = RequestResults()
-    # the serving front end (sim/engine/frontend.py): open loop, the engine sees each request
-    # when the API server hands it over; a closed loop sends from inside the simulation
+    # the serving front end (sim/engine/frontend.py): the engine sees each request when the API
+    # server hands it over. Not under a closed loop: its clients send from inside the simulation
+    # (sim/engine/arrivals.py), on the engine's finish times, so client-side delays would have
+    # them send before they received (``frontend_status`` says so in the summary)
     frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
-    spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None and concurrency is None else None
+    if concurrency is not None:
+        frontend = None
+    spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None else None
     sent = shifted(arrays, frontend, spent_in) if spent_in is not None else arrays
     _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
     results.finish()

@@ -193,15 +193,24 @@ def test_engine_side_prompt_host_work_is_step_cpu_and_engine_overhead():
     assert _col(setup, "tpot_s")[0] == pytest.approx(_col(base, "tpot_s")[0], rel=1e-12)  # decode steps: no prompts
 
 
-def test_closed_loop_adds_the_input_side_as_a_pure_delay():
+def test_closed_loop_runs_without_the_frontend_and_says_so():
     raw = _one_request(overhead=FE)
-    raw["workload"]["synthetic"]["num_requests"] = 3
-    raw["workload"]["synthetic"]["max_concurrency"] = 1
+    raw["workload"]["synthetic"].update(num_requests=3, max_concurrency=1)
     off = dict(raw, engine={**raw["engine"], "api_server": False})
     on, offr = _run(raw), _run(off)
-    assert on.frontend_in is None
-    fin = 3 * MS + 0.01 * MS * 128
-    assert _col(on, "ttft_s") == pytest.approx(_col(offr, "ttft_s") + fin + 0.7 * MS, rel=1e-9)
+    # its clients send on the engine's finish times (inside the simulation): no client-side delays
+    assert on.frontend is None and on.frontend_in is None
+    assert np.array_equal(_col(on, "ttft_s"), _col(offr, "ttft_s"))
+    s = summarize(on)
+    assert s["simsrv_frontend"].startswith("not applied")
+    assert any("front end" in n for n in s["simsrv_uncertainty"])
+    assert summarize(offr)["simsrv_frontend"] == "offline"
+    assert not any("front end" in n for n in summarize(offr)["simsrv_uncertainty"])
+    # a front end in the engine's thread is step time: it applies under a closed loop too
+    inproc = dict(raw, engine={**raw["engine"], "overhead": {**FE, "frontend_overlap": False}})
+    r = _run(inproc)
+    assert summarize(r)["simsrv_frontend"] == "in the engine's steps"
+    assert (_col(r, "ttft_s") > _col(offr, "ttft_s") + 3 * MS).all()
 
 
 def test_summary_and_explain_show_the_terms():
@@ -211,6 +220,7 @@ def test_summary_and_explain_show_the_terms():
     s = summarize(res)
     prof = s["simsrv_engine_profile"]
     assert prof["frontend_request_ms"] == pytest.approx(3.0) and prof["frontend_overlap"] is True
+    assert s["simsrv_frontend"] == "own process"
     e = explain(build_deployment(scenario_from_dict(_one_request(overhead=FE))), 1000, 1)
     assert e["frontend_in_ms_at_context"] == pytest.approx(3.0 + 0.01 * 1000)
     assert e["frontend_first_chunk_ms"] == pytest.approx(0.7)

@@ -31,9 +31,10 @@ engine's + ``first_out``, finish at the engine's + ``last_out``. Client TTFT = e
 NOTE: the output side is taken to keep up with the engine (no queue of chunks in the API
 server): its throughput limit under many concurrent streams is not modelled. NOTE: with
 ``stream_interval`` > 1, ITL is still counted per token (the bursts the chunks make are not).
-NOTE: under a closed loop (``max_concurrency``) the send time is decided inside the simulation
-(sim/engine/arrivals.py), so the input side is added to the client's times as a pure delay
-(``c_i``, no queue) and the engine sees the request at its send time.
+Under a closed loop (``max_concurrency``) the front end is not applied (sim/run.py): its clients
+send inside the simulation (sim/engine/arrivals.py) on the engine's finish times, and delays added
+outside it would have them send before they received; result.json says so (``simsrv_frontend``,
+an uncertainty note).
 A front end in the engine's own thread (``frontend_overlap: false``) adds to the engine's steps
 instead (``sim.cost.engine_profile.in_process_frontend``); nothing is added here then.
 """
@@ -141,22 +142,19 @@ CLIENT_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_frontend_s")
 
 
 def client_times(name: str, frontend: Frontend | None, read: Callable[[str], np.ndarray],
-                 recorded_in_s: Callable[[], np.ndarray] | None) -> np.ndarray:
+                 spent_in_s: Callable[[], np.ndarray]) -> np.ndarray:
     """One of ``CLIENT_COLUMNS`` for some requests, as the client sees it. ``read(field)``: the
-    recorded (engine-side) column; ``recorded_in_s()``: the seconds each spent in the front end
-    before the engine saw it (its arrival there shifted, ``shifted``), or None when the engine
-    saw the send time (a closed loop: the input side is then a pure delay added here)."""
+    recorded (engine-side) column; ``spent_in_s()``: the seconds each spent in the front end
+    before the engine saw it (its arrival there, ``shifted``)."""
     if frontend is None:
         return np.zeros(len(read("arrival_s"))) if name == "ttft_frontend_s" else read(name)
     if name == "arrival_s":
-        return read("arrival_s") - recorded_in_s() if recorded_in_s is not None else read("arrival_s")
-    delay_in = 0.0 if recorded_in_s is not None else frontend.input_s(read("prompt_tokens"))
+        return read("arrival_s") - spent_in_s()
     if name == "first_token_s":
-        return read("first_token_s") + frontend.first_out_s(read("output_tokens")) + delay_in
+        return read("first_token_s") + frontend.first_out_s(read("output_tokens"))
     if name == "finish_s":
-        return read("finish_s") + frontend.last_out_s(read("output_tokens")) + delay_in
+        return read("finish_s") + frontend.last_out_s(read("output_tokens"))
     if name == "ttft_frontend_s":
-        spent_in = recorded_in_s() if recorded_in_s is not None else delay_in
         first_out = np.where(np.isnan(read("first_token_s")), 0.0, frontend.first_out_s(read("output_tokens")))
-        return spent_in + first_out
+        return spent_in_s() + first_out
     raise KeyError(name)
