@@ -18,8 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from sim.core.request import Request
+from sim.engine.calls import Call
 from sim.engine.cluster import Replica, Simulation
+from sim.engine.columns import ColumnBuffer
+from sim.engine.deployment import engine_profile
+from sim.engine.frontend import Frontend, LiveEntryQueue
 from sim.engine.results import RequestResults
 from sim.engine.topology import layout_for
 from sim.errors import UserError
@@ -47,6 +53,13 @@ class LiveSimulation:
         self._results = RequestResults()
         self._in_flight: dict[int, Request] = {}
         self._on_end = on_end
+        # the serving front end (sim/engine/frontend.py), as run_scenario applies it: a request
+        # reaches the engine when the API server hands it over (``inject`` schedules that)
+        self._frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
+        self._entries = LiveEntryQueue()
+        self._spent_in = ColumnBuffer(("frontend_in_s",)) if self._frontend is not None else None
+        self._at_frontend: dict[int, tuple[float, int, int]] = {}  # id -> (entry time, prompt, output)
+        self._next_id = 0
         self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
                                on_end=self._ended)
         self._finished = False
@@ -70,6 +83,11 @@ class LiveSimulation:
     def max_model_len(self) -> int:
         """The longest prompt plus output a request may have (vLLM's ``max_model_len``)."""
         return self._layout.deployment.limits.max_model_len
+
+    @property
+    def num_at_frontend(self) -> int:
+        """Requests injected that the API server has not yet handed to the engine."""
+        return len(self._at_frontend)
 
     def request(self, request_id: int) -> Request | None:
         """The request with this id while it is in flight (None once it has ended)."""
@@ -107,10 +125,35 @@ class LiveSimulation:
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"inject: {name} must be a positive integer, got {value!r}")
+        rid = self._next_id
+        self._next_id += 1
+        fe = self._frontend
+        if fe is None:
+            self._enter(input_tokens, output_tokens, hash_ids, hash_block_size)
+            return rid
+        # the API server's input side: one request at a time, first come first served, so the
+        # engine sees requests in the order injected and numbers them so (``_enter``)
+        now = self.now_s
+        entry = self._entries.entry(now, float(fe.input_s(np.array([input_tokens]))[0]))
+        self._spent_in.add_block(np.array([[entry - now]]))
+        self._at_frontend[rid] = (entry, input_tokens, output_tokens)
+        clock = self._sim.clock
+        Call(clock, lambda _e: self._enter(input_tokens, output_tokens, hash_ids, hash_block_size)).at(entry - now)
+        return rid
+
+    def _enter(self, input_tokens: int, output_tokens: int, hash_ids: Any, hash_block_size: int) -> None:
+        """A request reaches the engine now."""
         req = self._sim.arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size)
+        self._at_frontend.pop(req.request_id, None)
         if req.status not in ("completed", "failed"):  # (failed at the door: ended already)
             self._in_flight[req.request_id] = req
-        return req.request_id
+
+    @property
+    def frontend_out_s(self) -> float:
+        """Seconds from a token's emission by the engine to the client (one token a chunk:
+        ``Frontend.first_out_s``); 0 without a front end."""
+        fe = self._frontend
+        return float(fe.first_out_s(np.array([1]))[0]) if fe is not None else 0.0
 
     def finish(self, reason: str = IN_FLIGHT_AT_FINISH) -> RunResult:
         """End the run now: each request still in flight is counted failed (with ``reason``) at
@@ -118,6 +161,9 @@ class LiveSimulation:
         self._check_open()
         self._finished = True
         now = self.now_s
+        for rid, (entry, n_in, n_out) in self._at_frontend.items():  # not yet handed to the engine
+            self._in_flight[rid] = Request(rid, entry, n_in, n_out)
+        self._at_frontend.clear()
         left = [self._in_flight[k] for k in sorted(self._in_flight)]
         for req in left:
             req.status, req.fail_reason, req.finish_s = "failed", reason, now
@@ -125,7 +171,9 @@ class LiveSimulation:
         if left:
             self._results.add(left)
         rec = self._sim.close()
-        return run_result(self.scenario, self._layout, self._results, rec, None, time.perf_counter() - self._t0)
+        self._results.sent = self._next_id  # (those the front end still held were never sent to the engine)
+        return run_result(self.scenario, self._layout, self._results, rec, None, time.perf_counter() - self._t0,
+                          self._frontend, self._spent_in)
 
     def _ended(self, finished: list[Request]) -> None:
         for req in finished:

@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.engine.cluster import simulate
-from sim.engine.deployment import Deployment
+from sim.engine.deployment import Deployment, engine_profile
+from sim.engine.frontend import CLIENT_COLUMNS, Frontend, client_times, shifted
 from sim.engine.columns import ColumnBuffer
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
 from sim.metrics.vllm_bench import REQUEST_METRICS, request_metric
 from sim.scenario import Scenario
 from sim.engine.topology import layout_for
-from sim.core.ttft import TTFT_PARTS
+from sim.core.ttft import ENGINE_TTFT_PARTS, TTFT_PARTS
 from sim.workload import RequestArrays, build_workload
 from sim.workload.arrays import mean_rate_per_s
 
@@ -32,7 +33,7 @@ _RAW = {"request_id": "request_id", "arrival_s": "arrival_s", "first_scheduled_s
         "first_token_s": "first_token_s", "finish_s": "finish_s", "input_tokens": "prompt_tokens",
         "output_tokens": "output_tokens", "num_preemptions": "num_preemptions", "replica": "replica",
         "prefix_hit_tokens": "prefix_hit_tokens", "decode_wait_s": "decode_wait_s",
-        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in TTFT_PARTS}}
+        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in ENGINE_TTFT_PARTS}}
 # the requests frame's columns, in its order
 REQUEST_FRAME_COLUMNS = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                          "input_tokens", "output_tokens", *REQUEST_METRICS, "num_preemptions", "replica",
@@ -64,6 +65,11 @@ class RunResult:
     # profile's measured batch range, per replica index (sim/engine/recorder.py)
     overhead_outside_seqs: dict[int, tuple[int, int]] = field(default_factory=dict)
     layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
+    # the serving front end (sim/engine/frontend.py; None: offline, in-process, no terms or a
+    # closed loop) and each request's seconds in it before the engine saw it (column
+    # frontend_in_s, by request id)
+    frontend: Frontend | None = None
+    frontend_in: ColumnBuffer | None = None
 
     @property
     def peak_kv_usage(self) -> float:
@@ -103,17 +109,29 @@ class RunResult:
         """Rows [start, stop) of one requests-frame column (by request id); ``ok``: those rows'
         ``completed`` if the caller has it (the metrics read it)."""
         read = self.results.read
+        if name in CLIENT_COLUMNS:
+            return self._client(name, start, stop)
         if name in _RAW:
             return read(_RAW[name], start, stop)
+        if name == "queue_s":  # the engine's: from the request's arrival there (vLLM's queue time)
+            return read("first_scheduled_s", start, stop) - read("arrival_s", start, stop)
         if name in REQUEST_METRICS:
             if ok is None:
                 ok = self.completed(start, stop)
-            return request_metric(name, lambda f: read(f, start, stop), ok)
+            return request_metric(name, lambda f: self._client(f, start, stop) if f in CLIENT_COLUMNS
+                                  else read(f, start, stop), ok)
         if name == "kv_transfer_s":
             return read("transfer_end_s", start, stop) - read("transfer_start_s", start, stop)
         if name in ("status", "fail_reason", "label"):  # label: the (status, fail_reason) code
             return read(name, start, stop)
         raise KeyError(name)
+
+    def _client(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """A ``CLIENT_COLUMNS`` column of rows [start, stop) as the client sees it
+        (sim/engine/frontend.py ``client_times``)."""
+        recorded = self.frontend_in
+        return client_times(name, self.frontend, lambda f: self.results.read(f, start, stop),
+                            lambda: recorded.read("frontend_in_s", start, stop))
 
     def request_frame(self, start: int = 0, stop: int | None = None,
                       columns: tuple[str, ...] = REQUEST_FRAME_COLUMNS) -> pl.DataFrame:
@@ -145,6 +163,27 @@ class RunResult:
         return self.step_frame()
 
 
+FRONTEND_NOT_IN_CLOSED_LOOP = "not applied: closed loop (workload.synthetic.max_concurrency)"
+
+
+def frontend_status(scenario: Scenario) -> str:
+    """How the run treats the serving front end (result.json ``simsrv_frontend``): ``offline``
+    (``engine.api_server: false``), ``in the engine's steps`` (an in-process front end:
+    ``frontend_overlap`` false), ``no front-end terms`` (all 0), ``own process`` (delays on
+    requests: sim/engine/frontend.py), or not applied under a closed loop."""
+    from sim.workload.build import closed_loop
+
+    e = scenario.engine
+    if not e.api_server:
+        return "offline"
+    p = engine_profile(e)
+    if not p.frontend_overlap:
+        return "in the engine's steps"
+    if Frontend.of(p, e.stream_interval) is None:
+        return "no front-end terms"
+    return FRONTEND_NOT_IN_CLOSED_LOOP if closed_loop(scenario)[0] is not None else "own process"
+
+
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
                  workload: RequestArrays | None = None, max_run_steps: int | None = None) -> RunResult:
     """Simulate ``scenario``; ``progress(done, total)`` is called as requests end.
@@ -174,18 +213,32 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     loop = {"max_concurrency": concurrency, "think_time_s": think_s} if concurrency is not None else {}
     layout = layout_for(scenario)
     results = RequestResults()
-    _, rec = simulate(arrays, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
+    # the serving front end (sim/engine/frontend.py): the engine sees each request when the API
+    # server hands it over. Not under a closed loop: its clients send from inside the simulation
+    # (sim/engine/arrivals.py), on the engine's finish times, so client-side delays would have
+    # them send before they received (``frontend_status`` says so in the summary)
+    frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
+    if concurrency is not None:
+        frontend = None
+    spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None else None
+    sent = shifted(arrays, frontend, spent_in) if spent_in is not None else arrays
+    _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
     return run_result(scenario, layout, results, rec,
                       None if streamed or concurrency is not None else arrays,  # else: the requests as sent
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, frontend, spent_in)
 
 
 def run_result(scenario: Scenario, layout, results: RequestResults, rec: Recorder,
-               given_workload: RequestArrays | None, wall_s: float) -> RunResult:
-    """The ``RunResult`` of a simulation that has ended (its results finished here)."""
+               given_workload: RequestArrays | None, wall_s: float, frontend: Frontend | None = None,
+               frontend_in: ColumnBuffer | None = None) -> RunResult:
+    """The ``RunResult`` of a simulation that has ended (its results finished here); ``frontend``
+    and ``frontend_in``: the serving front end and each request's seconds in it, if applied."""
     results.finish()
+    if frontend_in is not None:
+        frontend_in.finish()
     return RunResult(scenario, layout.deployment, results, rec.step_store(), given_workload,
                      rec.resume_gaps_s, wall_s, layout.schedulers, rec.itl_adjust,
                      layout.transfer_stats(), dict(sorted(rec.extrapolated_steps.items())),
                      rec.lm_head_extrapolated, layout=layout,
-                     overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())))
+                     overhead_outside_seqs=dict(sorted(rec.overhead_outside_seqs.items())),
+                     frontend=frontend, frontend_in=frontend_in)

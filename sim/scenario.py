@@ -196,6 +196,15 @@ class EngineOverhead(_Strict):
     eager_launch_per_layer_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     output_step_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     output_per_seq_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    # per-request host work (issue 37): engine-side per prompt chunk / prompt token of a step, and
+    # the serving front end's terms (sim/engine/frontend.py)
+    per_prompt_chunk_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    per_prompt_token_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    frontend_request_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    frontend_per_prompt_token_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    frontend_per_output_token_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    frontend_chunk_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    frontend_overlap: Optional[bool] = None
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)
@@ -253,6 +262,13 @@ class Engine(_Strict):
     # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
     attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
+    # requests come through the engine's OpenAI-compatible HTTP server (vllm serve, as vllm bench
+    # serve measures from the client): its front-end costs apply; false: offline (vLLM's LLM class,
+    # trtllm-bench, gptSessionBenchmark), token ids in, none of them (sim/engine/frontend.py)
+    api_server: bool = True
+    # output tokens per streamed chunk (SGLang --stream-interval, TensorRT-LLM stream_interval);
+    # the first token is sent alone
+    stream_interval: int = Field(1, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="before")
     @classmethod

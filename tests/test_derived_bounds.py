@@ -203,6 +203,7 @@ def test_a_static_batch_over_the_budget_is_prefilled_in_steps_then_decoded_toget
                                         input_tokens={"dist": "fixed", "value": 1000},
                                         output_tokens={"dist": "fixed", "value": 5})
     raw["engine"]["enable_prefix_caching"] = False
+    raw["engine"]["api_server"] = False  # all 8 reach the engine at once (no API server between)
     r = run_scenario(scenario_from_dict(raw))
     steps = r.steps
     prompt_steps = steps.filter(steps["prefill_tokens"] > 0)

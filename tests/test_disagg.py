@@ -15,7 +15,7 @@ from sim.engine.router import make_router
 from sim.scenario import scenario_from_dict
 from sim.engine.topology import Disaggregated, Links, layout_for
 from sim.engine.link import LinkNetwork, layerwise_presend_bytes
-from sim.core.ttft import TTFT_PARTS
+from sim.core.ttft import ENGINE_TTFT_PARTS as TTFT_PARTS
 from sim.workload import RequestArrays
 
 STEP_S = 0.010        # every step, prefill or decode, takes 10 ms

@@ -132,9 +132,12 @@ def test_extrapolated_steps_are_counted_per_replica():
     """Two replicas share one cost model: each counts its own extrapolated steps, however
     their steps interleave (issue 13: a shared flag read after a yield was overwritten by the
     other replica, 3,138 counted against 2,845)."""
+    # offline: each replica's requests reach it at their arrival times, as in the one-replica runs
+    # (online, one API server would tokenise the 16,000-token prompts ahead of the others)
     raw = {"name": "x", "model": "llama-3-8b", "hardware": {"gpu": "a100-80g"},
            "cluster": {"replicas": 2, "router": "round_robin"},
-           "engine": {"max_num_batched_tokens": 20000, "max_model_len": 20000, "allow_long_max_model_len": True},
+           "engine": {"max_num_batched_tokens": 20000, "max_model_len": 20000, "allow_long_max_model_len": True,
+                      "api_server": False},
            "workload": {"synthetic": {"num_requests": 1}}}
     # round robin: even requests (500-token prompts, decoding as one batch of 8: in range) to
     # replica 0, odd ones (16,000-token prompts: beyond the A100 GEMM table) to replica 1,

@@ -31,10 +31,12 @@ def _trace(tmp_path, n: int, seed: int):
     return path, [(float(a), int(i), int(o)) for a, i, o in zip(t, inp, out)]
 
 
-def _scenario(path, policy: str, replicas: int = 2):
+def _scenario(path, policy: str, replicas: int = 2, api_server: bool = True):
+    """(``api_server``: online, the serving front end delays each request's entry, as in
+    ``simsrv run``: sim/engine/frontend.py; offline, the engine sees it at once)"""
     return scenario_from_dict({
         "name": "live", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
-        "cluster": {"replicas": replicas}, "engine": POLICIES[policy],
+        "cluster": {"replicas": replicas}, "engine": {**POLICIES[policy], "api_server": api_server},
         "workload": {"trace": {"path": str(path), "format": "generic", "time_unit": "s",
                                "columns": {"arrival": "arrival_s", "input": "input", "output": "output"}}}})
 
@@ -84,7 +86,7 @@ def test_stopping_the_clock_mid_run_cuts_nothing(tmp_path):
 
 def test_run_until_processes_the_instant_and_keeps_the_rest(tmp_path):
     path, rows = _trace(tmp_path, 5, 3)
-    live = LiveSimulation(_scenario(path, "chunked", replicas=1))
+    live = LiveSimulation(_scenario(path, "chunked", replicas=1, api_server=False))
     live.run_until(0.0)
     assert live.next_event_s() == math.inf  # the replicas started and went idle
     live.run_until(1.0)
@@ -124,3 +126,26 @@ def test_inject_refuses_bad_token_counts(tmp_path):
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UserError, match="input_tokens"):
             live.inject(bad, 10)
+
+
+def test_the_front_end_delays_entry_as_a_replay_does(tmp_path):
+    """Online, a request reaches the engine when the API server hands it over (one at a time,
+    first come first served), computed to the bit as ``simsrv run`` computes it; offline at once."""
+    path, rows = _trace(tmp_path, 5, 3)
+    online = LiveSimulation(_scenario(path, "chunked", replicas=1))
+    assert online.frontend_out_s > 0
+    online.run_until(1.0)
+    online.inject(2000, 5)
+    online.inject(10, 5)  # behind the first in the API server's queue
+    assert online.request(0) is None and online.next_event_s() > 1.0
+    first = online.next_event_s()
+    online.run_until(first)
+    assert online.request(0) is not None and online.request(1) is None
+    assert online.next_event_s() > first
+    result = online.finish()
+    assert result.requests["status"].to_list() == ["failed", "failed"]
+    assert result.requests["arrival_s"].to_list() == [1.0, 1.0]  # the client's arrival
+    offline = LiveSimulation(_scenario(path, "chunked", replicas=1, api_server=False))
+    offline.run_until(1.0)
+    offline.inject(2000, 5)
+    assert offline.request(0) is not None and offline.frontend_out_s == 0.0

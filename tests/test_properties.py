@@ -17,7 +17,7 @@ from sim.core.request import Request
 from sim.engine.router import make_router
 from sim.policies.disagg import DecodeScheduler, PrefillScheduler
 from sim.engine.topology import Disaggregated, Links
-from sim.core.ttft import TTFT_PARTS
+from sim.core.ttft import ENGINE_TTFT_PARTS as TTFT_PARTS
 from sim.workload import RequestArrays
 
 COST = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), 1)

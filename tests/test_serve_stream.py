@@ -100,7 +100,7 @@ def test_the_driver_never_runs_past_the_wall_clock():
 
 def test_a_full_queue_answers_503():
     async def go():
-        s = load_scenario(ROOT / "scenarios" / "chat.yaml", ["engine.max_num_seqs=1"])
+        s = load_scenario(ROOT / "scenarios" / "chat.yaml", ["engine.max_num_seqs=1", "engine.api_server=false"])
         d = Driver(LiveView(s), max_waiting=2, clock=FakeClock())
         d.submit(_asked(), 8)  # running
         d.submit(_asked(), 8)  # waiting

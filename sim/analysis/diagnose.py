@@ -177,6 +177,10 @@ def diagnose(trace: Path, scenario_path: Path | None = None, sets: list[str] = (
         sentences.append("Tail requests wait for their KV to cross from the prefill to the decode pool or for "
                          "decode admission: more link bandwidth (disaggregation.kv_transfer), layer-wise "
                          "transfer, or more decode replicas.")
+    elif cause == "the serving front end":
+        sentences.append("Tail requests wait in the API server (HTTP handling and tokenisation, one request at "
+                         "a time) or for their first chunk's way out: more API-server processes or a cheaper "
+                         "front end (engine.overhead frontend_* terms).")
     else:
         sentences.append("Tail requests share steps with other work: prefill-decode interference.")
     sentences.append(f"Chunked prefill is {'on' if chunks else 'off'} "

@@ -42,6 +42,7 @@ CAUSES = {
     "long prompts": ("ttft_prefill_s",),
     "interference": ("ttft_interference_s", "ttft_overhead_s"),
     "KV handoff": ("ttft_kv_transfer_s", "ttft_decode_s"),
+    "the serving front end": ("ttft_frontend_s",),  # HTTP, tokenise, stream (sim/engine/frontend.py)
 }
 FRAME_COLUMNS = ("arrival_s", "finish_s", "queue_s", "input_tokens", "ttft_s", "tpot_s", "e2el_s", "status",
                  *TTFT_PARTS)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
 from sim.spec.nodes import boundary_crosses, describe, tp_nodes
+from sim.engine.frontend import Frontend
 
 EXPLAIN_KEYS = (
     "params", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
@@ -32,6 +35,11 @@ EXPLAIN_KEYS = (
     # issue 37: nodes (sim/spec/nodes.py): the replica's placement and the link of each collective
     "gpus_per_node", "nodes_per_replica", "inter_node_gb_per_s", "inter_node_latency_us", "tp_allreduce_nodes",
     "tp_allreduce_ms_per_layer", "pp_sends_between_nodes",
+    # per-request host work and the serving front end (issue 37; sim/engine/frontend.py), for one
+    # prompt of the context's length: 0 offline (engine.api_server: false); a front end in the
+    # engine's thread (frontend_overlap false) shows in prompt_host_ms_at_context instead
+    "frontend_overlap", "frontend_in_ms_at_context", "frontend_first_chunk_ms", "frontend_per_output_token_ms",
+    "frontend_chunk_ms", "prompt_host_ms_at_context",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -83,6 +91,25 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "decode_attn_flops_per_pair_per_layer": flops_cm._decode_pair_flops,
         **all2all_figures(dep, b),
         **node_figures(dep, b),
+        **frontend_figures(dep, n),
+    }
+
+
+def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:
+    """The per-request costs of a prompt of ``context_tokens`` (one chunk): the front end's
+    seconds before the engine sees it (HTTP, tokenise; without queueing behind others) and
+    after its first token (one chunk of one token), its per-token and per-chunk terms, and the
+    engine's host work for scheduling it (``EngineProfile.prompt_cpu_s``), in ms."""
+    eng = dep.cost.engine
+    fe = Frontend.of(eng)
+    tokens = np.array([context_tokens])
+    return {
+        "frontend_overlap": int(eng.frontend_overlap),
+        "frontend_in_ms_at_context": float(fe.input_s(tokens)[0]) * 1e3 if fe else 0.0,
+        "frontend_first_chunk_ms": float(fe.first_out_s(np.array([1]))[0]) * 1e3 if fe else 0.0,
+        "frontend_per_output_token_ms": eng.frontend_per_output_token_s * 1e3,
+        "frontend_chunk_ms": eng.frontend_chunk_s * 1e3,
+        "prompt_host_ms_at_context": eng.prompt_cpu_s(1, context_tokens) * 1e3,
     }
 
 

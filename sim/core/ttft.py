@@ -6,7 +6,8 @@ exactly: waiting for admission because the batch or token budget was full
 (``prefill``: the step time its chunks would take alone), sharing steps with other work
 (``interference``: the rest of those steps' compute), per-step engine overhead
 (``overhead``), and, from a preemption before the first token on, everything until it
-(``preempt``: re-waiting and recompute).
+(``preempt``: re-waiting and recompute). The serving front end's share (``frontend``: HTTP,
+tokenisation, detokenisation, streaming) is added outside the replicas (sim/engine/frontend.py).
 
 Waiting is attributed with two clocks per replica that accrue, between scheduling decisions,
 to the reason admission last stopped (KV blocks, or batch/budget/step in progress); a
@@ -32,8 +33,16 @@ if TYPE_CHECKING:  # (types only: the compiled core reads their fields natively 
     from sim.policies.base import StepPlan
 
 
-TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-              "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s")
+# the parts the engine's replicas record on each request: they add up to the engine's TTFT (its
+# first token less the request's arrival at the engine)
+ENGINE_TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
+                     "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s")
+# the serving front end's part (sim/engine/frontend.py): from the client's send to the request's
+# arrival at the engine (HTTP, tokenisation, waiting for the API server) plus the first chunk's
+# way out (detokenisation, its SSE event); 0 offline
+FRONTEND_PART = "ttft_frontend_s"
+# every part of the client's TTFT, which they add up to exactly
+TTFT_PARTS = (*ENGINE_TTFT_PARTS, FRONTEND_PART)
 
 
 class WaitClocks:
@@ -109,6 +118,10 @@ class TTFTAccounting:
         # by the count (compiled, sim/compiled_core.py, a native read where a dict look-up boxed
         # the count and hashed it)
         self._overhead_s: list[float] = []
+        # whether a step's prompt chunks add engine overhead (most profiles: no; then nothing is summed)
+        # (a cost model without the method, as tests' stand-ins, has none)
+        prompt_overhead = getattr(cost, "prompt_overhead_s", None)
+        self._prompt_host: bool = prompt_overhead is not None and prompt_overhead(1, 1) > 0.0
 
     def on_arrival(self, req: Request, now: float) -> None:
         """``req`` starts waiting now: until it is first scheduled, its two wait parts hold the
@@ -159,6 +172,11 @@ class TTFTAccounting:
             overhead: float = known[seqs]
             if overhead != overhead:
                 overhead = known[seqs] = self.cost.overhead_s(seqs)
+            if self._prompt_host:  # the step's per-prompt host work (EngineProfile.prompt_cpu_s)
+                new_tokens = 0
+                for _, n in chunks:
+                    new_tokens += n
+                overhead += self.cost.prompt_overhead_s(len(chunks), new_tokens)
             compute = elapsed_s - overhead
             solo = self.solo
             # SoloPrefill's memo, read here first (once per chunk; compiled, sim/compiled_core.py,

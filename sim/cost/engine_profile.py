@@ -22,6 +22,14 @@ Model of one step of ``g`` GPU seconds (kernels only, sampler included):
   step ahead): ``step = max(g, launch, cpu)``.
 The overhead is ``step - g``. NOTE: the CPU terms are host-side and taken as the same on every
 GPU (the profile was measured on A100 hosts).
+
+Per-request host work (issue 37): a step that schedules prompt chunks also pays
+``per_prompt_chunk`` per chunk and ``per_prompt_token`` per new prompt token (``prompt_cpu_s``:
+request setup and input preparation on the engine's host). The serving front end's terms
+(``frontend_*``: HTTP and tokenisation per request and prompt token, detokenisation per output
+token, one SSE event per streamed chunk) are applied around the engine by
+``sim/engine/frontend.py`` when the front end runs in its own process (``frontend_overlap``);
+in the engine's own process they are folded into these step terms (``in_process_frontend``).
 """
 
 from __future__ import annotations
@@ -62,6 +70,17 @@ class EngineProfile:
     output_step_s: float = 0.0     # the part of the fixed terms processing the step's outputs
     output_per_seq_s: float = 0.0  # the part of per_seq_s doing so
     num_scheduler_steps: int = 1  # decode steps per scheduling (engine.num_scheduler_steps)
+    # engine-side host work of a step per prompt chunk it schedules and per new prompt token
+    per_prompt_chunk_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    # the serving front end (API server): per request, per prompt token (tokenise), per output
+    # token (detokenise), per streamed chunk (one SSE event); ``frontend_overlap``: it runs in a
+    # process of its own, beside the engine's (its work delays requests, not steps)
+    frontend_request_s: float = 0.0
+    frontend_per_prompt_token_s: float = 0.0
+    frontend_per_output_token_s: float = 0.0
+    frontend_chunk_s: float = 0.0
+    frontend_overlap: bool = True
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -74,24 +93,38 @@ class EngineProfile:
         out = min(cpu, self.output_step_s + self.output_per_seq_s * num_seqs)
         return (cpu - out) / self.num_scheduler_steps + out
 
+    def prompt_cpu_s(self, num_chunks: int, prompt_tokens: int) -> float:
+        """Host seconds a step adds for the ``num_chunks`` prompt chunks (``prompt_tokens`` new
+        tokens) it schedules: request setup and input preparation (0 without chunks)."""
+        return self.per_prompt_chunk_s * num_chunks + self.per_prompt_token_s * prompt_tokens
+
+    def prompt_attributed_s(self, num_chunks: int, prompt_tokens: int) -> float:
+        """The part of ``prompt_cpu_s`` reported as engine overhead when only the step's total is
+        known (as ``attributed_s``: all of it for a serial engine, none for an overlapping one)."""
+        return 0.0 if self.overlap_cpu else self.prompt_cpu_s(num_chunks, prompt_tokens)
+
     def graphed(self, num_seqs: int, has_prefill: bool) -> bool:
         """Whether the step replays a CUDA graph (decode-only, within the captured sizes)."""
         return self.cuda_graph_decode and not has_prefill and num_seqs <= self.cuda_graph_max_batch
 
-    def overhead_s(self, gpu_s: float, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> float:
-        """Seconds the step takes beyond its ``gpu_s`` of kernels (see the module docstring)."""
-        return self.overhead_fn(num_seqs, has_prefill, tp, num_layers)(gpu_s)
+    def overhead_s(self, gpu_s: float, num_seqs: int, has_prefill: bool, tp: int, num_layers: int,
+                   extra_cpu_s: float = 0.0) -> float:
+        """Seconds the step takes beyond its ``gpu_s`` of kernels (see the module docstring);
+        ``extra_cpu_s``: the step's per-prompt host work (``prompt_cpu_s``), added to its CPU."""
+        return self.overhead_fn(num_seqs, has_prefill, tp, num_layers, extra_cpu_s)(gpu_s)
 
-    def host_terms(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> tuple[float, float]:
+    def host_terms(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int,
+                   extra_cpu_s: float = 0.0) -> tuple[float, float]:
         """(cpu, launch): the step's CPU work and its kernel launches (the module docstring)."""
         launch = 0.0 if self.graphed(num_seqs, has_prefill) else num_layers * self.eager_launch_per_layer_s
-        return self.cpu_s(num_seqs, has_prefill, tp), launch
+        return self.cpu_s(num_seqs, has_prefill, tp) + extra_cpu_s, launch
 
-    def overhead_fn(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int) -> Callable[[float], float]:
+    def overhead_fn(self, num_seqs: int, has_prefill: bool, tp: int, num_layers: int,
+                    extra_cpu_s: float = 0.0) -> Callable[[float], float]:
         """``overhead_s`` as a function of the GPU seconds, the host terms fixed by the batch
         computed once (every step of a decode run shares them). NOTE: the cost model's per-step
         path writes this function out (``RooflineCostModel.run_cost``): change both together."""
-        cpu, launch = self.host_terms(num_seqs, has_prefill, tp, num_layers)
+        cpu, launch = self.host_terms(num_seqs, has_prefill, tp, num_layers, extra_cpu_s)
         if self.overlap_cpu:
             return lambda gpu_s: max(gpu_s, launch, cpu) - gpu_s
         return lambda gpu_s: cpu + max(gpu_s, launch) - gpu_s
@@ -122,6 +155,11 @@ class EngineProfile:
             "kv_memory_basis": self.kv_memory_basis,
             "output_step_ms": self.output_step_s * 1e3, "output_per_seq_ms": self.output_per_seq_s * 1e3,
             "num_scheduler_steps": self.num_scheduler_steps,
+            "per_prompt_chunk_ms": self.per_prompt_chunk_s * 1e3, "per_prompt_token_ms": self.per_prompt_token_s * 1e3,
+            "frontend_request_ms": self.frontend_request_s * 1e3,
+            "frontend_per_prompt_token_ms": self.frontend_per_prompt_token_s * 1e3,
+            "frontend_per_output_token_ms": self.frontend_per_output_token_s * 1e3,
+            "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
             "overridden": list(self.overridden),
         }
 
@@ -129,8 +167,14 @@ class EngineProfile:
 # scenario key (ms or plain) -> EngineProfile field
 _MS_KEYS = {"prefill_step_ms": "prefill_step_s", "decode_step_ms": "decode_step_s", "per_seq_ms": "per_seq_s",
             "per_extra_tp_rank_ms": "per_extra_tp_rank_s", "eager_launch_per_layer_ms": "eager_launch_per_layer_s",
-            "output_step_ms": "output_step_s", "output_per_seq_ms": "output_per_seq_s"}
-_PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range")
+            "output_step_ms": "output_step_s", "output_per_seq_ms": "output_per_seq_s",
+            "per_prompt_chunk_ms": "per_prompt_chunk_s", "per_prompt_token_ms": "per_prompt_token_s",
+            "frontend_request_ms": "frontend_request_s", "frontend_per_prompt_token_ms": "frontend_per_prompt_token_s",
+            "frontend_per_output_token_ms": "frontend_per_output_token_s", "frontend_chunk_ms": "frontend_chunk_s"}
+_PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range",
+               "frontend_overlap")
+FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
+                    "frontend_chunk_ms")
 
 
 @lru_cache(maxsize=1)
@@ -140,9 +184,10 @@ def _catalog() -> dict:
 
 def _from_entry(name: str, d: dict) -> EngineProfile:
     kw = {f: float(d.get(k, 0.0)) / 1e3 for k, f in _MS_KEYS.items()}
-    kw.update({k: d[k] for k in _PLAIN_KEYS})
+    kw.update({k: d[k] for k in _PLAIN_KEYS if k != "frontend_overlap"})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    kw["frontend_overlap"] = d.get("frontend_overlap", True)
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -303,6 +348,31 @@ def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> E
     if changes:
         p = replace(p, overridden=tuple(sorted(k for k in (overrides or {}) if overrides[k] is not None)), **changes)
     return p
+
+
+def without_frontend(p: EngineProfile) -> EngineProfile:
+    """``p`` served offline (``engine.api_server: false``: vLLM's ``LLM``, trtllm-bench,
+    gptSessionBenchmark): requests reach the engine as token ids from the same process, so no
+    HTTP, tokenisation, detokenisation or streaming cost applies."""
+    return replace(p, frontend_request_s=0.0, frontend_per_prompt_token_s=0.0, frontend_per_output_token_s=0.0,
+                   frontend_chunk_s=0.0)
+
+
+def in_process_frontend(p: EngineProfile, stream_interval: int) -> EngineProfile:
+    """``p`` with its front end in the engine's own process and thread (``frontend_overlap``
+    false: vLLM V0's in-process AsyncLLMEngine, ``--disable-frontend-multiprocessing``): the
+    front end's work is host time of the engine's steps, not a delay beside them. A request's
+    HTTP handling and tokenisation are charged to the step that schedules its prompt (per
+    chunk and per new token: a chunked prompt pays the per-request term once per chunk), and
+    each scheduled sequence pays one output token's detokenisation and 1/``stream_interval``
+    of an SSE event per step. The front-end terms themselves are then 0 (nothing is added
+    around the engine). NOTE: every scheduled sequence is counted as emitting a token."""
+    return replace(
+        without_frontend(p),
+        per_prompt_chunk_s=p.per_prompt_chunk_s + p.frontend_request_s,
+        per_prompt_token_s=p.per_prompt_token_s + p.frontend_per_prompt_token_s,
+        per_seq_s=p.per_seq_s + p.frontend_per_output_token_s + p.frontend_chunk_s / stream_interval,
+        output_per_seq_s=p.output_per_seq_s + p.frontend_per_output_token_s + p.frontend_chunk_s / stream_interval)
 
 
 def profile_names() -> tuple[str, ...]:

@@ -92,6 +92,9 @@ class PipelineCostModel:
     def overhead_s(self, num_seqs: int, has_prefill: bool = True) -> float:
         return self.stages[-1].overhead_s(num_seqs, has_prefill)
 
+    def prompt_overhead_s(self, num_chunks: int, prompt_tokens: int) -> float:
+        return self.stages[-1].prompt_overhead_s(num_chunks, prompt_tokens)
+
     def send_s(self, tokens: int, boundary: int = 0) -> float:
         """The send/recv of a micro-batch of ``tokens`` after stage ``boundary``."""
         if not tokens or self.pp == 1:
@@ -131,7 +134,8 @@ class PipelineCostModel:
             # NOTE: the engine's host work runs once per micro-batch, overlapped with the other
             # micro-batches' GPU work: it lengthens the micro-batch's trip, not a stage's busy time
             n = mb.num_decode_seqs + len(mb.prefill_chunks)
-            trip += self.engine.overhead_s(trip, n, bool(mb.prefill_chunks), self.tp, self.model.num_layers)
+            prompt_cpu = self.engine.prompt_cpu_s(len(mb.prefill_chunks), mb.prefill_tokens)
+            trip += self.engine.overhead_s(trip, n, bool(mb.prefill_chunks), self.tp, self.model.num_layers, prompt_cpu)
             latency = max(latency, trip)
             if self.engine.outside_range(n):
                 outside = (min(outside[0], n), max(outside[1], n)) if outside else (n, n)

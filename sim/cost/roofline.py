@@ -679,8 +679,18 @@ class RooflineCostModel:
         self._flag |= fx.flag
         self._lm_flag |= fx.lm_flag
         parts = (*fx.before, self._attn_decode_s(b.num_decode_seqs, decode_context), *fx.after)
-        overhead = self._host(b.num_decode_seqs + len(b.prefill_chunks), bool(b.prefill_chunks))[0](sum(parts)) \
-            if b.num_tokens else 0.0
+        if not b.num_tokens:
+            return (*parts, 0.0)
+        chunks = b.prefill_chunks
+        extra = self.engine.prompt_cpu_s(len(chunks), b.prefill_tokens) if chunks else 0.0
+        if extra:  # _host's terms with the step's per-prompt host work added to its CPU (as _step)
+            cpu, launch = self._host(b.num_decode_seqs + len(chunks), True)[3]
+            g = sum(parts)
+            m = launch if launch > g else g
+            cpu += extra
+            overhead = (cpu if cpu > m else m) - g if self._overlap_cpu else cpu + m - g
+        else:
+            overhead = self._host(b.num_decode_seqs + len(chunks), bool(chunks))[0](sum(parts))
         return (*parts, overhead)
 
     def _host(self, num_seqs: int, has_prefill: bool) -> tuple[Callable[[float], float], float, bool, tuple[float, float]]:
@@ -734,6 +744,11 @@ class RooflineCostModel:
         """Engine overhead reported for a step of ``num_seqs`` sequences whose total is known
         (TTFT breakdown; ``EngineProfile.attributed_s``)."""
         return self.engine.attributed_s(num_seqs, has_prefill, self.tp)
+
+    def prompt_overhead_s(self, num_chunks: int, prompt_tokens: int) -> float:
+        """Engine overhead reported for a step's per-prompt host work (TTFT breakdown, beside
+        ``overhead_s``; ``EngineProfile.prompt_attributed_s``)."""
+        return self.engine.prompt_attributed_s(num_chunks, prompt_tokens)
 
     def step_time(self, batch: Batch) -> StepCost:
         """Per-operator seconds of ``batch``; for a run of k decode steps, the k steps' total
@@ -851,6 +866,10 @@ class RooflineCostModel:
             out, host = terms[2], terms[3]
             if out:
                 outside = (seqs, seqs)
+            if chunks:  # the step's per-prompt host work (EngineProfile.prompt_cpu_s)
+                extra = self.engine.prompt_cpu_s(len(chunks), num_tokens - n)
+                if extra:
+                    host = (host[0] + extra, host[1])
         decode = self._decode_fns.get(n)
         if decode is None:
             decode = self._decode_fn(n)

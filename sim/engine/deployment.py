@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.cost.calibration import load_calibration
-from sim.cost.engine_profile import get_profile
+from sim.cost.engine_profile import get_profile, in_process_frontend, without_frontend
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
 from sim.spec.hardware import GPUSpec, scenario_gpu
@@ -216,6 +216,11 @@ def engine_profile(e):
     if e.attention_backend is not None:
         over["attention_backend"] = e.attention_backend
     p = get_profile(e.profile, over)
+    # the front end (issue 37): none offline; in the engine's thread, part of its steps
+    if not e.api_server:
+        p = without_frontend(p)
+    elif not p.frontend_overlap:
+        p = in_process_frontend(p, e.stream_interval)
     return replace(p, num_scheduler_steps=e.num_scheduler_steps) if e.num_scheduler_steps > 1 else p
 
 

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 
 from sim.core.request import Request
-from sim.core.ttft import TTFT_PARTS
+from sim.core.ttft import ENGINE_TTFT_PARTS
 from sim.engine import columns as column_store
 from sim.engine.columns import ColumnBuffer, RowBlock
 
@@ -22,7 +22,7 @@ from sim.engine.columns import ColumnBuffer, RowBlock
 FIELDS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens",
     "output_tokens", "num_preemptions", "replica", "prefix_hit_tokens", "transfer_start_s",
-    "transfer_end_s", "decode_wait_s", "decode_rounds_waited", *TTFT_PARTS,
+    "transfer_end_s", "decode_wait_s", "decode_rounds_waited", *ENGINE_TTFT_PARTS,
 )
 INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_preemptions", "replica",
                         "prefix_hit_tokens", "decode_rounds_waited", "label"))

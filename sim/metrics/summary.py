@@ -16,6 +16,7 @@ from sim.cost.calibration import describe as describe_cost_model
 from sim.metrics.vllm_bench import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEYS, goodput_mask, itl_pieces,
                                   pieces_stats, plain_stats)
 from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_notes
+from sim.run import frontend_status
 from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
 
 
@@ -197,6 +198,7 @@ def summarize(result) -> dict:
     queue = col("queue_s")
     out["simsrv_warnings"] = run_warnings(out, col("arrival_s")[ok], queue[ok], all_arrival_s=col("arrival_s"))
     # where the figures rest on extrapolated costs (sim/metrics/run_warnings.py): shown beside them
+    out["simsrv_frontend"] = frontend_status(s)  # the serving front end (sim/engine/frontend.py)
     out["simsrv_uncertainty"] = uncertainty_notes(out)
     g = dep.memory.kv_groups
     if s.engine.enable_prefix_caching and not g.caches_prefixes:

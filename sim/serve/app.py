@@ -105,7 +105,10 @@ class Endpoint:
             item = await stream.tokens.get()
             if item is None:
                 break
-            i, _t = item
+            i, t_s = item
+            wait_s = self.driver.wall_of(t_s) - self.driver.clock()
+            if wait_s > 0:  # the serving front end's time to the client (sim/engine/frontend.py)
+                await asyncio.sleep(wait_s)
             if asked.chat and i == 0:  # vLLM's chat stream opens with the role, at the first output
                 yield sse(chunk(asked, rid, created, None, None, role=True))
             yield sse(chunk(asked, rid, created, token_text(i), self._finish_reason(stream) if i == last else None))

@@ -96,8 +96,8 @@ class Driver:
         ended = []
         for rid, s in self.streams.items():
             n, finished, reason = self.live.progress(rid, t_s)
-            while s.sent < n:
-                s.tokens.put_nowait((s.sent, t_s))
+            while s.sent < n:  # each token reaches the client the front end's seconds later
+                s.tokens.put_nowait((s.sent, t_s + self.live.frontend_out_s))
                 s.sent += 1
             if finished:
                 s.done, s.failure = True, reason

@@ -27,6 +27,7 @@ class LiveView:
         self.replicas = self.sim.replicas()
         self.num_replicas = len(self.sim.schedulers)
         self.max_model_len = self.sim.max_model_len
+        self.frontend_out_s = self.sim.frontend_out_s  # engine token -> client (sim/engine/frontend.py)
         self._requests: dict[int, Request] = {}     # in flight, by id
         self._ended_rows: dict[int, dict[str, Any]] = {}  # ended, not yet read by the driver
         self._arrival_s: list[float] = []
@@ -83,7 +84,10 @@ class LiveView:
             return row["num_generated"], True, row["fail_reason"] if row["status"] != "completed" else ""
         req = self._requests.get(rid)
         if req is None:
-            return 0, False, ""
+            req = self.sim.request(rid)  # it reached the engine after the front end's delay
+            if req is None:
+                return 0, False, ""
+            self._requests[rid] = req
         if not req.in_decode or req.replica < 0:
             return req.num_generated, False, ""
         rep = self.replicas[req.replica] if req.replica < len(self.replicas) else None
@@ -107,7 +111,8 @@ class LiveView:
         return t
 
     def num_waiting(self) -> int:
-        return sum(len(s.waiting) for s in self.sim.schedulers)
+        """Requests not yet scheduled: in the front end's queue or a replica's waiting queue."""
+        return self.sim.num_at_frontend + sum(len(s.waiting) for s in self.sim.schedulers)
 
     def gauges(self) -> list[dict[str, float]]:
         """Per replica, vLLM's gauges: requests running, waiting, KV-cache use (a fraction)."""
