@@ -18,24 +18,39 @@ from tests.test_itl_runs import _expanded_reference
 # Bytes the rank search may hold per piece given: a piece is 5 numbers (40 bytes); a pass holds
 # the pieces given, their clipped copy and a few per-piece temporaries. The 8-way cut held
 # 660-1,950 bytes a piece; the clipping search 100-210.
-_BYTES_PER_PIECE = 200
+_SEARCH_BYTES_PER_PIECE = 200
+# ... and the summary's search of every rank (``_values_at``) per piece of the whole log: each
+# group of ranks keeps the pieces reaching into its bracket (up to all of them), then searches
+# them. The 8-way cut: 1,400 bytes a piece on the rows below; now ~350.
+_RANKS_BYTES_PER_PIECE = 512
 _FIXED_BYTES = 64 << 10   # (the few values sorted at the end, numpy's small arrays)
 
 
-def _search_peaks(monkeypatch) -> list[tuple[int, int]]:
-    """(pieces given, peak bytes allocated meanwhile) of each ``_select`` call from now on."""
+def _peaks(monkeypatch, name: str, pieces_given) -> list[tuple[int, int]]:
+    """(pieces given, peak bytes allocated meanwhile) of each call of ``metrics.<name>`` from
+    now on (``pieces_given(args)``: the pieces its arguments hold)."""
     calls = []
-    select = metrics._select
+    f = getattr(metrics, name)
 
-    def measured(p, ranks, pre):
+    def measured(*args):
         before, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        out = select(p, ranks, pre)
-        calls.append((len(p.first_s), tracemalloc.get_traced_memory()[1] - before))
+        out = f(*args)
+        calls.append((pieces_given(args), tracemalloc.get_traced_memory()[1] - before))
         return out
 
-    monkeypatch.setattr(metrics, "_select", measured)
+    monkeypatch.setattr(metrics, name, measured)
     return calls
+
+
+def _search_peaks(monkeypatch):
+    """Of each ``_select`` (a rank search over a piece set in memory)."""
+    return _peaks(monkeypatch, "_select", lambda args: len(args[0].first_s))
+
+
+def _ranks_peaks(monkeypatch):
+    """Of each ``_values_at`` (every rank the summary needs, over the whole step log)."""
+    return _peaks(monkeypatch, "_values_at", lambda args: args[0].max_pieces)
 
 
 def _overlapping_rows(n: int, k: int, seed: int) -> dict[str, np.ndarray]:
@@ -49,23 +64,37 @@ def _overlapping_rows(n: int, k: int, seed: int) -> dict[str, np.ndarray]:
             "last_step_duration_s": last}
 
 
-def _within_bound(calls) -> None:
+def _within_bound(calls, bytes_per_piece: int) -> None:
     assert calls
     for pieces, peak in calls:
-        assert peak <= _BYTES_PER_PIECE * pieces + _FIXED_BYTES, (pieces, peak)
+        assert peak <= bytes_per_piece * pieces + _FIXED_BYTES, (pieces, peak)
 
 
 def test_rank_search_holds_no_more_than_the_pieces_given(monkeypatch):
     """20,000 rows of 1,000 steps (2e7 steps), all overlapping the median's window."""
     samples = itl_samples(_overlapping_rows(20_000, 1_000, seed=1), [], [])
+    n = samples.num_samples
     calls = _search_peaks(monkeypatch)
+    tracemalloc.start()
+    try:
+        samples.values_at([n // 2, n // 2 + 1, int(0.9 * n), int(0.99 * n), n - 1])
+    finally:
+        tracemalloc.stop()
+    _within_bound(calls, _SEARCH_BYTES_PER_PIECE)
+    assert max(given for given, _ in calls) == 20_000
+
+
+def test_the_summarys_ranks_hold_a_few_numbers_a_piece(monkeypatch):
+    """The same rows through ``pieces_stats`` (the summary's path: the pieces read in chunks,
+    those reaching into each rank's bracket kept, then searched)."""
+    samples = itl_samples(_overlapping_rows(20_000, 1_000, seed=1), [], [])
+    calls = _ranks_peaks(monkeypatch)
     tracemalloc.start()
     try:
         got = run_length_stats(samples, tail=True)
     finally:
         tracemalloc.stop()
-    _within_bound(calls)
-    assert max(n for n, _ in calls) > 5_000  # the median's search was given most pieces
+    _within_bound(calls, _RANKS_BYTES_PER_PIECE)
     assert got["n"] == samples.num_samples
 
 
@@ -98,8 +127,8 @@ def _long_answer_run():
 def test_summary_of_a_long_answer_run_is_bounded_by_its_step_rows(monkeypatch):
     """A long-answer run (2,000 requests, ~4.8M inter-token samples, ~6,500 step rows): the
     summary allocates at most ~1 KB per step row and request (no array per token or per
-    step), and its rank search, made to cut the pieces down to one value each (no sorting
-    allowance), no more than the pieces given; the figures are the same either way."""
+    step), also with its rank search made to cut the pieces down to one value each (no
+    sorting allowance); the figures are the same either way."""
     from sim.metrics.summary import summarize
 
     r = _long_answer_run()
@@ -112,12 +141,12 @@ def test_summary_of_a_long_answer_run_is_bounded_by_its_step_rows(monkeypatch):
     assert plain["simsrv_num_itl_samples"] > 500 * r.num_step_rows  # long answers: many samples a row
     assert peak <= 1024 * (r.num_step_rows + r.num_requests) + (1 << 20), peak
     monkeypatch.setattr(metrics, "_EXPAND_MAX", 0)
-    calls = _search_peaks(monkeypatch)
+    calls = _ranks_peaks(monkeypatch)
     tracemalloc.start()
     try:
         searched = summarize(r)
     finally:
         tracemalloc.stop()
-    _within_bound(calls)
+    _within_bound(calls, _RANKS_BYTES_PER_PIECE)
     skip = ("date", "simsrv_wall_s", "simsrv_requests_per_wall_s")
     assert {k: v for k, v in searched.items() if k not in skip} == {k: v for k, v in plain.items() if k not in skip}

@@ -151,18 +151,20 @@ def _select(p: RunLengthSamples, ranks: list[int], pre: _Sorted | None) -> dict[
 
 def _select_in(p: RunLengthSamples, ranks: list[int], k_lo: int, k_hi: int, below: int) -> dict[int, float]:
     """Values at ``ranks``, which lie between the order keys ``k_lo`` and ``k_hi`` (``below``:
-    the values of the multiset left out below ``p``). Each pass clips every piece to the steps
-    whose values lie in the window (``_clip``: the values below counted, those above dropped),
-    so the pieces never outnumber those given and none is copied more than once a pass; when
-    few values are left they are sorted (``_expanded_select``), else the window is halved at
-    its middle order key by counting the values at or below it (``_count_le``, exact). The
-    keys are integers, so the window shrinks every pass: at most 64 passes.
+    the values of the multiset left out below ``p``). Every piece is first clipped to the steps
+    whose values lie in the window (``_clip``: the values below counted, those above dropped);
+    then, until few values are left to sort (``_expanded_select``), each pass counts the
+    values at or below the window's middle order key (``_count_le``, exact) and cuts the
+    pieces to the half holding the ranks (``_cut``), or splits the ranks between the halves.
+    The pieces never outnumber those given, and the keys are integers, so the window shrinks
+    every pass: at most 64 passes.
     Cutting each overlapping piece into 8 a pass instead held 1.9M pieces (+160 MB) for the
     median of a 1M-request run with ten times longer answers (bench/README.md, "Long answers:
     the summary's peak")."""
+    k_lo, k_hi = _valued(k_lo), _valued(k_hi)
+    p, under = _clip(p, _value(k_lo), _value(k_hi))
+    below += under
     while True:
-        p, under = _clip(p, _value(k_lo), _value(k_hi))
-        below += under
         lo, hi = p._ends()
         length = p.j1 - p.j0
         varying = (length > 1) & (lo != hi)
@@ -171,17 +173,31 @@ def _select_in(p: RunLengthSamples, ranks: list[int], k_lo: int, k_hi: int, belo
             return _expanded_select(p, varying, [r - below for r in ranks], ranks)
         del length, varying
         k_mid = _middle_key(k_lo, k_hi)
-        at_or_below = below + int(np.sum(p.count * _count_le(p, _value(k_mid))))
+        n_le = _count_le(p, _value(k_mid))
+        at_or_below = below + int(np.sum(p.count * n_le))
         left = [r for r in ranks if r < at_or_below]  # value at r <= the middle
         right = [r for r in ranks if r >= at_or_below]
         if left and right:
             out = _select_in(p, left, k_lo, k_mid, below)
             out.update(_select_in(p, right, _next_key(k_mid), k_hi, below))
             return out
+        p = _cut(p, n_le, at_or_below=bool(left))
         if right:
-            k_lo = _next_key(k_mid)
+            below, k_lo = at_or_below, _next_key(k_mid)
         else:
             k_hi = k_mid
+
+
+def _cut(p: RunLengthSamples, n_le: np.ndarray, at_or_below: bool) -> RunLengthSamples:
+    """Each piece cut to its ``n_le`` values at or below a value (``at_or_below``), or to
+    the others; pieces left with none dropped."""
+    rising = p.span_s >= 0
+    if at_or_below:
+        j0, j1 = np.where(rising, p.j0, p.j1 - n_le), np.where(rising, p.j0 + n_le, p.j1)
+    else:
+        j0, j1 = np.where(rising, p.j0 + n_le, p.j0), np.where(rising, p.j1, p.j1 - n_le)
+    keep = j1 > j0
+    return RunLengthSamples(p.first_s[keep], p.span_s[keep], j0[keep], j1[keep], p.count[keep])
 
 
 def _clip(p: RunLengthSamples, x_lo: float, x_hi: float) -> tuple[RunLengthSamples, int]:
@@ -211,6 +227,12 @@ def _value(k: int) -> float:
     """The float whose order key is ``k`` (``_order_key``'s inverse)."""
     y = np.array([k ^ _SIGN], np.uint64).view(np.int64)
     return float((y ^ ((y >> 63) & 0x7FFF_FFFF_FFFF_FFFF)).view(np.float64)[0])
+
+
+def _valued(k: int) -> int:
+    """``k``, or +0.0's key for -0.0's (which ``_order_key`` gives no value, and a window
+    ending there would hold +0.0 on both sides)."""
+    return _POS_ZERO_KEY if k == _NEG_ZERO_KEY else k
 
 
 def _middle_key(k_lo: int, k_hi: int) -> int:
@@ -366,9 +388,11 @@ def _values_at(pieces, ranks, ends: "_EndHistogram") -> dict[int, float]:
             if keep.any():
                 kept[i].append(p._take(keep))
     out: dict[int, float] = {}
-    for g, b, parts in zip(groups, below, kept):
+    for g, b, parts, (x_lo, x_hi) in zip(groups, below, kept, windows):
         sub = RunLengthSamples(*(np.concatenate([getattr(q, f) for q in parts]) for f in RunLengthSamples.__slots__))
-        local = _select(sub, [r - b for r in g], None)
+        # the histogram's bracket is the first window: the pieces' own ends bound their ranks
+        # far more loosely when many long pieces overlap it
+        local = _select_in(sub, [r - b for r in g], int(x_lo), int(x_hi), 0)
         out.update({r: local[r - b] for r in g})
     return out
 
@@ -614,19 +638,34 @@ def _check_removals(pieces, old: np.ndarray) -> None:
 
 def _count_le(p: RunLengthSamples, x: float, strict: bool = False) -> np.ndarray:
     """Per piece, how many of its values are <= x (< x with ``strict``): a binary search over
-    j, the values being monotone along a piece."""
+    j, the values being monotone along a piece. It starts from a few steps around where the
+    straight line ``first + span j`` meets x (the rounded values stay within a few ulps of
+    it), checked to hold the flip, else from the whole piece: a handful of passes, not one per
+    halving of the piece (the rank search calls it on every piece overlapping a window)."""
     def below(j):
         v = p.first_s + p.span_s * j
         return v < x if strict else v <= x
 
     rising = p.span_s >= 0
-    lo, hi = p.j0.copy(), p.j1.copy()  # first j where the test flips, in [j0, j1]
+
+    def go_right(j):  # the flip lies above step j (j0 <= j < j1)
+        t = below(j)
+        return np.where(rising, t, ~t)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = (x - p.first_s) / p.span_s
+    cross = np.where(np.isnan(cross), p.j0, np.clip(cross, p.j0 - 4, p.j1 + 4))
+    guess = np.floor(cross).astype(np.int64)
+    lo, hi = np.clip(guess - 2, p.j0, p.j1), np.clip(guess + 3, p.j0, p.j1)
+    held = (((lo == p.j0) | go_right(np.maximum(lo - 1, p.j0)))
+            & ((hi == p.j1) | ~go_right(np.minimum(hi, p.j1 - 1))))
+    lo, hi = np.where(held, lo, p.j0), np.where(held, hi, p.j1)  # first j where the test flips, in [lo, hi]
     while (lo < hi).any():
         mid = (lo + hi) // 2
         t = below(np.minimum(mid, p.j1 - 1))
-        go_right = np.where(rising, t, ~t) & (lo < hi)
-        stay = (lo < hi) & ~go_right
-        lo = np.where(go_right, mid + 1, lo)
+        right = np.where(rising, t, ~t) & (lo < hi)
+        stay = (lo < hi) & ~right
+        lo = np.where(right, mid + 1, lo)
         hi = np.where(stay, mid, hi)
     return np.where(rising, lo - p.j0, p.j1 - lo)
 
