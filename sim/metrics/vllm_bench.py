@@ -87,8 +87,8 @@ class RunLengthSamples:
 
     def values_at(self, ranks) -> dict[int, float]:
         """{rank: the value at that 0-based rank of the sorted multiset}, exactly (no expansion:
-        pieces whose range lies wholly below or above a rank are dropped, the rest split, until
-        few values are left to sort)."""
+        pieces whose range lies wholly below or above a rank are dropped, the rest clipped to
+        a window halved until few values are left to sort: ``_select``)."""
         out: dict[int, float] = {}
         ranks = sorted(set(int(r) for r in ranks))
         groups: list[list[int]] = []
@@ -312,7 +312,7 @@ def pieces_stats(pieces: PieceSets, tail: bool = False) -> dict[str, float]:
     Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
     a histogram of the pieces' ends brackets each rank's value (``_EndHistogram``), then only
-    the pieces that reach into the bracket are kept and searched (``_select``). The sets'
+    the pieces that reach into the bracket are kept and searched (``_select_in``). The sets'
     ``sum_extra_s``, known once pass 1 has read them, is added to the values' sum before the
     mean is taken.
     Pass 1: the sample count, each piece's sum terms and the range of the pieces' ends; pass
