@@ -150,3 +150,22 @@ def test_summary_of_a_long_answer_run_is_bounded_by_its_step_rows(monkeypatch):
     _within_bound(calls, _RANKS_BYTES_PER_PIECE)
     skip = ("date", "simsrv_wall_s", "simsrv_requests_per_wall_s")
     assert {k: v for k, v in searched.items() if k not in skip} == {k: v for k, v in plain.items() if k not in skip}
+
+
+def test_count_le_from_its_bracket_counts_as_the_expansion():
+    """``_count_le`` starts from a few steps around where a piece's line meets the value: on
+    rising, falling, flat and nearly flat pieces (steps below the value's ulp: long plateaus,
+    where the line's guess is far off) it counts what the expanded values give."""
+    rng = np.random.default_rng(7)
+    n = 400
+    first = rng.uniform(0.01, 0.02, n)
+    span = rng.choice([0.0, 1e-6, -1e-6, 1e-19, -1e-19, 3e-5], n) * rng.uniform(0.5, 1.5, n)
+    j0 = rng.integers(0, 50, n)
+    j1 = j0 + rng.integers(1, 400, n)
+    p = metrics.RunLengthSamples(first, span, j0, j1, np.ones(n, np.int64))
+    values = [first[i] + span[i] * np.arange(j0[i], j1[i]) for i in range(n)]
+    probes = [float(v) for i in range(0, n, 7) for v in (values[i][0], values[i][-1], values[i][len(values[i]) // 2])]
+    for x in [*probes, 0.0, 1.0, 0.015]:
+        for strict in (False, True):
+            want = [int((v < x).sum() if strict else (v <= x).sum()) for v in values]
+            assert metrics._count_le(p, x, strict).tolist() == want, (x, strict)
