@@ -87,8 +87,8 @@ class RunLengthSamples:
 
     def values_at(self, ranks) -> dict[int, float]:
         """{rank: the value at that 0-based rank of the sorted multiset}, exactly (no expansion:
-        pieces whose range lies wholly below or above a rank are dropped, the rest split, until
-        few values are left to sort)."""
+        pieces whose range lies wholly below or above a rank are dropped, the rest clipped to
+        a window halved until few values are left to sort: ``_select``)."""
         out: dict[int, float] = {}
         ranks = sorted(set(int(r) for r in ranks))
         groups: list[list[int]] = []
@@ -130,48 +130,123 @@ def _first_reaching(sorted_keys, cum, target: int) -> float:
 
 # A piece set with at most this many values (beyond one per piece) is expanded and sorted.
 _EXPAND_MAX = 4096
-_SPLIT = 8  # pieces a piece is cut into per pass
 
 
 def _select(p: RunLengthSamples, ranks: list[int], pre: _Sorted | None) -> dict[int, float]:
     """Values at consecutive ``ranks``. Bounds: count(<= x) <= W_lo(x) (weight of pieces whose
     low end is <= x) and >= W_hi(x) (whose high end is <= x), so the value at rank r lies in
-    [first low end reaching r + 1, first high end reaching r + 1]; pieces wholly below that
-    window are counted (``below``) and dropped, pieces wholly above dropped, the rest split."""
-    below = 0
+    [first low end reaching r + 1, first high end reaching r + 1]; then ``_select_in``."""
     r_a, r_b = ranks[0], ranks[-1]
-    while True:
+    if pre is not None:
+        x_lo = _first_reaching(pre.lo_sorted, pre.lo_cum, r_a + 1)
+        x_hi = _first_reaching(pre.hi_sorted, pre.hi_cum, r_b + 1)
+    else:
         lo, hi = p._ends()
         w = p._weights()
-        if pre is not None:
-            x_lo = _first_reaching(pre.lo_sorted, pre.lo_cum, r_a - below + 1)
-            x_hi = _first_reaching(pre.hi_sorted, pre.hi_cum, r_b - below + 1)
-            pre = None
-        else:
-            x_lo = _first_reaching(*_cum_order(lo, w), r_a - below + 1)
-            x_hi = _first_reaching(*_cum_order(hi, w), r_b - below + 1)
-        under = hi < x_lo
-        below += int(w[under].sum())
-        keep = ~under & (lo <= x_hi)
-        p, lo, hi = p._take(keep), lo[keep], hi[keep]
+        x_lo = _first_reaching(*_cum_order(lo, w), r_a + 1)
+        x_hi = _first_reaching(*_cum_order(hi, w), r_b + 1)
+        del lo, hi, w
+    return _select_in(p, ranks, _key(x_lo), _key(x_hi), 0)
+
+
+def _select_in(p: RunLengthSamples, ranks: list[int], k_lo: int, k_hi: int, below: int) -> dict[int, float]:
+    """Values at ``ranks``, which lie between the order keys ``k_lo`` and ``k_hi`` (``below``:
+    the values of the multiset left out below ``p``). Every piece is first clipped to the steps
+    whose values lie in the window (``_clip``: the values below counted, those above dropped);
+    then, until few values are left to sort (``_expanded_select``), each pass counts the
+    values at or below the window's middle order key (``_count_le``, exact) and cuts the
+    pieces to the half holding the ranks (``_cut``), or splits the ranks between the halves.
+    The pieces never outnumber those given, and the keys are integers, so the window shrinks
+    every pass: at most 64 passes.
+    Cutting each overlapping piece into 8 a pass instead held 1.9M pieces (+160 MB) for the
+    median of a 1M-request run with ten times longer answers (bench/README.md, "Long answers:
+    the summary's peak")."""
+    k_lo, k_hi = _valued(k_lo), _valued(k_hi)
+    p, under = _clip(p, _value(k_lo), _value(k_hi))
+    below += under
+    while True:
+        lo, hi = p._ends()
         length = p.j1 - p.j0
         varying = (length > 1) & (lo != hi)
+        del lo, hi
         if int(length[varying].sum()) <= len(length) + _EXPAND_MAX:
             return _expanded_select(p, varying, [r - below for r in ranks], ranks)
-        p = _split(p, varying)
+        del length, varying
+        k_mid = _middle_key(k_lo, k_hi)
+        n_le = _count_le(p, _value(k_mid))
+        at_or_below = below + int(np.sum(p.count * n_le))
+        left = [r for r in ranks if r < at_or_below]  # value at r <= the middle
+        right = [r for r in ranks if r >= at_or_below]
+        if left and right:
+            out = _select_in(p, left, k_lo, k_mid, below)
+            out.update(_select_in(p, right, _next_key(k_mid), k_hi, below))
+            return out
+        p = _cut(p, n_le, at_or_below=bool(left))
+        if right:
+            below, k_lo = at_or_below, _next_key(k_mid)
+        else:
+            k_hi = k_mid
 
 
-def _split(p: RunLengthSamples, varying: np.ndarray) -> RunLengthSamples:
-    """Each varying piece cut into up to ``_SPLIT`` consecutive pieces (same first and span)."""
-    length = p.j1 - p.j0
-    n_pieces = np.where(varying, np.minimum(length, _SPLIT), 1)
-    step = -(-length // n_pieces)  # ceil
-    idx = np.repeat(np.arange(len(length)), n_pieces)
-    k = np.arange(int(n_pieces.sum())) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
-    j0 = p.j0[idx] + k * step[idx]
-    j1 = np.minimum(j0 + step[idx], p.j1[idx])
-    ok = j1 > j0
-    return RunLengthSamples(p.first_s[idx][ok], p.span_s[idx][ok], j0[ok], j1[ok], p.count[idx][ok])
+def _cut(p: RunLengthSamples, n_le: np.ndarray, at_or_below: bool) -> RunLengthSamples:
+    """Each piece cut to its ``n_le`` values at or below a value (``at_or_below``), or to
+    the others; pieces left with none dropped."""
+    rising = p.span_s >= 0
+    if at_or_below:
+        j0, j1 = np.where(rising, p.j0, p.j1 - n_le), np.where(rising, p.j0 + n_le, p.j1)
+    else:
+        j0, j1 = np.where(rising, p.j0 + n_le, p.j0), np.where(rising, p.j1, p.j1 - n_le)
+    keep = j1 > j0
+    return RunLengthSamples(p.first_s[keep], p.span_s[keep], j0[keep], j1[keep], p.count[keep])
+
+
+def _clip(p: RunLengthSamples, x_lo: float, x_hi: float) -> tuple[RunLengthSamples, int]:
+    """Each piece cut to its steps whose values lie in [x_lo, x_hi] (the values being monotone
+    along a piece, one range of j), pieces left with none dropped; and the weight of the values
+    below ``x_lo``."""
+    n_lt = _count_le(p, x_lo, strict=True)
+    n_le = _count_le(p, x_hi)
+    under = int(np.sum(p.count * n_lt))
+    rising = p.span_s >= 0
+    j0 = np.where(rising, p.j0 + n_lt, p.j1 - n_le)
+    j1 = np.where(rising, p.j0 + n_le, p.j1 - n_lt)
+    keep = j1 > j0
+    return RunLengthSamples(p.first_s[keep], p.span_s[keep], j0[keep], j1[keep], p.count[keep]), under
+
+
+_SIGN = 1 << 63
+_NEG_ZERO_KEY, _POS_ZERO_KEY = _SIGN - 1, _SIGN  # -0.0's bits as an order key; +0.0's (``_order_key``)
+
+
+def _key(x: float) -> int:
+    """``_order_key`` of one float, as a Python int."""
+    return int(_order_key(np.array([x], np.float64))[0])
+
+
+def _value(k: int) -> float:
+    """The float whose order key is ``k`` (``_order_key``'s inverse)."""
+    y = np.array([k ^ _SIGN], np.uint64).view(np.int64)
+    return float((y ^ ((y >> 63) & 0x7FFF_FFFF_FFFF_FFFF)).view(np.float64)[0])
+
+
+def _valued(k: int) -> int:
+    """``k``, or +0.0's key for -0.0's (which ``_order_key`` gives no value, and a window
+    ending there would hold +0.0 on both sides)."""
+    return _POS_ZERO_KEY if k == _NEG_ZERO_KEY else k
+
+
+def _middle_key(k_lo: int, k_hi: int) -> int:
+    """An order key in [k_lo, k_hi) near their middle, never -0.0's (which ``_order_key`` gives
+    no value: a window ending there would hold +0.0 on both sides)."""
+    k = k_lo + (k_hi - k_lo) // 2
+    if k == _NEG_ZERO_KEY:
+        k = _POS_ZERO_KEY if _POS_ZERO_KEY < k_hi else k - 1
+    return k
+
+
+def _next_key(k: int) -> int:
+    """The next order key above ``k`` that a value has (skipping -0.0's)."""
+    return _POS_ZERO_KEY if k + 1 == _NEG_ZERO_KEY else k + 1
 
 
 def _expanded_select(p: RunLengthSamples, varying: np.ndarray, local: list[int], ranks: list[int]) -> dict[int, float]:
@@ -237,7 +312,7 @@ def pieces_stats(pieces: PieceSets, tail: bool = False) -> dict[str, float]:
     Mean and std are ``np.sum`` over one array of per-piece terms in the pieces' order (the
     same bits as summing the concatenated pieces); percentiles are exact order statistics:
     a histogram of the pieces' ends brackets each rank's value (``_EndHistogram``), then only
-    the pieces that reach into the bracket are kept and searched (``_select``). The sets'
+    the pieces that reach into the bracket are kept and searched (``_select_in``). The sets'
     ``sum_extra_s``, known once pass 1 has read them, is added to the values' sum before the
     mean is taken.
     Pass 1: the sample count, each piece's sum terms and the range of the pieces' ends; pass
@@ -313,9 +388,11 @@ def _values_at(pieces, ranks, ends: "_EndHistogram") -> dict[int, float]:
             if keep.any():
                 kept[i].append(p._take(keep))
     out: dict[int, float] = {}
-    for g, b, parts in zip(groups, below, kept):
+    for g, b, parts, (x_lo, x_hi) in zip(groups, below, kept, windows):
         sub = RunLengthSamples(*(np.concatenate([getattr(q, f) for q in parts]) for f in RunLengthSamples.__slots__))
-        local = _select(sub, [r - b for r in g], None)
+        # the histogram's bracket is the first window: the pieces' own ends bound their ranks
+        # far more loosely when many long pieces overlap it
+        local = _select_in(sub, [r - b for r in g], int(x_lo), int(x_hi), 0)
         out.update({r: local[r - b] for r in g})
     return out
 
@@ -561,19 +638,34 @@ def _check_removals(pieces, old: np.ndarray) -> None:
 
 def _count_le(p: RunLengthSamples, x: float, strict: bool = False) -> np.ndarray:
     """Per piece, how many of its values are <= x (< x with ``strict``): a binary search over
-    j, the values being monotone along a piece."""
+    j, the values being monotone along a piece. It starts from a few steps around where the
+    straight line ``first + span j`` meets x (the rounded values stay within a few ulps of
+    it), checked to hold the flip, else from the whole piece: a handful of passes, not one per
+    halving of the piece (the rank search calls it on every piece overlapping a window)."""
     def below(j):
         v = p.first_s + p.span_s * j
         return v < x if strict else v <= x
 
     rising = p.span_s >= 0
-    lo, hi = p.j0.copy(), p.j1.copy()  # first j where the test flips, in [j0, j1]
+
+    def go_right(j):  # the flip lies above step j (j0 <= j < j1)
+        t = below(j)
+        return np.where(rising, t, ~t)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = (x - p.first_s) / p.span_s
+    cross = np.where(np.isnan(cross), p.j0, np.clip(cross, p.j0 - 4, p.j1 + 4))
+    guess = np.floor(cross).astype(np.int64)
+    lo, hi = np.clip(guess - 2, p.j0, p.j1), np.clip(guess + 3, p.j0, p.j1)
+    held = (((lo == p.j0) | go_right(np.maximum(lo - 1, p.j0)))
+            & ((hi == p.j1) | ~go_right(np.minimum(hi, p.j1 - 1))))
+    lo, hi = np.where(held, lo, p.j0), np.where(held, hi, p.j1)  # first j where the test flips, in [lo, hi]
     while (lo < hi).any():
         mid = (lo + hi) // 2
         t = below(np.minimum(mid, p.j1 - 1))
-        go_right = np.where(rising, t, ~t) & (lo < hi)
-        stay = (lo < hi) & ~go_right
-        lo = np.where(go_right, mid + 1, lo)
+        right = np.where(rising, t, ~t) & (lo < hi)
+        stay = (lo < hi) & ~right
+        lo = np.where(right, mid + 1, lo)
         hi = np.where(stay, mid, hi)
     return np.where(rising, lo - p.j0, p.j1 - lo)
 
