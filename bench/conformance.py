@@ -253,7 +253,7 @@ class VllmSide:
                        max_model_len=case.max_model_len, enable_chunked_prefill=chunked,
                        long_prefill_token_threshold=case.long_prefill_token_threshold)
         if not _legacy():  # 0.34: async scheduling is on by default; this harness plays the synchronous loop
-            sc_args["async_scheduling"] = False
+            sc_args.update(async_scheduling=False, is_encoder_decoder=False)
         sc = SchedulerConfig(**sc_args)
         cc = CacheConfig(block_size=BLOCK_SIZE, gpu_memory_utilization=0.9, swap_space=0, cache_dtype="auto",
                          enable_prefix_caching=case.prefix_caching) if _legacy() else \

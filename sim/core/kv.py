@@ -15,9 +15,13 @@ Only what changes timing is kept: blocks without a reusable hash are counted, no
 NOTE: a request's own blocks past its shared prefix (a unique prompt, its generated tokens) can
 only be hit by itself after a preemption; they are kept as one run per request in the free
 queue, evicted tail first, as V1's reversed free order does block by block.
-NOTE: blocks filled while a request is in the aggregate decode set are published when it leaves
-the set (finish, preemption); V1 publishes each as it fills. Only a request that looks up
-another's generated tokens while they are still being generated would see the difference.
+Blocks filled while a request decodes in the aggregate decode set are published as of the time
+they are looked up: V1's ``allocate_slots`` caches each step's full blocks (``cache_blocks``),
+so a lookup at a step sees exactly the generated blocks full by then (a multi-turn turn hitting
+an answer still being generated). The decode set publishes them lazily, block by block, when a
+lookup needs them (``DecodeSet.publish``; ``before_lookup`` for the router's look-ups), so a
+step's work does not grow with the tokens generated; blocks without a hash key (content of that
+request only) are counted when the request leaves the set, as only it can hit them.
 
 This manager is the one owner of block counts (as V1's KVCacheManager owns the block tables):
 a request's table counts its blocks, except while it decodes in the aggregate decode set
@@ -30,7 +34,7 @@ until its KV has been sent elsewhere, are counted here too. Requests carry no bl
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.core.request import Request
@@ -195,6 +199,9 @@ class KVBlockManager:
         self.num_evicted = 0
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
+        # publishes the decode set's generated blocks full by now before a look-up from outside a
+        # step (the router's ``cached_prefix_blocks``): ``DecodeSet.publish_between_steps``
+        self.before_lookup: Callable[[], None] | None = None
 
     def blocks_for(self, num_tokens: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
@@ -514,6 +521,20 @@ class KVBlockManager:
         if full > done:
             t.num_own_cached += full - done
 
+    def unpublished_key(self, req: Request) -> int:
+        """Index of ``req``'s next block to publish when that block has a hash key (content
+        others can share: a multi-turn answer the next turn repeats), else -1."""
+        if not self.prefix_caching:
+            return -1
+        keys = req.prefix_keys
+        if not keys:
+            return -1
+        t = self.tables.get(req.key)
+        if t is None or t.num_own_cached:  # past its keys already
+            return -1
+        done = len(t.shared)
+        return done if done < len(keys) else -1
+
     def free(self, req: Request, forget: bool = False) -> None:
         """Release a request's blocks, tail first; cached ones stay resident, evictable.
         ``forget``: then ``forget(req)`` (done here for good), in one pass."""
@@ -563,6 +584,8 @@ class KVBlockManager:
 
     def cached_prefix_blocks(self, req: Request) -> int:
         """Longest cached prefix for routing (prefix_affinity); in-use blocks count too."""
+        if self.before_lookup is not None:
+            self.before_lookup()
         keys = prefix_keys(req, self.block_size)
         hit = 0
         while hit < len(keys) and keys[hit] in self._cached:

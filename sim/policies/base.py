@@ -216,6 +216,9 @@ class Scheduler:
         # decodes that sat out steps since their last token (the budget pause above, or prompt
         # steps of their own): key -> (request, seconds paused), in the order they first paused
         self._pause_s: dict[Any, tuple[Request, float]] = {}
+        # 1 while waiting requests are admitted before this step's decodes are scheduled (a
+        # prompt step of its own): their look-ups see the generated blocks of the last step run
+        self._lookup_lag = 0
         self.admission = make_admission(limits.admission, kv.prefix_caching)
 
     @property
@@ -361,7 +364,9 @@ class Scheduler:
             # when no prompt could be admitted. vLLM 0.6 multi-step runs on that scheduler (the
             # only mode 0.6.0 allows with it), the prompt step single (no lookahead slots:
             # _get_num_lookahead_slots(is_prefill=True) == 0).
+            self._lookup_lag = 1  # before this step's decodes: look-ups see the last step's blocks
             self._fill_prefills(plan, budget, now)
+            self._lookup_lag = 0
             if plan.chunks:
                 if plan.ready_gaps_s and self._prompt_steps_pause:
                     self._defer_ready_gaps(plan)
@@ -633,6 +638,9 @@ class Scheduler:
         if self._hooks and not self._admission.admits(self, req):  # vLLM's admits everything
             plan.kv_blocked = True
             return 0
+        ds = self.decode
+        if ds.pub_heap:  # generated blocks full by this step's decodes (DecodeSet.publish)
+            ds.publish(ds.steps - self._lookup_lag)
         hits, own = kv.lookup(req)
         start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
