@@ -235,7 +235,7 @@ class Engine(_Strict):
     step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py)
-    profile: Literal["vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
+    profile: Literal["vllm-v1", "vllm-v1-0.34", "vllm-v0", "sglang", "trt-llm", "custom"] = "vllm-v1"
     # attention kernels (sim/catalog/attention_backends.yaml); default: the profile's
     attention_backend: Optional[str] = None
     overhead: EngineOverhead = EngineOverhead()
@@ -533,7 +533,7 @@ class Scenario(_Strict):
         """(max_num_batched_tokens, max_num_seqs) vLLM defaults to on the GPU of the engine
         ``where`` (``engine``, or a pool ``disaggregation.<pool>`` with its own ``gpu``); an
         unknown GPU is refused when the deployment is built, so its engine keeps h100-sxm's."""
-        from sim.policies.budget import vllm_default_limits
+        from sim.policies.budget import profile_release, vllm_default_limits
         from sim.spec.hardware import scenario_gpu
 
         pool = getattr(self.disaggregation, where.rpartition(".")[2], None) if where != "engine" else None
@@ -541,7 +541,7 @@ class Scenario(_Strict):
             gpu = scenario_gpu(self.hardware, getattr(pool, "gpu", None))
         except UserError:
             return Engine.model_fields["max_num_batched_tokens"].default, Engine.model_fields["max_num_seqs"].default
-        return vllm_default_limits(gpu)
+        return vllm_default_limits(gpu, profile_release(self.engine.profile))
 
     def _fill_gpu_defaults(self) -> None:
         """``engine.max_num_batched_tokens`` and ``max_num_seqs`` left unset take the colocated

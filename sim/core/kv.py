@@ -169,8 +169,12 @@ class KVBlockManager:
     """The blocks of one replica (all its tensor-parallel GPUs together) and their owners."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 groups: KVGroups = KVGroups()):
+                 groups: KVGroups = KVGroups(), uncached_to_head: bool = False):
         self.num_blocks = num_blocks
+        # a freed request's blocks without a hash go to the free queue's head, reused first
+        # (vLLM 0.34 block_pool.py free_blocks: "LIFO reuse of non-cached blocks"); vLLM 0.11
+        # appends every freed block to the tail
+        self.uncached_to_head = uncached_to_head
         self.block_size = block_size
         self.groups = groups
         self._plain = groups.plain  # one full-attention group: blocks_for is ceil(tokens / block_size)
@@ -521,6 +525,18 @@ class KVBlockManager:
         if full > done:
             t.num_own_cached += full - done
 
+    def fits_whole(self, req: Request, num_tokens: int, hits: Sequence[Block] = (), own_hits: int = 0) -> bool:
+        """Whether the blocks of ``req``'s whole sequence of ``num_tokens`` are free, counting its
+        cache hits (those nobody references are taken from the free ones): vLLM 0.34's
+        admission gate (kv_cache_manager.py ``allocate_slots(full_sequence_must_fit=True)``:
+        ``get_num_blocks_to_allocate`` of the full sequence <= free blocks)."""
+        num_hit = len(hits) + own_hits
+        t = self.tables.get(req.key)
+        held = t.num_blocks if t is not None else 0
+        new = self.blocks_for(num_tokens, None, num_hit) - held - num_hit
+        evictable = own_hits + sum(1 for b in hits if b.ref == 0) if hits else own_hits
+        return max(new, 0) + evictable <= self.num_free
+
     def unpublished_key(self, req: Request) -> int:
         """Index of ``req``'s next block to publish when that block has a hash key (content
         others can share: a multi-turn answer the next turn repeats), else -1."""
@@ -545,7 +561,7 @@ class KVBlockManager:
             return
         del self.tables[req.key]
         t.hit_blocks = 0  # (a table kept below for its cached run starts its next allocation afresh)
-        plain = t.num_blocks - len(t.shared) - t.num_own_cached
+        uncached = plain = t.num_blocks - len(t.shared) - t.num_own_cached
         if t.held:
             self.num_held -= t.num_blocks
             t.held = False
@@ -556,7 +572,13 @@ class KVBlockManager:
             plain += t.num_own_cached
             t.num_own_cached = 0
         freed = plain
-        if plain:
+        if self.uncached_to_head:
+            # the uncached ones to the head; forgotten own cached blocks (hashed in vLLM, hit by
+            # nobody) to the tail, as cached blocks go
+            self._front += uncached
+            if plain > uncached:
+                self._append_plain(plain - uncached)
+        elif plain:
             self._append_plain(plain)
         if t.freed is not None:  # an older run of its own blocks, never hit again
             t.freed.owner = None

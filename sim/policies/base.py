@@ -52,6 +52,9 @@ class EngineLimits:
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
     # which engine's admission and retraction rules (sim/policies/admission.py): vllm | sglang
     admission: str = "vllm"
+    # the vLLM release whose V1 scheduling rules apply (engine profile ``vllm_release``):
+    # "0.11" | "0.34" (bench/README.md, "bench/conformance.py": what changed between them)
+    vllm_release: str = "0.11"
 
 
 @dataclass(slots=True)
@@ -254,6 +257,12 @@ class Scheduler:
         self._prompt_steps_pause = limits.separate_prefill_steps and limits.num_scheduler_steps == 1
         self._no_evict = limits.capacity_scheduler_policy == "guaranteed_no_evict"
         self._swap = limits.preemption_mode == "swap"
+        # vLLM 0.34's rules (vllm/v1/core/sched/scheduler.py schedule, 0.34.0): a prompt is
+        # admitted only when the blocks of its whole sequence are free (SchedulerConfig
+        # scheduler_reserve_full_isl, on by default: allocate_slots(full_sequence_must_fit));
+        # long_prefill_token_threshold applies only when more than one request is running or
+        # waiting; without chunked prefill a prompt over the budget left stops admission
+        self._v034 = limits.vllm_release == "0.34"
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -356,6 +365,9 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         budget = self._budget
         plan = new_plan(now)
+        if self._v034:  # "when it is the only request there is nobody to starve" (vLLM 0.34)
+            alone = len(self.running) + len(self.waiting) <= 1
+            self._threshold = 0 if alone else self._limits.long_prefill_token_threshold
         separate = self._separate
         if separate and self.waiting:
             # vLLM V0 without chunked prefill (vllm/core/scheduler.py _schedule_default) and
@@ -646,6 +658,9 @@ class Scheduler:
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
             return n
+        if self._v034 and not kv.fits_whole(req, req.prefill_target, hits, own):
+            plan.kv_blocked = True  # vLLM 0.34: its whole sequence's blocks must be free
+            return 0
         if not kv.allocate(req, start + n, hits, own, computed=start):
             plan.kv_blocked = True
             return 0
