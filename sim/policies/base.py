@@ -578,8 +578,8 @@ class Scheduler:
     def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
         """Waiting requests in order (vLLM's loop over ``self.waiting``): one whose first chunk
         the policy cannot take now is skipped, and the skipped ones go back at the queue's head
-        in reverse order (vLLM 0.11); one whose KV blocks do not fit stops the loop (first come
-        first served on memory)."""
+        in reverse order (vLLM 0.11 V1; in their order with prompt steps of their own); one
+        whose KV blocks do not fit stops the loop (first come first served on memory)."""
         waiting, running, max_num_seqs = self.waiting, self.running, self._max_num_seqs
         skipped: list[Request] = []
         if self._hooks:
@@ -599,11 +599,15 @@ class Scheduler:
                 break
             budget -= n
         if skipped:
-            # back at the head in reverse order, as vLLM 0.11 puts them: the skipped queue is built
-            # by ``prepend_request`` (appendleft) and ``waiting.prepend_requests`` extends left
-            # with its reversal (vllm/v1/core/sched/scheduler.py schedule, skipped_waiting_requests;
-            # request_queue.py FCFSRequestQueue), so the last one skipped is tried first next step
-            waiting.extendleft(skipped)
+            if self._separate:  # prompt steps of their own (vLLM V0, SGLang): back in their order
+                waiting.extendleft(reversed(skipped))
+            else:
+                # V1: back at the head in reverse order, as vLLM 0.11 puts them: the skipped queue
+                # is built by ``prepend_request`` (appendleft) and ``waiting.prepend_requests``
+                # extends left with its reversal (vllm/v1/core/sched/scheduler.py schedule,
+                # skipped_waiting_requests; request_queue.py FCFSRequestQueue), so the last one
+                # skipped is tried first next step
+                waiting.extendleft(skipped)
 
     def _admit_kv_ready(self, req: Request, plan: StepPlan, now: float) -> bool:
         """Admit a waiting request whose KV exists elsewhere (swapped out, or sent by a prefill
