@@ -99,3 +99,29 @@ def test_034_default_budget_tiers():
     assert vllm_default_limits(b200, "0.11") == (8192, 1024)
     assert vllm_default_limits(h200, "0.34") == vllm_default_limits(h200, "0.11") == (8192, 1024)
     assert profile_release("vllm-v1-0.34") == "0.34" and profile_release("vllm-v1") == "0.11"
+
+
+@pytest.mark.parametrize("policy", ["chunked", "continuous"])
+def test_034_fast_forward_matches_single_steps(policy):
+    """Under ``vllm-v1-0.34`` (whole-sequence admission under KV pressure, the threshold, free
+    order), fast-forwarded decode runs give the steps and latencies of single steps."""
+    from sim.metrics.summary import summarize
+    from sim.run import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    raw = {"name": "r034", "seed": 3, "model": "llama-3-8b",
+           "hardware": {"gpu": "a100-80g", "cost_model": "roofline"}, "cluster": {"replicas": 1},
+           "engine": {"policy": policy, "profile": "vllm-v1-0.34", "max_num_seqs": 64, "max_model_len": 4096,
+                      "max_num_batched_tokens": 1024 if policy == "chunked" else 4096,
+                      "long_prefill_token_threshold": 256 if policy == "chunked" else 0,
+                      "gpu_memory_utilization": 0.22},
+           "workload": {"synthetic": {"num_requests": 150, "request_rate": 10.0,
+                                      "input_tokens": {"dist": "uniform", "min": 100, "max": 2000},
+                                      "output_tokens": {"dist": "uniform", "min": 50, "max": 600}}}}
+    ff = summarize(run_scenario(scenario_from_dict(raw)))
+    single = summarize(run_scenario(scenario_from_dict(raw), max_run_steps=1))
+    assert ff["completed"] == single["completed"] == 150
+    assert ff["simsrv_num_steps"] == single["simsrv_num_steps"]
+    assert ff["simsrv_num_preemptions"] == single["simsrv_num_preemptions"]
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms"):
+        assert ff[key] == pytest.approx(single[key], rel=1e-3), key
