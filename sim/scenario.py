@@ -592,7 +592,7 @@ class Scenario(_Strict):
         """(max_num_batched_tokens, max_num_seqs) vLLM defaults to on the GPU of the engine
         ``where`` (``engine``, or a pool ``disaggregation.<pool>`` with its own ``gpu``); an
         unknown GPU is refused when the deployment is built, so its engine keeps h100-sxm's."""
-        from sim.policies.budget import vllm_default_limits
+        from sim.policies.budget import profile_release, vllm_default_limits
         from sim.spec.hardware import scenario_gpu
 
         pool = getattr(self.disaggregation, where.rpartition(".")[2], None) if where != "engine" else None
@@ -600,7 +600,7 @@ class Scenario(_Strict):
             gpu = scenario_gpu(self.hardware, getattr(pool, "gpu", None))
         except UserError:
             return Engine.model_fields["max_num_batched_tokens"].default, Engine.model_fields["max_num_seqs"].default
-        return vllm_default_limits(gpu)
+        return vllm_default_limits(gpu, profile_release(self.engine.profile))
 
     def _fill_gpu_defaults(self) -> None:
         """``engine.max_num_batched_tokens`` and ``max_num_seqs`` left unset take the colocated

@@ -1,7 +1,9 @@
 """simsrv's scheduler against vLLM V1's own, step by step (bench/conformance.py).
 
-Runs only where vLLM is importable (``pip install -e '.[conformance]'``, pinned version); the
-default suite skips it with the reason.
+Runs only where vLLM is importable, on whichever pinned version it is (``pip install -e
+'.[conformance]'`` for 0.11.0, ``'.[conformance-latest]'`` for 0.34.0; each is compared with
+its engine profile's rules: ``vllm-v1``, ``vllm-v1-0.34``); the default suite skips it with the
+reason. Every case is 100% identical on both versions (bench/conformance_results.json).
 """
 
 import importlib.util
@@ -11,14 +13,17 @@ from pathlib import Path
 import pytest
 
 if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vllm not installed: pip install -e '.[conformance]' (bench/README.md)", allow_module_level=True)
+    pytest.skip("vllm not installed: pip install -e '.[conformance]' or '.[conformance-latest]' (bench/README.md)",
+                allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import conformance  # noqa: E402
 
 
-@pytest.mark.parametrize("name", ["kv_pressure", "long_prefill", "multi_turn_pressure"])
+@pytest.mark.parametrize("name", ["kv_pressure", "long_prefill", "multi_turn_pressure", "multi_turn_open",
+                                  "continuous_kv_pressure", "prefix_cap_pressure", "budget_threshold"])
 def test_schedules_match_vllm_step_by_step(name):
-    r = conformance.run_case(conformance.CASES[name](), conformance._model_dir())
+    assert conformance._vllm_version() in conformance.PINNED_VERSIONS
+    r = conformance.run_case(conformance.build_case(name), conformance._model_dir())
     assert r["steps"] > 1000
-    assert r["fraction"] >= 0.999, r["first_difference"]
+    assert r["fraction"] == 1.0, r["first_difference"]

@@ -64,7 +64,6 @@ CONDITIONS: dict[tuple[str, str], Callable[[list[RunFacts]], bool]] = {
     ("spec.memory", "a pipeline stage is assumed to hold"): _any(lambda f: f.pipeline_parallel > 1),
     ("spec.memory", "under pipeline parallelism a stage's share"): _any(lambda f: f.pipeline_parallel > 1),
     ("core.kv", "a request's own blocks past its shared prefix"): _any(lambda f: f.prefix_caching),
-    ("core.kv", "blocks filled while a request is in the aggregate decode set"): _any(lambda f: f.prefix_caching),
     ("core.kv", "a sliding group is charged"): _any(lambda f: f.sliding_window),
     ("core.kv", "with no full-attention group"): _any(lambda f: f.sliding_window),
     ("core.kv", "V1 would not have popped them"): _never,                  # a fragment: "them" are in the code

@@ -15,9 +15,13 @@ Only what changes timing is kept: blocks without a reusable hash are counted, no
 NOTE: a request's own blocks past its shared prefix (a unique prompt, its generated tokens) can
 only be hit by itself after a preemption; they are kept as one run per request in the free
 queue, evicted tail first, as V1's reversed free order does block by block.
-NOTE: blocks filled while a request is in the aggregate decode set are published when it leaves
-the set (finish, preemption); V1 publishes each as it fills. Only a request that looks up
-another's generated tokens while they are still being generated would see the difference.
+Blocks filled while a request decodes in the aggregate decode set are published as of the time
+they are looked up: V1's ``allocate_slots`` caches each step's full blocks (``cache_blocks``),
+so a lookup at a step sees exactly the generated blocks full by then (a multi-turn turn hitting
+an answer still being generated). The decode set publishes them lazily, block by block, when a
+lookup needs them (``DecodeSet.publish``; ``before_lookup`` for the router's look-ups), so a
+step's work does not grow with the tokens generated; blocks without a hash key (content of that
+request only) are counted when the request leaves the set, as only it can hit them.
 
 This manager is the one owner of block counts (as V1's KVCacheManager owns the block tables):
 a request's table counts its blocks, except while it decodes in the aggregate decode set
@@ -30,7 +34,7 @@ until its KV has been sent elsewhere, are counted here too. Requests carry no bl
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.core.request import Request
@@ -165,8 +169,12 @@ class KVBlockManager:
     """The blocks of one replica (all its tensor-parallel GPUs together) and their owners."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 groups: KVGroups = KVGroups()):
+                 groups: KVGroups = KVGroups(), uncached_to_head: bool = False):
         self.num_blocks = num_blocks
+        # a freed request's blocks without a hash go to the free queue's head, reused first
+        # (vLLM 0.34 block_pool.py free_blocks: "LIFO reuse of non-cached blocks"); vLLM 0.11
+        # appends every freed block to the tail
+        self.uncached_to_head = uncached_to_head
         self.block_size = block_size
         self.groups = groups
         self._plain = groups.plain  # one full-attention group: blocks_for is ceil(tokens / block_size)
@@ -195,6 +203,9 @@ class KVBlockManager:
         self.num_evicted = 0
         self.query_tokens = 0        # prompt tokens looked up in the prefix cache (first admission)
         self.hit_tokens = 0          # of which found cached
+        # publishes the decode set's generated blocks full by now before a look-up from outside a
+        # step (the router's ``cached_prefix_blocks``): ``DecodeSet.publish_between_steps``
+        self.before_lookup: Callable[[], None] | None = None
 
     def blocks_for(self, num_tokens: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
@@ -514,6 +525,32 @@ class KVBlockManager:
         if full > done:
             t.num_own_cached += full - done
 
+    def fits_whole(self, req: Request, num_tokens: int, hits: Sequence[Block] = (), own_hits: int = 0) -> bool:
+        """Whether the blocks of ``req``'s whole sequence of ``num_tokens`` are free, counting its
+        cache hits (those nobody references are taken from the free ones): vLLM 0.34's
+        admission gate (kv_cache_manager.py ``allocate_slots(full_sequence_must_fit=True)``:
+        ``get_num_blocks_to_allocate`` of the full sequence <= free blocks)."""
+        num_hit = len(hits) + own_hits
+        t = self.tables.get(req.key)
+        held = t.num_blocks if t is not None else 0
+        new = self.blocks_for(num_tokens, None, num_hit) - held - num_hit
+        evictable = own_hits + sum(1 for b in hits if b.ref == 0) if hits else own_hits
+        return max(new, 0) + evictable <= self.num_free
+
+    def unpublished_key(self, req: Request) -> int:
+        """Index of ``req``'s next block to publish when that block has a hash key (content
+        others can share: a multi-turn answer the next turn repeats), else -1."""
+        if not self.prefix_caching:
+            return -1
+        keys = req.prefix_keys
+        if not keys:
+            return -1
+        t = self.tables.get(req.key)
+        if t is None or t.num_own_cached:  # past its keys already
+            return -1
+        done = len(t.shared)
+        return done if done < len(keys) else -1
+
     def free(self, req: Request, forget: bool = False) -> None:
         """Release a request's blocks, tail first; cached ones stay resident, evictable.
         ``forget``: then ``forget(req)`` (done here for good), in one pass."""
@@ -524,7 +561,7 @@ class KVBlockManager:
             return
         del self.tables[req.key]
         t.hit_blocks = 0  # (a table kept below for its cached run starts its next allocation afresh)
-        plain = t.num_blocks - len(t.shared) - t.num_own_cached
+        uncached = plain = t.num_blocks - len(t.shared) - t.num_own_cached
         if t.held:
             self.num_held -= t.num_blocks
             t.held = False
@@ -535,7 +572,13 @@ class KVBlockManager:
             plain += t.num_own_cached
             t.num_own_cached = 0
         freed = plain
-        if plain:
+        if self.uncached_to_head:
+            # the uncached ones to the head; forgotten own cached blocks (hashed in vLLM, hit by
+            # nobody) to the tail, as cached blocks go
+            self._front += uncached
+            if plain > uncached:
+                self._append_plain(plain - uncached)
+        elif plain:
             self._append_plain(plain)
         if t.freed is not None:  # an older run of its own blocks, never hit again
             t.freed.owner = None
@@ -563,6 +606,8 @@ class KVBlockManager:
 
     def cached_prefix_blocks(self, req: Request) -> int:
         """Longest cached prefix for routing (prefix_affinity); in-use blocks count too."""
+        if self.before_lookup is not None:
+            self.before_lookup()
         keys = prefix_keys(req, self.block_size)
         hit = 0
         while hit < len(keys) and keys[hit] in self._cached:

@@ -44,7 +44,7 @@ from sim.cost.attention_backend import get_backend
 from sim.errors import UserError
 from sim.catalog.packed import load_catalog
 
-PROFILE_NAMES = ("vllm-v1", "vllm-v0", "sglang", "trt-llm", "custom")
+PROFILE_NAMES = ("vllm-v1", "vllm-v1-0.34", "vllm-v0", "sglang", "trt-llm", "custom")
 DEFAULT_PROFILE = "vllm-v1"
 
 
@@ -81,6 +81,9 @@ class EngineProfile:
     frontend_per_output_token_s: float = 0.0
     frontend_chunk_s: float = 0.0
     frontend_overlap: bool = True
+    # the vLLM release whose V1 scheduling rules the scheduler follows (EngineLimits.vllm_release):
+    # "0.11" (vllm-v1 and the non-vLLM profiles: simsrv's rules before) | "0.34" (vllm-v1-0.34)
+    vllm_release: str = "0.11"
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -188,6 +191,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["frontend_overlap"] = d.get("frontend_overlap", True)
+    kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 

@@ -20,7 +20,7 @@ from sim.spec.memory import MemoryPlan, plan_memory
 from sim.spec.nodes import NodeLinks, boundary_crosses, check_placement, node_links
 from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
-from sim.policies.budget import budget_error, engine_limits, policy_engines, vllm_default_limits
+from sim.policies.budget import budget_error, engine_limits, policy_engines, profile_release, vllm_default_limits
 from sim.core.kv import KVBlockManager
 from sim.scenario import Scenario
 
@@ -46,7 +46,7 @@ class Deployment:
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
         kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching,
-                            self.memory.kv_groups)
+                            self.memory.kv_groups, uncached_to_head=self.limits.vllm_release == "0.34")
         return cls(self.limits, kv)
 
     @property
@@ -135,6 +135,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         separate_prefill_steps=e.separate_prefill_steps,
         capacity_scheduler_policy=e.capacity_scheduler_policy,
         admission=e.admission,
+        vllm_release=engine.vllm_release,
     )
     c = s.cluster
     nodes = node_links(c, gpu)
@@ -254,7 +255,7 @@ def _checked_lengths(s: Scenario, model: ModelSpec, gpu: GPUSpec,
     engines = dict(policy_engines(e.policy))
     pool = "engine" if where == "scenario" else where
     chunked = engines.get(pool, False)
-    budget, seqs = engine_limits(e, chunked, max_len, vllm_default_limits(gpu))
+    budget, seqs = engine_limits(e, chunked, max_len, vllm_default_limits(gpu, profile_release(e.profile)))
     source = "engine.max_model_len" if e.max_model_len else f"engine.max_model_len (unset: {model.name}'s context length)"
     msg = budget_error(e, pool, chunked, budget, max_len, source, max_num_seqs=seqs)
     if msg:

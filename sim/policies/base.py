@@ -52,6 +52,9 @@ class EngineLimits:
     max_run_steps: int = 1 << 30  # cap on a fast-forwarded run of identical decode steps
     # which engine's admission and retraction rules (sim/policies/admission.py): vllm | sglang
     admission: str = "vllm"
+    # the vLLM release whose V1 scheduling rules apply (engine profile ``vllm_release``):
+    # "0.11" | "0.34" (bench/README.md, "bench/conformance.py": what changed between them)
+    vllm_release: str = "0.11"
 
 
 @dataclass(slots=True)
@@ -197,6 +200,9 @@ class Scheduler:
         # decodes that sat out steps since their last token (the budget pause above, or prompt
         # steps of their own): key -> (request, seconds paused), in the order they first paused
         self._pause_s: dict[Any, tuple[Request, float]] = {}
+        # 1 while waiting requests are admitted before this step's decodes are scheduled (a
+        # prompt step of its own): their look-ups see the generated blocks of the last step run
+        self._lookup_lag = 0
         self.admission = make_admission(limits.admission, kv.prefix_caching)
 
     @property
@@ -232,6 +238,12 @@ class Scheduler:
         self._prompt_steps_pause = limits.separate_prefill_steps and limits.num_scheduler_steps == 1
         self._no_evict = limits.capacity_scheduler_policy == "guaranteed_no_evict"
         self._swap = limits.preemption_mode == "swap"
+        # vLLM 0.34's rules (vllm/v1/core/sched/scheduler.py schedule, 0.34.0): a prompt is
+        # admitted only when the blocks of its whole sequence are free (SchedulerConfig
+        # scheduler_reserve_full_isl, on by default: allocate_slots(full_sequence_must_fit));
+        # long_prefill_token_threshold applies only when more than one request is running or
+        # waiting; without chunked prefill a prompt over the budget left stops admission
+        self._v034 = limits.vllm_release == "0.34"
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -334,6 +346,9 @@ class Scheduler:
         kv, ds = self.kv, self.decode
         budget = self._budget
         plan = new_plan(now)
+        if self._v034:  # "when it is the only request there is nobody to starve" (vLLM 0.34)
+            alone = len(self.running) + len(self.waiting) <= 1
+            self._threshold = 0 if alone else self._limits.long_prefill_token_threshold
         separate = self._separate
         if separate and self.waiting:
             # vLLM V0 without chunked prefill (vllm/core/scheduler.py _schedule_default) and
@@ -342,7 +357,9 @@ class Scheduler:
             # when no prompt could be admitted. vLLM 0.6 multi-step runs on that scheduler (the
             # only mode 0.6.0 allows with it), the prompt step single (no lookahead slots:
             # _get_num_lookahead_slots(is_prefill=True) == 0).
+            self._lookup_lag = 1  # before this step's decodes: look-ups see the last step's blocks
             self._fill_prefills(plan, budget, now)
+            self._lookup_lag = 0
             if plan.chunks:
                 if plan.ready_gaps_s and self._prompt_steps_pause:
                     self._defer_ready_gaps(plan)
@@ -541,8 +558,9 @@ class Scheduler:
 
     def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
         """Waiting requests in order (vLLM's loop over ``self.waiting``): one whose first chunk
-        the policy cannot take now is skipped and keeps its place; one whose KV blocks do not
-        fit stops the loop (first come first served on memory)."""
+        the policy cannot take now is skipped, and the skipped ones go back at the queue's head
+        in reverse order (vLLM 0.11 V1; in their order with prompt steps of their own); one
+        whose KV blocks do not fit stops the loop (first come first served on memory)."""
         waiting, running, max_num_seqs = self.waiting, self.running, self._max_num_seqs
         skipped: list[Request] = []
         if self._hooks:
@@ -562,7 +580,15 @@ class Scheduler:
                 break
             budget -= n
         if skipped:
-            waiting.extendleft(reversed(skipped))
+            if self._separate:  # prompt steps of their own (vLLM V0, SGLang): back in their order
+                waiting.extendleft(reversed(skipped))
+            else:
+                # V1: back at the head in reverse order, as vLLM 0.11 puts them: the skipped queue
+                # is built by ``prepend_request`` (appendleft) and ``waiting.prepend_requests``
+                # extends left with its reversal (vllm/v1/core/sched/scheduler.py schedule,
+                # skipped_waiting_requests; request_queue.py FCFSRequestQueue), so the last one
+                # skipped is tried first next step
+                waiting.extendleft(skipped)
 
     def _admit_kv_ready(self, req: Request, plan: StepPlan, now: float) -> bool:
         """Admit a waiting request whose KV exists elsewhere (swapped out, or sent by a prefill
@@ -609,11 +635,17 @@ class Scheduler:
         if self._hooks and not self._admission.admits(self, req):  # vLLM's admits everything
             plan.kv_blocked = True
             return 0
+        ds = self.decode
+        if ds.pub_heap:  # generated blocks full by this step's decodes (DecodeSet.publish)
+            ds.publish(ds.steps - self._lookup_lag)
         hits, own = kv.lookup(req)
         start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
             return n
+        if self._v034 and not kv.fits_whole(req, req.prefill_target, hits, own):
+            plan.kv_blocked = True  # vLLM 0.34: its whole sequence's blocks must be free
+            return 0
         if not kv.allocate(req, start + n, hits, own, computed=start):
             plan.kv_blocked = True
             return 0

@@ -31,14 +31,31 @@ GIB_BYTES = 2 ** 30
 LARGE_GPU_LIMITS = (8192, 1024)   # device total memory >= 70 GiB and "a100" not in its name
 OTHER_GPU_LIMITS = (2048, 256)    # any other GPU ("TODO(woosuk): Tune the default values")
 LARGE_GPU_MIN_BYTES = 70 * GIB_BYTES
+# vLLM 0.34.0 (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``) adds a tier: GPUs of
+# >= 160 GiB ("B200/B300") take 16384 and 1024 (and GB10, compute capability 12.1, stays on the
+# small tier: no GPU of the catalogue is one)
+XL_GPU_LIMITS_034 = (16384, 1024)
+XL_GPU_MIN_BYTES_034 = 160 * GIB_BYTES
 
 
-def vllm_default_limits(gpu) -> tuple[int, int]:
+def profile_release(profile: str) -> str:
+    """The vLLM release whose rules engine profile ``profile`` follows (its ``vllm_release`` in
+    sim/catalog/engine_profiles.yaml; "0.11" when it names none)."""
+    from sim.catalog.packed import load_catalog
+
+    entry = load_catalog("engine_profiles.yaml").get(profile) or {}
+    return str(entry.get("vllm_release", "0.11"))
+
+
+def vllm_default_limits(gpu, release: str = "0.11") -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI API server defaults to on ``gpu`` (a
     ``GPUSpec``) with chunked prefill: vllm/engine/arg_utils.py ``EngineArgs._set_default_args``
     compares ``current_platform.get_device_total_memory()`` (CUDA's total: ``cuda_total_bytes``)
     with 70 GiB and looks for "a100" in the device name (PR #17885: the larger budget lowers an
-    A100's throughput). A custom GPU is judged by its memory and its name (key and name here)."""
+    A100's throughput). A custom GPU is judged by its memory and its name (key and name here).
+    ``release`` "0.34": vLLM 0.34's tiers (``XL_GPU_LIMITS_034`` first)."""
+    if release == "0.34" and gpu.cuda_total_bytes >= XL_GPU_MIN_BYTES_034:
+        return XL_GPU_LIMITS_034
     named_a100 = "a100" in f"{gpu.key} {gpu.name}".lower()
     return LARGE_GPU_LIMITS if gpu.cuda_total_bytes >= LARGE_GPU_MIN_BYTES and not named_a100 else OTHER_GPU_LIMITS
 
@@ -61,7 +78,13 @@ def budget_tokens(engine, chunked: bool, max_model_len: int | None, default_budg
     length)."""
     if "max_num_batched_tokens" in engine.model_fields_set:
         return engine.max_num_batched_tokens
-    return default_budget if chunked else max_model_len
+    if chunked:
+        return default_budget
+    if max_model_len is not None and profile_release(engine.profile) == "0.34":
+        # vLLM 0.34: "If max_model_len is too short, use the default for higher throughput"
+        # (arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args: max(max_model_len, default))
+        return max(max_model_len, default_budget)
+    return max_model_len
 
 
 def seqs_limit(engine, budget: int | None, default_seqs: int) -> int:

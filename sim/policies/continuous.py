@@ -35,7 +35,9 @@ class ContinuousScheduler(Scheduler):
             # request recomputes prompt + generated tokens, which may exceed it: that runs in a
             # step with no other prompt instead of waiting forever.
             if plan.chunks or remaining <= self._budget:
-                return -1
+                # vLLM 0.34 stops admitting there instead ("If chunked_prefill is disabled, we
+                # can stop the scheduling here": scheduler.py schedule, 0.34.0)
+                return 0 if self._v034 else -1
         return remaining
 
 

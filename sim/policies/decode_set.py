@@ -64,6 +64,12 @@ class DecodeSet:
         # n % block_size == (q + steps) % block_size; constant while a sequence stays in the set.
         self.phase_count = [0] * block_size
         self._heap: list[_Due] = []  # (finish step, id, epoch, request)
+        # (step whose scheduling fills its next block with a hash key, id, epoch, request): the
+        # generated blocks others can hit, published block by block as of each look-up
+        # (``publish``; vLLM V1 ``allocate_slots`` -> ``cache_blocks`` every step)
+        self.pub_heap: list[_Due] = []
+        if kv.prefix_caching:
+            kv.before_lookup = self.publish_between_steps
 
     # -- membership ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -79,6 +85,8 @@ class DecodeSet:
         self.phase_count[req.phase] += 1
         finish_step = self.steps + req.output_tokens - req.num_generated
         heappush(self._heap, (finish_step, req.request_id, req.epoch, req))
+        if req.prefix_keys:  # it may generate blocks others can hit (``kv.unpublished_key``)
+            self._push_publish(req)
         if not self._sliding:  # _slide_last is -1: nothing to fill
             return
         last = self._slide_last(req)
@@ -94,6 +102,9 @@ class DecodeSet:
         n = req.prompt_tokens + g - 1
         req.num_generated = g
         self.kv.from_decode(req, n)
+        if self.pub_heap and req.prefix_keys:
+            # its blocks full by its last step (n tokens: V1 cached them when it scheduled it)
+            self.kv.cache(req, n)
         req.in_decode = False
         if self.num_filling and self._filling(req):
             self.num_filling -= 1
@@ -125,6 +136,39 @@ class DecodeSet:
         if (req.phase + self.steps) % self.block_size:
             return 0
         return self.w_full + (self.w_slide if self._filling(req) else 0)
+
+    # -- generated blocks in the prefix cache ---------------------------------------------------
+    # A sequence that joined at step s0 with g0 tokens is scheduled at step S >= s0 with
+    # prompt + g0 + (S - s0) tokens, and V1's allocate_slots caches the full blocks among them
+    # (vllm/v1/core/kv_cache_manager.py allocate_slots -> coordinator.cache_blocks, capped at
+    # request.num_tokens). Its block j (0-based) is full from the step
+    # s0 + (j + 1) x block_size - prompt - g0 on.
+    def _push_publish(self, req: Request) -> None:
+        """Queue ``req``'s next block with a hash key at the step that fills it (none: nothing)."""
+        j = self.kv.unpublished_key(req)
+        if j >= 0:
+            due = req.step_join + (j + 1) * self.block_size - req.prompt_tokens - req.g_join
+            heappush(self.pub_heap, (due, req.request_id, req.epoch, req))
+
+    def publish(self, through_step: int) -> None:
+        """Publish the hash-keyed generated blocks full once step ``through_step`` (0-based: the
+        decodes of step ``steps`` are scheduled, or the last one run, ``steps - 1``) is
+        scheduled. Idempotent; work per block published, none per token."""
+        heap = self.pub_heap
+        while heap:
+            step, _id, epoch, req = heap[0]
+            if step > through_step:
+                break
+            heappop(heap)
+            if epoch != req.epoch:  # it left the set (``remove`` published its blocks)
+                continue
+            self.kv.cache(req, req.prompt_tokens + req.g_join + (through_step - req.step_join))
+            self._push_publish(req)
+
+    def publish_between_steps(self) -> None:
+        """``publish`` as of the last step run (a look-up between steps)."""
+        if self.pub_heap:
+            self.publish(self.steps - 1)
 
     # -- look-ahead ---------------------------------------------------------------------------
     # Step j of a run computes the token at position n + j and needs ceil((n + j + 1) / bs)
