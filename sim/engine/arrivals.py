@@ -33,21 +33,23 @@ _NO_WAIT, _WAITING, _WOKEN = 0, 1, 2
 
 
 # a slice: (arrival seconds, prompt tokens, output tokens, hash ids or None, offset, hash block
-# size); typed: compiled (sim/compiled_core.py), its lists' items are read natively, not by a
+# size, max_tokens or None: none sent); typed: compiled (sim/compiled_core.py), its lists' items are read natively, not by a
 # generic subscript of an object
-_Slice = tuple[list[float], list[int], list[int], Any, int, int]
+_Slice = tuple[list[float], list[int], list[int], Any, int, int, Any]
 
 
 def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
     """Consecutive slices of the workload as Python lists: (arrival seconds, prompt tokens,
-    output tokens, the chunk's hash ids or None, the slice's offset in its chunk, hash block size).
+    output tokens, the chunk's hash ids or None, the slice's offset in its chunk, hash block size,
+    max_tokens or None).
     A stream is read only when the previous chunk's last request has been sent."""
     for chunk in chunks:
         for lo in range(0, len(chunk), ARRIVAL_SLICE):
             yield (chunk.arrival_s[lo:lo + ARRIVAL_SLICE].tolist(),
                    chunk.input_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
                    chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
-                   chunk.hash_ids, lo, chunk.hash_block_size)
+                   chunk.hash_ids, lo, chunk.hash_block_size,
+                   None if chunk.max_tokens is None else chunk.max_tokens[lo:lo + ARRIVAL_SLICE].tolist())
 
 
 class Arrivals:
@@ -66,7 +68,7 @@ class Arrivals:
         self._wait = _NO_WAIT
         self._slices = _slices(chunks)
         # the slice being sent (``_slices``) and the index in it of the next request
-        self._slice: _Slice = ([], [], [], None, 0, 16)
+        self._slice: _Slice = ([], [], [], None, 0, 16, None)
         self._j = 0
         self._timer = Call(env, self._time_reached)  # the wait for the next arrival time (one at a time)
         Call(env, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
@@ -96,7 +98,7 @@ class Arrivals:
         (the event's time; compiled, sim/compiled_core.py, read natively from the event, where
         the environment's ``_now`` is a generic look-up)."""
         submit, requests = self._submit, self.requests
-        arrival, inp, out, hash_ids, lo, block_size = self._slice
+        arrival, inp, out, hash_ids, lo, block_size, max_tokens = self._slice
         j = self._j
         t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
         while True:
@@ -105,7 +107,7 @@ class Arrivals:
                 if nxt is None:
                     return  # every request sent (the process's end)
                 self._slice = nxt
-                arrival, inp, out, hash_ids, lo, block_size = nxt
+                arrival, inp, out, hash_ids, lo, block_size, max_tokens = nxt
                 j = 0
             t = arrival[j]
             if not reached:
@@ -121,7 +123,7 @@ class Arrivals:
                     return
                 self.free -= 1
                 t = now  # sent now
-            req = Request(self.sent, t, inp[j], out[j])
+            req = Request(self.sent, t, inp[j], out[j], 0 if max_tokens is None else max_tokens[j])
             if hash_ids is not None:
                 req.hash_ids = hash_ids[lo + j]
                 req.hash_block_size = block_size

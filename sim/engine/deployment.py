@@ -133,6 +133,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         separate_prefill_steps=e.separate_prefill_steps,
         capacity_scheduler_policy=e.capacity_scheduler_policy,
         admission=e.admission,
+        ignore_eos=s.workload.max_tokens == "output",
     )
     c = s.cluster
     link = pipeline_link_bytes_per_s(s, gpu, tp) if pp > 1 else None
