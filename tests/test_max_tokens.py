@@ -107,3 +107,21 @@ def test_a_trace_column_reaches_the_scheduler(tmp_path):
     assert summarize(result)["simsrv_truncated_requests"] == 2
     raw["workload"]["max_tokens"] = "output"  # the key, when given, is what the clients send
     assert summarize(run_scenario(scenario_from_dict(raw)))["simsrv_truncated_requests"] == 0
+
+
+def test_trace_convert_keeps_a_generic_max_tokens_column(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    f = tmp_path / "g.csv"
+    f.write_text("t,p,o,cap\n0,100,50,40\n1,20,30,100\n")
+    out = tmp_path / "n.parquet"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "sim", "trace", "convert", str(f), "-o", str(out), "--format", "generic",
+                        "--arrival-column", "t", "--input-column", "p", "--output-column", "o",
+                        "--max-tokens-column", "cap"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert read_trace(out).max_tokens.tolist() == [40, 100]
