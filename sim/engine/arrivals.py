@@ -33,8 +33,8 @@ _NO_WAIT, _WAITING, _WOKEN = 0, 1, 2
 
 
 # a slice: (arrival seconds, prompt tokens, output tokens, hash ids or None, offset, hash block
-# size, max_tokens or None: none sent); typed: compiled (sim/compiled_core.py), its lists' items are read natively, not by a
-# generic subscript of an object
+# size, max_tokens or None: none sent); typed: compiled (sim/compiled_core.py), its lists' items
+# are read natively, not by a generic subscript of an object
 _Slice = tuple[list[float], list[int], list[int], Any, int, int, Any]
 
 
