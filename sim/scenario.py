@@ -360,6 +360,7 @@ class TraceColumns(_Strict):
     arrival: str = "arrival_s"
     input: str = "input_tokens"
     output: str = "output_tokens"
+    max_tokens: Optional[str] = None  # the max_tokens each request was sent with (optional)
 
 
 class TraceSpec(_Strict):
@@ -482,6 +483,11 @@ class Synthetic(_Strict):
 class Workload(_Strict):
     trace: Optional[TraceSpec] = None
     synthetic: Optional[Synthetic] = None
+    # what each request's client sends as max_tokens (sim/workload/max_tokens.py): null = none
+    # (the engine's default: the context left, max_model_len - prompt; a trace's max_tokens
+    # column where it has one), a number (every request), or ``output``: each request's output
+    # length, with ignore_eos (vLLM bench serve / SGLang bench_serving / trtllm-bench)
+    max_tokens: Union[None, Literal["output"], Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "Workload":

@@ -18,7 +18,9 @@ from tests.conftest import without_wall_clock
 
 
 def _sched(blocks: int, prefix_caching: bool, **kw) -> ContinuousScheduler:
-    return ContinuousScheduler(EngineLimits(max_num_batched_tokens=4096, admission="sglang", **kw),
+    # bench_serving's requests: max_new_tokens = the output length, ignore_eos (the Request's
+    # fifth argument; EngineLimits.ignore_eos)
+    return ContinuousScheduler(EngineLimits(max_num_batched_tokens=4096, admission="sglang", ignore_eos=True, **kw),
                                KVBlockManager(blocks, 16, enable_prefix_caching=prefix_caching))
 
 
@@ -35,7 +37,7 @@ def _drain(s: ContinuousScheduler, t: float = 0.0) -> float:
 def test_ratio_estimate_admission_by_hand():
     # 20 blocks x 16 = 320 free tokens. a (100 in, 100 out) is admitted alone: 100 + 100 < 320.
     s = _sched(20, prefix_caching=True)
-    a, b = Request(0, 0.0, 100, 100), Request(1, 0.0, 100, 100)
+    a, b = Request(0, 0.0, 100, 100, 100), Request(1, 0.0, 100, 100, 100)
     s.add_request(a, 0.0)
     s.add_request(b, 0.0)
     plan = s.schedule(0.0)
@@ -51,7 +53,7 @@ def test_ratio_estimate_admission_by_hand():
 
 def test_ratio_decays_per_decode_step_and_resets_when_idle():
     s = _sched(100, prefix_caching=True)
-    s.add_request(Request(0, 0.0, 20, 51), 0.0)
+    s.add_request(Request(0, 0.0, 20, 51, 51), 0.0)
     s.on_step_done(s.schedule(0.0), 0.01)
     plan = s.schedule(0.01)         # a run of 50 decode steps to its end
     assert plan.num_steps == 50
@@ -63,9 +65,9 @@ def test_ratio_decays_per_decode_step_and_resets_when_idle():
 
 def _one_running(prefix_caching: bool) -> ContinuousScheduler:
     s = _sched(40, prefix_caching)
-    s.add_request(Request(0, 0.0, 16, 201), 0.0)  # prefilled: 1 block, 200 tokens to go
+    s.add_request(Request(0, 0.0, 16, 201, 201), 0.0)  # prefilled: 1 block, 200 tokens to go
     s.on_step_done(s.schedule(0.0), 0.01)
-    s.add_request(Request(1, 0.01, 500, 10), 0.01)
+    s.add_request(Request(1, 0.01, 500, 10, 10), 0.01)
     return s
 
 
@@ -91,7 +93,7 @@ def test_retraction_frees_twenty_steps_per_decode_and_resets_the_ratio():
     # 12 blocks; three requests of 16 in, 100 out are admitted at ratio 0.7 with room to start,
     # then run out of KV while decoding: SGLang retracts instead of preempting the tail.
     s = _sched(12, prefix_caching=False)
-    reqs = [Request(i, 0.0, 16, 100) for i in range(3)]
+    reqs = [Request(i, 0.0, 16, 100, 100) for i in range(3)]
     for r in reqs:
         s.add_request(r, 0.0)
     _drain(s)
@@ -104,7 +106,7 @@ def test_retract_decode_by_hand():
     # 12 blocks. a (16 in, 100 out) and b (30 in, 100 out) start together (admitted as vLLM
     # would, to reach the shortage fast); at their ends they would need 8 + 9 blocks
     s = ContinuousScheduler(EngineLimits(max_num_batched_tokens=4096), KVBlockManager(12, 16))
-    a, b = Request(0, 0.0, 16, 100), Request(1, 0.0, 30, 100)
+    a, b = Request(0, 0.0, 16, 100, 100), Request(1, 0.0, 30, 100, 100)
     s.add_request(a, 0.0)
     s.add_request(b, 0.0)
     s.on_step_done(s.schedule(0.0), 0.01)
@@ -128,7 +130,7 @@ def test_a_lone_request_is_admitted_even_above_the_estimate():
     # SGLang clips max_new_tokens so that prompt + max_new_tokens fits the pool; here a request
     # alone is let in whatever the estimate says (9 blocks = 144 < 16 + 200)
     s = _sched(9, prefix_caching=True)
-    r = Request(0, 0.0, 16, 112)
+    r = Request(0, 0.0, 16, 112, 112)
     s.add_request(r, 0.0)
     _drain(s)
     assert r.status == "completed"
@@ -138,7 +140,7 @@ def _run(engine: dict, n=60) -> dict:
     raw = {"name": "adm", "model": "llama-3-8b", "hardware": {"gpu": "a100-80g"},
            "engine": {"policy": "continuous", "profile": "sglang", "separate_prefill_steps": True,
                       "gpu_memory_utilization": 0.25, **engine},
-           "workload": {"synthetic": {"num_requests": n, "request_rate": float("inf"),
+           "workload": {"max_tokens": "output", "synthetic": {"num_requests": n, "request_rate": float("inf"),
                                       "input_tokens": {"dist": "lognormal", "mean": 400, "sigma": 1.0,
                                                        "max": 2000},
                                       "output_tokens": {"dist": "lognormal", "mean": 300, "sigma": 0.9,

@@ -88,7 +88,9 @@ def test_prefix_caching_cuts_ttft():
 def _probe_tpot_ms(policy_sets, other_prompt_tokens):
     mix = ("workload.synthetic.input_tokens={dist: mixture, components: [{weight: 0.5, dist: fixed, value: 500}, "
            f"{{weight: 0.5, dist: fixed, value: {other_prompt_tokens}}}]}}")
-    result, _ = _run("disaggregated.yaml", *policy_sets, mix)
+    # sent as a benchmark client sends them (max_tokens = output, ignore_eos): an 8,000-token
+    # prompt with more output than max_model_len 8,192 leaves is refused, as vLLM answers 400
+    result, _ = _run("disaggregated.yaml", *policy_sets, mix, "workload.max_tokens=output")
     probe = result.requests.filter((pl.col("input_tokens") == 500) & (pl.col("status") == "completed"))
     return probe["tpot_s"].drop_nans().quantile(0.99) * 1e3
 

@@ -120,7 +120,7 @@ def test_prompt_that_can_never_fit_fails_with_reason():
 
 def test_prompt_over_max_model_len_fails():
     s = _sched(ContinuousScheduler, max_model_len=4096)
-    r = Request(0, 0.0, 4000, 200)
+    r = Request(0, 0.0, 4000, 200, 200)  # sent with max_tokens 200 (none sent: it stops at the context's end)
     assert not s.add_request(r, 0.0)
     assert "max_model_len 4096" in r.fail_reason
 
@@ -145,7 +145,7 @@ from sim.policies.static import StaticScheduler  # noqa: E402
 def test_static_admits_nothing_until_the_batch_drains():
     s = _sched(StaticScheduler, max_num_seqs=2)
     for i, out in enumerate((3, 10, 5)):
-        s.add_request(Request(i, 0.0, 50, out), 0.0)
+        s.add_request(Request(i, 0.0, 50, out, out), 0.0)  # max_tokens sent: what the batch reserves
     plan = s.schedule(0.0)
     assert [r.request_id for r, _ in plan.chunks] == [0, 1]
     now, seen = 0.0, []

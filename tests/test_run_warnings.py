@@ -49,14 +49,18 @@ def test_saturation_is_warned_and_a_stable_run_is_not():
 
 def test_run_cli_warns_refuses_overwrite_and_writes_null_times(tmp_path):
     s = tmp_path / "s.yaml"
-    s.write_text(yaml.safe_dump(_saturating(200.0)))
+    raw = _saturating(200.0)
+    # sent with max_tokens = each output length: those over the context are refused (vLLM's 400);
+    # with none sent they would run to the context's end instead
+    raw["workload"]["max_tokens"] = "output"
+    s.write_text(yaml.safe_dump(raw))
     out = tmp_path / "run"
     p = simsrv("run", s, "--out", out)
     assert p.returncode == 0, p.stderr
     warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "saturated" in warnings[0] and "(12%) failed" in warnings[1]
     failed_lines = [line for line in p.stdout.splitlines() if line.startswith("failed: ")]
-    assert failed_lines == ["failed: 46 x prompt+output 1208-4017 tokens > max_model_len 1200"]
+    assert failed_lines == ["failed: 46 x prompt+max_tokens 1208-4017 tokens > max_model_len 1200"]
     result = json.loads((out / "result.json").read_text())
     assert result["simsrv_warnings"] == [w.removeprefix("warning: ") for w in warnings]
     assert result["simsrv_max_itl_ms"] >= result["p99.9_itl_ms"] >= result["p99_itl_ms"] > 0

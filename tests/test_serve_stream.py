@@ -36,7 +36,7 @@ def _token_times(view: LiveView, arrivals: list[tuple[float, int, int]], horizon
         view.run_until(t)
         while pending and pending[0][0] <= t:
             _, n_in, n_out = pending.pop(0)
-            ids.append(view.inject(n_in, n_out))
+            ids.append(view.inject(n_in, n_out, n_out))
         for rid in ids:
             n, _, _ = view.progress(rid, t)
             got = times.setdefault(rid, [])

@@ -68,7 +68,10 @@ CONDITIONS: dict[tuple[str, str], Callable[[list[RunFacts]], bool]] = {
     ("core.kv", "with no full-attention group"): _any(lambda f: f.sliding_window),
     ("core.kv", "V1 would not have popped them"): _never,                  # a fragment: "them" are in the code
     ("policies.base", "where KV for the whole block is short"): _any(lambda f: f.multi_step),
-    ("policies.base", "output length stands for its max_tokens"): _any(lambda f: f.no_evict),
+    ("policies.base", "prefix-cache hits are not discounted"): _any(lambda f: f.no_evict),
+    # only where a replica's KV cache holds fewer tokens than max_model_len (an engine vLLM
+    # refuses to start), which the run's facts (its resolved scenario) do not carry
+    ("policies.base", "vLLM refuses to start an engine whose KV cache"): _never,
     ("cost.roofline", "applied per kernel to operators without"): _never,   # a fragment: "applied" to what?
     ("cost.roofline", "fp8/int8 GEMM kernels are assumed"): _any(lambda f: f.quantized),
     ("cost.roofline", "the model is pure"): _never,                          # about the code, not the model

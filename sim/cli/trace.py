@@ -22,7 +22,7 @@ _out = LazyConsole()
 
 
 def _options(fmt: str, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
-             spread_grid_s, seed):
+             spread_grid_s, seed, max_tokens_col=None):
     from sim.workload.readers import ReadOptions
 
     if fmt not in format_choices():
@@ -31,7 +31,8 @@ def _options(fmt: str, hash_block_size, model_filter, keep_failed, time_unit, ar
         raise UserError(f"--time-unit {time_unit}: one of {', '.join(TIME_UNITS)}")
     return ReadOptions(format=fmt, hash_block_size=hash_block_size, model_filter=model_filter,
                        keep_failed=keep_failed, time_unit=time_unit, arrival_column=arrival_col,
-                       input_column=input_col, output_column=output_col, spread_grid_s=spread_grid_s, seed=seed)
+                       input_column=input_col, output_column=output_col, max_tokens_column=max_tokens_col,
+                       spread_grid_s=spread_grid_s, seed=seed)
 
 
 FORMAT_HELP = " | ".join(format_choices())
@@ -49,6 +50,8 @@ def inspect(
     arrival_col: str = typer.Option("arrival_s", "--arrival-column"),
     input_col: str = typer.Option("input_tokens", "--input-column"),
     output_col: str = typer.Option("output_tokens", "--output-column"),
+    max_tokens_col: Optional[str] = typer.Option(None, "--max-tokens-column",
+                                                 help="generic: the max_tokens each request was sent with."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML page with an altair chart."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ):
@@ -57,7 +60,7 @@ def inspect(
     from sim.workload.inspect import sparkline, trace_stats
 
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
-                    None, 0)
+                    None, 0, max_tokens_col)
     if html_out is not None:
         check_output(html_out, "--html", directory=False)
     stats = trace_stats(file, opts)
@@ -113,6 +116,8 @@ def convert(
     arrival_col: str = typer.Option("arrival_s", "--arrival-column"),
     input_col: str = typer.Option("input_tokens", "--input-column"),
     output_col: str = typer.Option("output_tokens", "--output-column"),
+    max_tokens_col: Optional[str] = typer.Option(None, "--max-tokens-column",
+                                                 help="generic: the max_tokens each request was sent with."),
 ):
     """Normalise a trace to Parquet, optionally cut, sampled and rescaled (gaps scaled, not redrawn)."""
     from sim.workload.normalized import write_normalized
@@ -123,7 +128,7 @@ def convert(
         raise UserError(f"-o {out}: the output is Parquet; name it *.parquet")
     check_output(out, "-o", directory=False)
     opts = _options(fmt, hash_block_size, model_filter, keep_failed, time_unit, arrival_col, input_col, output_col,
-                    spread_grid_s, seed)
+                    spread_grid_s, seed, max_tokens_col)
     source_format = detect_format(file) if fmt == "auto" else fmt
     arr = read_trace(file, opts=opts)
     n_in = len(arr)

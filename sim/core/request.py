@@ -21,7 +21,7 @@ class Request:
     __slots__ = (
         # what was asked; ``key``: the id as one object, the key of the schedulers' and the KV
         # manager's dicts by request
-        "request_id", "key", "arrival_s", "prompt_tokens", "output_tokens",
+        "request_id", "key", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens",
         # lifecycle (the scheduler's)
         "status", "fail_reason", "replica", "num_preemptions",
         "num_generated", "num_computed", "prefill_target", "kv_ready",
@@ -37,7 +37,8 @@ class Request:
         "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
     )
 
-    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 max_tokens: int = 0):
         # what was asked
         self.request_id = request_id
         # (typed Any: compiled, sim/compiled_core.py, the id is boxed once here, where each
@@ -45,7 +46,13 @@ class Request:
         self.key: Any = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
+        # ``output_tokens``: the tokens it will generate before its end of sequence (the model's
+        # EOS: only the step that emits the last one reads it); ``max_tokens``: what the client
+        # sent, 0 for none, which the scheduler replaces with the engine's default on arrival
+        # (Scheduler.add_request). Every decision before the finish reads ``max_tokens`` only
+        # (tests/test_no_oracle.py).
         self.output_tokens = output_tokens
+        self.max_tokens = max_tokens
         # lifecycle
         self.status = "waiting"     # waiting | running | completed | failed
         self.fail_reason = ""

@@ -136,6 +136,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         capacity_scheduler_policy=e.capacity_scheduler_policy,
         admission=e.admission,
         vllm_release=engine.vllm_release,
+        ignore_eos=s.workload.max_tokens == "output",
     )
     c = s.cluster
     nodes = node_links(c, gpu)

@@ -18,6 +18,7 @@ from sim.metrics.vllm_bench import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEY
 from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_notes
 from sim.run import frontend_status
 from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
+from sim.policies.base import FINISH_LENGTH
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -123,6 +124,9 @@ def summarize(result) -> dict:
     model_id = s.model if isinstance(s.model, str) else (s.model.name or s.model.hf_config)
     labels = result.results.labels()
     reasons = failure_kinds([labels[c][1] for c in result.request_column("label")[~ok].tolist()])
+    # completed at their max_tokens before their end of sequence (sim/policies/base.py settle_max_tokens)
+    stopped = [c for c, (status, reason) in enumerate(labels) if status == "completed" and reason == FINISH_LENGTH]
+    truncated = int(np.isin(result.request_column("label"), stopped).sum()) if stopped else 0
     dep = result.deployment
     out: dict = {
         "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -166,6 +170,7 @@ def summarize(result) -> dict:
         "simsrv_seed": s.seed,
         "simsrv_num_preemptions": int(col("num_preemptions").sum()),
         "simsrv_failed_reasons": reasons,
+        "simsrv_truncated_requests": truncated,
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
         "simsrv_peak_kv_usage": result.peak_kv_usage,

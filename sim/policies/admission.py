@@ -65,13 +65,14 @@ class VLLMAdmission:
 class SGLangAdmission(VLLMAdmission):
     """SGLang 0.3's PrefillAdder admission and retract_decode.
 
-    Requests here always run to their output length, as bench_serving's requests do (it sends
-    ``ignore_eos`` unless --disable-ignore-eos), so ``max_new_tokens`` is ``output_tokens``.
-    With the radix cache disabled (``enable_prefix_caching: false``: SGLang's
-    --disable-radix-cache) such requests take ``add_one_req_ignore_eos``: the running requests'
-    exact remaining tokens, released as each finishes, must fit; otherwise ``add_one_req``:
-    the prompt plus its clipped max_new_tokens must fit in the free tokens less the running
-    requests' remaining tokens x new_token_ratio.
+    ``max_new_tokens`` is the request's ``max_tokens`` (what the engine knows), never the
+    tokens it will generate before its end of sequence. Requests sent with ``ignore_eos`` (as
+    bench_serving sends them unless --disable-ignore-eos: ``workload.max_tokens: output``) run
+    to their max_new_tokens; with the radix cache disabled (``enable_prefix_caching: false``:
+    SGLang's --disable-radix-cache) they take ``add_one_req_ignore_eos``: the running
+    requests' remaining max_new_tokens, released as each finishes, must fit; otherwise
+    ``add_one_req``: the prompt plus its clipped max_new_tokens must fit in the free tokens
+    less the running requests' remaining max_new_tokens x new_token_ratio.
     NOTE: tp_worker skips the prefill check after a decode step in which nothing finished
     (do_not_get_new_batch) unless requests arrived; here the check runs at every scheduling
     round, which differs only while the ratio decays between two finishes.
@@ -86,7 +87,9 @@ class SGLangAdmission(VLLMAdmission):
     has_hooks = True
 
     def __init__(self, exact_lengths: bool):
-        self.exact_lengths = exact_lengths  # radix cache off + ignore_eos: add_one_req_ignore_eos
+        # radix cache off and ignore_eos (PrefillAdder.add_one_req: ``if
+        # req.sampling_params.ignore_eos and self.tree_cache.disable``): add_one_req_ignore_eos
+        self.exact_lengths = exact_lengths
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retractions = 0
         self._retracted = False  # the coming decode step retracted: it does not decay the ratio
@@ -114,7 +117,7 @@ class SGLangAdmission(VLLMAdmission):
         self._running = list(sched.running.values())
         ratio = self.new_token_ratio
         # the sum apart from the subtraction: mypyc (sim/compiled_core.py) miscompiles int - sum(float, ...)
-        reserved: float = sum(self._clip(r.output_tokens - self._generated(r)) * ratio for r in self._running)
+        reserved: float = sum(self._clip(r.max_tokens - self._generated(r)) * ratio for r in self._running)
         self._rem_tokens = self._total_tokens - reserved
         self._states = None
         self._new = []
@@ -129,9 +132,9 @@ class SGLangAdmission(VLLMAdmission):
         extend = req.prefill_target - req.num_computed  # prompt (+ output so far, if retracted)
         if not self.exact_lengths:
             # add_one_req: total_tokens >= rem_total_tokens -> not admitted
-            return extend + self._clip(req.output_tokens) < self._rem_tokens
+            return extend + self._clip(req.max_tokens) < self._rem_tokens
         # add_one_req_ignore_eos: quick check, then the exact one over the sorted remainders
-        if extend + req.output_tokens <= self._rem_tokens:
+        if extend + req.max_tokens <= self._rem_tokens:
             return True
         state = self._state(req)
         if self._states is None:
@@ -151,9 +154,10 @@ class SGLangAdmission(VLLMAdmission):
         return True
 
     def _state(self, r: Request) -> tuple[int, int]:
-        """(tokens left, tokens occupied) of get_req_state with ratio 1.0 (ignore_eos)."""
+        """(tokens left, tokens occupied) of get_req_state with ratio 1.0 (ignore_eos): its
+        max_new_tokens less those emitted."""
         g = self._generated(r)
-        return r.output_tokens - g, r.prompt_tokens + g
+        return r.max_tokens - g, r.prompt_tokens + g
 
     def _insert(self, state: tuple[int, int]) -> None:
         states = self._states
@@ -165,7 +169,7 @@ class SGLangAdmission(VLLMAdmission):
 
     def on_admit(self, req: Request) -> None:
         """_prefill_one_req: the prompt and its whole clipped max_new_tokens are taken."""
-        self._rem_tokens -= req.prefill_target - req.num_computed + self._clip(req.output_tokens)
+        self._rem_tokens -= req.prefill_target - req.num_computed + self._clip(req.max_tokens)
         self._new.append(req)
 
     def before_decode(self, sched: Scheduler, plan: StepPlan, now: float) -> None:
@@ -189,7 +193,7 @@ class SGLangAdmission(VLLMAdmission):
             plan.add_preempted(victim)
             self.num_retractions += 1
         decoded = sum(gen[r.request_id] for r in decodes)
-        max_new = sum(r.output_tokens for r in decodes)
+        max_new = sum(r.max_tokens for r in decodes)  # sampling_params.max_new_tokens
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(decodes)) / max_new)
         self._retracted = True
 
@@ -209,10 +213,10 @@ class SGLangAdmission(VLLMAdmission):
 ADMISSIONS = ("vllm", "sglang")
 
 
-def make_admission(name: str, prefix_caching: bool) -> VLLMAdmission:
-    """The admission policy ``engine.admission`` names."""
+def make_admission(name: str, prefix_caching: bool, ignore_eos: bool = False) -> VLLMAdmission:
+    """The admission policy ``engine.admission`` names (``ignore_eos``: the clients send it)."""
     if name == "sglang":
-        return SGLangAdmission(exact_lengths=not prefix_caching)
+        return SGLangAdmission(exact_lengths=ignore_eos and not prefix_caching)
     if name == "vllm":
         return VLLMAdmission()
     raise ValueError(f"unknown admission {name!r}; choose from {', '.join(ADMISSIONS)}")

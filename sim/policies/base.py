@@ -30,6 +30,42 @@ from sim.policies.decode_set import DecodeSet
 from sim.core.request import Request
 
 
+# A completed request's ``fail_reason`` when it stopped at its max_tokens before its end of
+# sequence: the OpenAI API's finish_reason "length" (vLLM ``FinishReason.LENGTH``)
+FINISH_LENGTH: Final = "length"
+
+
+def settle_max_tokens(req: Request, max_model_len: int) -> str:
+    """Give ``req`` the max_tokens the engine runs it with, and stop it there; return why it is
+    refused, or ''. Run on arrival, before any decision; settling twice changes nothing.
+
+    None sent (``max_tokens`` 0): the context left, ``max_model_len - prompt`` (vLLM
+    vllm/entrypoints/utils.py ``get_max_tokens``: ``default_max_tokens = max_model_len -
+    input_length``); a prompt that leaves no room is refused. One sent with prompt + max_tokens
+    above ``max_model_len`` is refused, as vLLM's OpenAI server answers 400 ("This model's maximum
+    context length is ... However, you requested ...": serving_engine ``_validate_input``). A
+    request whose end of sequence lies past its max_tokens stops at it, completed with
+    ``fail_reason`` ``length`` (vLLM's stop check, v1/core/sched/utils.py ``check_stop``:
+    ``num_output_tokens >= max_tokens``), counted in the summary (``simsrv_truncated_requests``)."""
+    if req.max_tokens <= 0:
+        room = max_model_len - req.prompt_tokens
+        if room < 1:
+            return f"prompt {req.prompt_tokens} tokens leaves no room to generate under max_model_len {max_model_len}"
+        req.max_tokens = room
+    elif req.prompt_tokens + req.max_tokens > max_model_len:
+        return f"prompt+max_tokens {req.prompt_tokens + req.max_tokens} tokens > max_model_len {max_model_len}"
+    stop_at_max_tokens(req)
+    return ""
+
+
+def stop_at_max_tokens(req: Request) -> None:
+    """An end of sequence past ``max_tokens`` is never reached: the request stops there,
+    completed with ``fail_reason`` ``length``."""
+    if req.output_tokens > req.max_tokens:
+        req.output_tokens = req.max_tokens
+        req.fail_reason = FINISH_LENGTH
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """vLLM engine knobs a scheduler obeys (names as vLLM's)."""
@@ -55,6 +91,9 @@ class EngineLimits:
     # the vLLM release whose V1 scheduling rules apply (engine profile ``vllm_release``):
     # "0.11" | "0.34" (bench/README.md, "bench/conformance.py": what changed between them)
     vllm_release: str = "0.11"
+    # the clients send ignore_eos (workload.max_tokens: output): a request runs to its max_tokens,
+    # which SGLang's admission then takes as exact (PrefillAdder.add_one_req_ignore_eos)
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
@@ -203,7 +242,7 @@ class Scheduler:
         # 1 while waiting requests are admitted before this step's decodes are scheduled (a
         # prompt step of its own): their look-ups see the generated blocks of the last step run
         self._lookup_lag = 0
-        self.admission = make_admission(limits.admission, kv.prefix_caching)
+        self.admission = make_admission(limits.admission, kv.prefix_caching, limits.ignore_eos)
 
     @property
     def admission(self) -> VLLMAdmission:
@@ -247,18 +286,54 @@ class Scheduler:
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
-        """Why ``req`` can never be served here, or ''."""
-        total = req.prompt_tokens + req.output_tokens
-        if total > self._limits.max_model_len:
-            return f"prompt+output {total} tokens > max_model_len {self._limits.max_model_len}"
+        """Why ``req`` can never be served here, or ''. Judged on its prompt and ``max_tokens``
+        (what the engine knows on arrival), never on the tokens it will generate."""
+        sent = req.max_tokens > 0
+        reason = settle_max_tokens(req, self._limits.max_model_len)
+        if reason:
+            return reason
+        kv = self.kv
+        total = req.prompt_tokens + req.max_tokens
+        need = self._blocks_to_hold(total)
+        if need > kv.num_blocks and not sent:
+            # NOTE: vLLM refuses to start an engine whose KV cache cannot hold one request of
+            # max_model_len tokens (vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory);
+            # where the simulated cache is smaller, the longest length it holds stands for
+            # max_model_len in the default max_tokens.
+            fit = self._longest_held(req.prompt_tokens + 1, total)
+            if fit:
+                req.max_tokens = fit - req.prompt_tokens
+                stop_at_max_tokens(req)
+                return ""
+            total = req.prompt_tokens + 1
+            need = self._blocks_to_hold(total)
+        if need > kv.num_blocks:
+            return f"needs {need} KV blocks for {total} tokens; replica has {kv.num_blocks}"
+        return ""
+
+    def _blocks_to_hold(self, total: int) -> int:
+        """KV blocks a request of ``total`` tokens holds at its longest (its last token's KV is
+        never computed)."""
         kv = self.kv
         need = kv.blocks_for(total - 1)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
             longest = min(total - 1, self._limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
             need = max(need, kv.blocks_for(longest, 0))
-        if need > kv.num_blocks:
-            return f"needs {need} KV blocks for {total} tokens; replica has {kv.num_blocks}"
-        return ""
+        return need
+
+    def _longest_held(self, lo: int, hi: int) -> int:
+        """The most tokens from ``lo`` to ``hi`` a request can reach within the replica's KV
+        blocks (``_blocks_to_hold`` grows with the tokens), or 0 when ``lo`` does not fit."""
+        n = self.kv.num_blocks
+        if self._blocks_to_hold(lo) > n:
+            return 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_to_hold(mid) <= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def add_request(self, req: Request, now: float) -> bool:
         """Queue ``req``; fail it at once (False) if it can never be served here."""
@@ -666,9 +741,13 @@ class Scheduler:
         """KV blocks ``req`` holds at its last token. TensorRT-LLM's GUARANTEED_NO_EVICT (its
         default capacity scheduler policy: docs performance-tuning-guide/useful-runtime-flags)
         admits a request only while every started one can reach its maximum length, so nothing
-        is ever paused. NOTE: the request's output length stands for its max_tokens (exact for
-        fixed-length benchmarks such as trtllm-bench's); prefix-cache hits are not discounted."""
-        return self.kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)
+        is ever paused: the maximum length is the prompt and the request's max_tokens
+        (TensorRT-LLM cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp,
+        GuaranteedNoEvictScheduler, reserves ``getRemainingBlocksToCompletion``: in
+        kvCacheManager.h "the number of KV cache blocks remaining to advance a request to
+        completion (i.e. for maxNewTokens)"), never the length it will stop at (its end of
+        sequence is unknown to the engine). NOTE: prefix-cache hits are not discounted."""
+        return self.kv.blocks_for(req.prompt_tokens + req.max_tokens - 1)
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:
         """Tokens of a waiting request's first chunk: > 0, 0 to stop admitting, -1 to skip it."""

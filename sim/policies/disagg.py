@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from sim.policies.base import settle_max_tokens
 from sim.policies.chunked import ChunkedScheduler
 from sim.policies.continuous import ContinuousScheduler
 from sim.policies.registry import PolicySpec, register
@@ -39,8 +40,9 @@ class PrefillScheduler(ContinuousScheduler):
         self.handoffs: list[Request] = []  # drained by the cluster after each step
 
     def admission_error(self, req: Request) -> str:
-        if req.prompt_tokens + req.output_tokens > self.limits.max_model_len:
-            return f"prompt+output {req.prompt_tokens + req.output_tokens} tokens > max_model_len {self.limits.max_model_len}"
+        reason = settle_max_tokens(req, self.limits.max_model_len)
+        if reason:
+            return reason
         if req.prompt_tokens > self.limits.max_num_batched_tokens:  # whole prompts, as ``continuous``
             return (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
                     "(prefill pool: no chunked prefill)")

@@ -3,8 +3,8 @@
 Why: the baseline that iteration-level batching beats (Yu et al. 2022, "Orca", section 2):
 up to ``max_num_seqs`` waiting requests are prefilled together (within the token budget), then
 decoded until every one of them has finished; finished slots sit idle and nothing new joins until the whole batch is
-done. KV for each request's full length is reserved at admission, as static engines allocate
-for the maximum sequence length, so a batch never preempts.
+done. KV for each request's full length (its prompt and max_tokens) is reserved at admission, as
+static engines allocate for the maximum sequence length, so a batch never preempts.
 NOTE: vLLM has no static batching; this policy is a baseline, not a vLLM mode.
 """
 
@@ -54,7 +54,7 @@ class StaticScheduler(Scheduler):
         self._forming = False
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
             req = self.waiting[0]
-            full = self.kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)
+            full = self.kv.blocks_for(req.prompt_tokens + req.max_tokens - 1)  # its max_tokens: all it knows
             if self._batch_reserved + full > self._batch_free:
                 break
             n = self._try_admit(req, plan, budget, now)

@@ -84,7 +84,7 @@ class Driver:
         if waiting >= self.max_waiting:
             raise ApiError(503, f"{waiting} requests are waiting (simsrv serve --max-waiting "
                                 f"{self.max_waiting}); try again later", "ServiceUnavailableError")
-        rid = self.live.inject(asked.prompt_tokens, output_tokens)
+        rid = self.live.inject(asked.prompt_tokens, output_tokens, asked.max_tokens)
         stream = Stream(asked, rid, output_tokens)
         self.streams[rid] = stream
         self._hand_out(self.live.now_s)  # a request the engine refused fails at once

@@ -33,6 +33,7 @@ class LiveView:
         self._arrival_s: list[float] = []
         self._input: list[int] = []
         self._output: list[int] = []
+        self._max_tokens: list[int] = []
 
     # -- the simulation ----------------------------------------------------------------------
     @property
@@ -45,21 +46,24 @@ class LiveView:
     def next_event_s(self) -> float:
         return self.sim.next_event_s()
 
-    def inject(self, input_tokens: int, output_tokens: int) -> int:
+    def inject(self, input_tokens: int, output_tokens: int, max_tokens: int) -> int:
+        """A request arriving now that will generate ``output_tokens``, sent with ``max_tokens``
+        (what the engine knows of its length: the scheduler never reads ``output_tokens``)."""
         self._arrival_s.append(self.sim.now_s)
         self._input.append(input_tokens)
         self._output.append(output_tokens)
+        self._max_tokens.append(max_tokens)
         rid = len(self._arrival_s) - 1
-        got = self.sim.inject(input_tokens, output_tokens)
+        got = self.sim.inject(input_tokens, output_tokens, max_tokens=max_tokens)
         assert got == rid, "request ids are given in the order injected"
         req = self.sim.request(rid)  # None: it ended at once (refused at the door)
         if req is not None:
             self._requests[rid] = req
         return rid
 
-    def recorded(self) -> tuple[list[float], list[int], list[int]]:
-        """Every arrival sent: (simulated time, prompt tokens, tokens it generates)."""
-        return self._arrival_s, self._input, self._output
+    def recorded(self) -> tuple[list[float], list[int], list[int], list[int]]:
+        """Every arrival sent: (simulated time, prompt tokens, tokens it generates, max_tokens)."""
+        return self._arrival_s, self._input, self._output, self._max_tokens
 
     def finish(self, reason: str):
         return self.sim.finish(reason)

@@ -77,14 +77,17 @@ def replay_scenario(s: Scenario, arrivals_path: Path) -> Scenario:
     return s.model_copy(update={"workload": Workload(trace=trace)})
 
 
-def write_arrivals(path: Path, arrival_s: list[float], input_tokens: list[int], output_tokens: list[int]) -> None:
-    """The recorded arrivals as a normalized trace (Parquet: the times' float64 bits kept)."""
+def write_arrivals(path: Path, arrival_s: list[float], input_tokens: list[int], output_tokens: list[int],
+                   max_tokens: list[int]) -> None:
+    """The recorded arrivals as a normalized trace (Parquet: the times' float64 bits kept), with
+    each request's ``max_tokens`` (what its client sent) beside the tokens it generated."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.table({"arrival_s": pa.array(arrival_s, pa.float64()),
                       "input_tokens": pa.array(input_tokens, pa.int64()),
-                      "output_tokens": pa.array(output_tokens, pa.int64())})
+                      "output_tokens": pa.array(output_tokens, pa.int64()),
+                      "max_tokens": pa.array(max_tokens, pa.int64())})
     pq.write_table(table, path)
 
 

@@ -14,6 +14,11 @@ class RequestArrays:
     Optional: ``hash_ids`` — per request, the ids of its prompt's prefix blocks of
     ``hash_block_size`` tokens each (two requests sharing a leading run of ids share that
     prefix's KV cache, as in Mooncake traces); ``session_id`` and ``priority`` per request;
+    ``max_tokens`` per request — what the client sends (a request stops at it, finish reason
+    ``length``); None: the client sends none and the engine's default applies (its context
+    left: sim/policies/base.py ``Scheduler.add_request``). Never derived from ``output_tokens``
+    unless the workload says its client sends each request's output length (``workload.max_tokens:
+    output``: benchmark clients with ignore_eos).
     ``measured`` — columns measured by a real benchmark run of the same requests (for example
     ``measured_ttft_s``, ``measured_e2el_s``, ``measured_itl_s``), kept for comparison.
     """
@@ -26,6 +31,7 @@ class RequestArrays:
     session_id: np.ndarray | None = None
     priority: np.ndarray | None = None
     measured: dict | None = None
+    max_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -45,6 +51,7 @@ class RequestArrays:
             session_id=None if self.session_id is None else self.session_id[idx],
             priority=None if self.priority is None else self.priority[idx],
             measured=None if self.measured is None else {k: _take(v, idx) for k, v in self.measured.items()},
+            max_tokens=None if self.max_tokens is None else self.max_tokens[idx],
         )
 
     def with_arrivals(self, arrival_s: np.ndarray) -> "RequestArrays":
@@ -81,4 +88,5 @@ def concat(chunks: list[RequestArrays]) -> RequestArrays:
         cat(lambda c: c.arrival_s), cat(lambda c: c.input_tokens), cat(lambda c: c.output_tokens),
         hash_ids=cat(lambda c: c.hash_ids), hash_block_size=first.hash_block_size,
         session_id=cat(lambda c: c.session_id), priority=cat(lambda c: c.priority), measured=measured,
+        max_tokens=cat(lambda c: c.max_tokens),
     )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from sim.scenario import Scenario
 from sim.workload.arrays import RequestArrays
+from sim.workload.max_tokens import with_max_tokens
 from sim.workload.synthetic import synthetic_workload
 from sim.workload.transform import apply
 
@@ -28,7 +29,7 @@ def read_options(scenario: Scenario) -> ReadOptions:
     return ReadOptions(
         format=t.format, hash_block_size=t.hash_block_size, model_filter=t.model_filter, keep_failed=t.keep_failed,
         time_unit=t.time_unit, arrival_column=t.columns.arrival, input_column=t.columns.input,
-        output_column=t.columns.output, spread_grid_s=t.spread_grid_s, seed=scenario.seed,
+        output_column=t.columns.output, max_tokens_column=t.columns.max_tokens, spread_grid_s=t.spread_grid_s, seed=scenario.seed,
     )
 
 
@@ -38,6 +39,11 @@ def _needs_whole(scenario: Scenario) -> bool:
 
 
 def build_workload(scenario: Scenario) -> RequestArrays:
+    """The workload with the max_tokens its clients send (``workload.max_tokens``)."""
+    return with_max_tokens(_requests(scenario), scenario.workload.max_tokens)
+
+
+def _requests(scenario: Scenario) -> RequestArrays:
     w = scenario.workload
     if w.trace is not None:
         from sim.workload.trace import read_trace
@@ -65,7 +71,8 @@ def stream_workload(scenario: Scenario, chunk_rows: int = 1_000_000) -> Iterator
         return
     from sim.workload.trace import stream_trace
 
-    yield from stream_trace(scenario.resolve_path(t.path), read_options(scenario), t.time_scale, chunk_rows)
+    for chunk in stream_trace(scenario.resolve_path(t.path), read_options(scenario), t.time_scale, chunk_rows):
+        yield with_max_tokens(chunk, scenario.workload.max_tokens)
 
 
 def closed_loop(scenario: Scenario) -> tuple[int | None, float]:

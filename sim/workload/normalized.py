@@ -30,6 +30,8 @@ def _table(arrays: RequestArrays, first_id: int):
         cols["session_id"] = arrays.session_id.astype(np.int64)
     if arrays.priority is not None:
         cols["priority"] = arrays.priority.astype(np.int64)
+    if arrays.max_tokens is not None:
+        cols["max_tokens"] = arrays.max_tokens.astype(np.int64)
     for k, v in (arrays.measured or {}).items():
         cols[k] = pa.array([x.tolist() for x in v], type=pa.list_(pa.float64())) if isinstance(v, list) else v
     return pa.table(cols)

@@ -37,6 +37,7 @@ class ReadOptions:
     arrival_column: str = "arrival_s"        # generic column names
     input_column: str = "input_tokens"
     output_column: str = "output_tokens"
+    max_tokens_column: str | None = None     # generic: the max_tokens each request was sent with
     spread_grid_s: float | None = None       # spread requests inside each grid bucket
     seed: int = 0
 
@@ -159,6 +160,7 @@ def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestAr
         session_id=_ints(b.frame["session_id"], -1) if "session_id" in cols else None,
         priority=_ints(b.frame["priority"], 0) if "priority" in cols else None,
         measured=measured or None,
+        max_tokens=tokens(b, "max_tokens", path) if "max_tokens" in cols else None,
     )
 
 
@@ -180,7 +182,8 @@ def _measured(s: pl.Series):
 def generic(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestArrays:
     t = (datetimes_s(b, o.arrival_column, path) if o.time_unit == "datetime"
          else seconds(b, o.arrival_column, path, o.time_unit))
-    return RequestArrays(t, tokens(b, o.input_column, path), tokens(b, o.output_column, path))
+    return RequestArrays(t, tokens(b, o.input_column, path), tokens(b, o.output_column, path),
+                         max_tokens=tokens(b, o.max_tokens_column, path) if o.max_tokens_column else None)
 
 
 # ---- JSON Lines formats -----------------------------------------------------------------
@@ -291,4 +294,4 @@ def flattener(fmt: str):
     return None if name is None else globals()[name]
 
 
-OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority"]
+OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority", "max_tokens"]

@@ -118,9 +118,10 @@ def detect_format(path: str | Path) -> str:
 
 
 def _needed_columns(fmt: str, opts: ReadOptions) -> list[str]:
-    """The columns every row of a table format has (generic: the three the options name)."""
+    """The columns every row of a table format has (generic: those the options name)."""
     if fmt == "generic":
-        return [opts.arrival_column, opts.input_column, opts.output_column]
+        cols = [opts.arrival_column, opts.input_column, opts.output_column]
+        return cols + [opts.max_tokens_column] if opts.max_tokens_column else cols
     return list(TRACE_FORMATS[fmt].columns)
 
 
@@ -136,7 +137,7 @@ def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
         raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
     _refuse_json_array(path, line)
     header = csv_header(path) if fmt == "normalized" else []
-    return need + [c for c in header if c in ("session_id", "priority") or c.startswith("measured_")]
+    return need + [c for c in header if c in ("session_id", "priority", "max_tokens") or c.startswith("measured_")]
 
 
 def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str], tuple[str, ...]] | None:
@@ -159,7 +160,10 @@ def _jsonl_fields(path: Path, fmt: str, opts: ReadOptions) -> tuple[dict[str, st
     kind, schema = TRACE_FORMATS[fmt].kind, TRACE_FORMATS[fmt].schema
     if fmt == "generic" and path.suffix in (".jsonl", ".ndjson"):
         t = "str" if opts.time_unit == "datetime" else "f64"
-        return {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"}, None
+        fields = {opts.arrival_column: t, opts.input_column: "f64", opts.output_column: "f64"}
+        if opts.max_tokens_column:
+            fields[opts.max_tokens_column] = "f64"
+        return fields, None
     if kind != "jsonl":
         return None
     if path.suffix == ".parquet" or not first_line(path).startswith("{"):
