@@ -79,6 +79,7 @@ class Endpoint:
     async def _generate(self, request: Request, chat: bool) -> Response:
         if WARM_UP_HEADER not in request.headers:
             await self.open.wait()
+        received_wall = self.driver.clock()  # its arrival: before reading the body and counting tokens
         try:
             try:
                 body = json.loads(await request.body())
@@ -86,7 +87,7 @@ class Endpoint:
                 raise ApiError(400, "the request body is not valid JSON") from None
             asked = parse(body, chat, self.count, self.max_model_len, self.model)
             index = self.num_requests
-            stream = self.driver.submit(asked, self.output_tokens(asked, index))
+            stream = self.driver.submit(asked, self.output_tokens(asked, index), received_wall)
             self.num_requests += 1
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)

@@ -70,16 +70,21 @@ class Driver:
         return t
 
     # -- requests ------------------------------------------------------------------------------
-    def submit(self, asked: Asked, output_tokens: int) -> Stream:
-        """A request arriving now: into the simulation at the present simulated time."""
+    def submit(self, asked: Asked, output_tokens: int, received_wall: float | None = None) -> Stream:
+        """A request that reached the server at wall time ``received_wall`` (default now: its
+        handler reads and parses the body in between): into the simulation at that simulated
+        time, or at the simulation's present if the simulation has run past it meanwhile."""
         if self.stopping:
             raise ApiError(503, "the server is shutting down", "ServiceUnavailableError")
+        received = self.clock() if received_wall is None else received_wall
         if not self.started:
             # simulated time 0 is the first arrival (nothing happens in an idle deployment
             # before it), so the recorded arrivals replay from a trace to the same times
-            self.start_wall, self.started = self.clock(), True
+            self.start_wall, self.started = received, True
         else:
-            self.catch_up()
+            t = max((received - self.start_wall) * self.speed, self.live.now_s)
+            self.live.run_until(t)
+            self._hand_out(t)
         waiting = self.live.num_waiting()
         if waiting >= self.max_waiting:
             raise ApiError(503, f"{waiting} requests are waiting (simsrv serve --max-waiting "
