@@ -2,7 +2,7 @@
 load test through the endpoint (issue 41's acceptance; figures in bench/README.md).
 
     python bench/serve_clients.py idle [--requests 12]
-    python bench/serve_clients.py load [--speed 10] [--rates 2,4,8,16] [--seconds 60]
+    python bench/serve_clients.py load [--speed 0.5] [--rates 4,8,12,16] [--seconds 30]
 
 ``idle``: one request at a time (each after the previous ended, with a pause), prompts from
 64 to 4,096 tokens, 64 output tokens; the client's TTFT (send to first chunk) and TPOT (mean
@@ -10,7 +10,7 @@ gap over the answer's chunks) against the simulation's figures for the same requ
 (requests.parquet of the run written at shutdown); the target is |client - simulated| <= 5 ms
 + 2% of the simulated figure. ``load``: an open-loop Poisson client at each offered rate
 (simulated req/s; the endpoint runs ``--speed`` times faster than real time, so the client
-sends at rate/speed per wall second and its latencies are multiplied by speed), prompts of
+sends at rate x speed per wall second and its latencies are multiplied by speed), prompts of
 2,000 tokens and 256 output tokens; ``/metrics`` is scraped every wall second for the
 requests waiting and the KV use; the client's TTFT percentiles in simulated ms.
 """
@@ -121,7 +121,7 @@ async def _load_rate(url: str, model: str, rate: float, speed: float, seconds: f
         tasks = [asyncio.create_task(scrape(c, end))]
         while time.perf_counter() < end:
             tasks.append(asyncio.create_task(one(c)))
-            await asyncio.sleep(rng.expovariate(rate / speed))
+            await asyncio.sleep(rng.expovariate(rate * speed))  # rate per simulated second
         await asyncio.gather(*tasks)
     return ttfts, samples
 
@@ -151,8 +151,8 @@ def main() -> None:
     a = sub.add_parser("idle")
     a.add_argument("--requests", type=int, default=12)
     b = sub.add_parser("load")
-    b.add_argument("--speed", type=float, default=10.0)
-    b.add_argument("--rates", default="2,4,8,16")
+    b.add_argument("--speed", type=float, default=0.5)
+    b.add_argument("--rates", default="4,8,12,16")
     b.add_argument("--seconds", type=float, default=30.0)
     args = ap.parse_args()
     idle(args) if args.what == "idle" else load(args)

@@ -33,6 +33,7 @@ KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median
 
 
 def word_tokenizer(d: Path, vocab_size: int = 5000) -> Path:
+    """(Run by the vLLM environment's interpreter, which has ``tokenizers``: ``--make-tokenizer``.)"""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {f"w{i}": i for i in range(vocab_size)}
@@ -57,9 +58,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--make-tokenizer", help=argparse.SUPPRESS)  # (internal: write the tokenizer there)
     args = ap.parse_args()
+    if args.make_tokenizer:
+        word_tokenizer(Path(args.make_tokenizer))
+        return
     work = Path(tempfile.mkdtemp(prefix="serve_vllm_bench_"))
-    tok = word_tokenizer(work / "tokenizer")
+    tok = work / "tokenizer"
+    # the vLLM environment's interpreter (beside its vllm executable) has the tokenizers package
+    subprocess.run([str(Path(args.vllm).parent / "python"), __file__, "--vllm", args.vllm, "--make-tokenizer",
+                    str(tok)], check=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, "-m", "sim", "serve", args.scenario, "--port", "0", "--out",
                                str(work / "served")], stdout=subprocess.PIPE, text=True, env=env)
