@@ -512,9 +512,10 @@ def _offload_error(e: "Engine", spec: PolicySpec, data_parallel_size: int) -> st
     modelled on a vLLM V1 scheduler of one colocated replica (sim/core/kv.py ``CPUTier``)."""
     if e.kv_offloading_size is None:
         return None
-    if spec.pools or data_parallel_size > 1 or e.num_scheduler_steps > 1 or e.separate_prefill_steps \
+    if spec.pools or not spec.iteration_level or data_parallel_size > 1 or e.num_scheduler_steps > 1 or e.separate_prefill_steps \
             or e.capacity_scheduler_policy != "max_utilization" or e.admission != "vllm":
-        return ("engine.kv_offloading_size is modelled on a colocated vLLM V1 engine: no disaggregation pools, "
+        return ("engine.kv_offloading_size is modelled on a colocated vLLM V1 engine: an iteration-level policy "
+                "(continuous, chunked), no disaggregation pools, "
                 "cluster.data_parallel_size 1, num_scheduler_steps 1, separate_prefill_steps false, "
                 "capacity_scheduler_policy max_utilization, admission vllm")
     return None

@@ -771,13 +771,13 @@ class KVBlockManager:
         if tier is None:
             return 0
         keys = prefix_keys(req, self.block_size)
-        cap = (req.prompt_tokens + req.num_generated - 1) // self.block_size
-        if cap < len(keys):
-            keys = keys[:cap]
         if not keys:
             return 0
         tier.touch(keys)
-        return tier.hits(keys, num_hits)
+        # NOTE: the hit stops a block short of the last token (as ``lookup``); vLLM loads every
+        # full block and recomputes only the last token (``_update_waiting_for_remote_kv``)
+        cap = (req.prompt_tokens + req.num_generated - 1) // self.block_size
+        return tier.hits(keys[:cap] if cap < len(keys) else keys, num_hits)
 
     def start_load(self, req: Request, hits: Sequence[Block], num_loaded: int, now: float) -> bool:
         """Allocate ``req``'s GPU prefix hits and ``num_loaded`` blocks for the CPU tier's copies

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from sim.compiled_core import mypyc_attr
 from sim.core.batch import Batch, BatchValues
-from sim.core.kv import KVBlockManager
+from sim.core.kv import Block, KVBlockManager
 from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
@@ -205,6 +205,7 @@ _tuple_new: Final = tuple.__new__
 _reversed: Final = reversed
 _Batch: Final = Batch
 _NONE: Final = NONE
+_NO_HITS: Final[list[Block]] = []  # (read only: ``allocate`` only iterates its hits)
 
 
 def new_plan(now: float) -> StepPlan:
@@ -713,18 +714,15 @@ class Scheduler:
         ds = self.decode
         if ds.pub_heap:  # generated blocks full by this step's decodes (DecodeSet.publish)
             ds.publish(ds.steps - self._lookup_lag)
-        if kv.offload is not None:
-            load = self._offload_admit(req, plan, now)
-            if load <= 0:  # loading (skipped: -1), or its blocks do not fit (0)
-                return load
-            hits, own = [], 0  # its blocks are in place, the loaded ones after its hits
-            start = kv.blocks_held(req) * kv.block_size if load == 2 else -1
-            if load == 1:
-                hits, own = kv.lookup(req)
+        hits: list[Block] = _NO_HITS
+        own = 0
+        load = self._offload_admit(req, plan, now) if kv.offload is not None else 1
+        if load <= 0:  # loading from the CPU tier (skipped: -1), or its blocks do not fit (0)
+            return load
+        if load == 2:  # its blocks are in place, the loaded ones after its GPU hits
+            start = kv.blocks_held(req) * kv.block_size
         else:
             hits, own = kv.lookup(req)
-            start = -1
-        if start < 0:
             start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
