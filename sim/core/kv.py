@@ -165,8 +165,10 @@ class CPUTier:
     Blocks are GPU blocks (vLLM's default offloaded block size is the GPU's,
     ``OffloadingSpec.offloaded_block_size``). Blocks without a reusable hash (a request's own
     prompt tail, its generated tokens) take room too, as runs (``Run``, owner None), evicted
-    like the rest; only the request itself could hit them (after a preemption): NOTE not
-    modelled, such a request recomputes them.
+    like the rest; only the request itself could hit them, after a preemption, which vLLM
+    supports from 0.14 on (vllm-project/vllm#29870, per the vLLM blog of 2026-01-08): NOTE not
+    modelled, such a request recomputes them (and writes them again, where vLLM would find them
+    by hash: its store traffic is over-counted by them).
     """
 
     def __init__(self, capacity_blocks: int, load_s_per_block: float, latency_s: float) -> None:
