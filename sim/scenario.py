@@ -239,6 +239,11 @@ class Engine(_Strict):
     quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
     enable_prefix_caching: bool = True   # vLLM V1 default
     preemption_mode: Literal["recompute", "swap"] = "recompute"
+    # vLLM's --kv-offloading-size (GiB of host memory, summed over the TP x PP ranks) and
+    # --kv-offloading-backend: a CPU tier of KV blocks behind the prefix cache (sim/core/kv.py
+    # CPUTier); null: off. NOTE: lmcache (LMCacheConnectorV1) is modelled as native
+    kv_offloading_size: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
+    kv_offloading_backend: Literal["native", "lmcache"] = "native"
     long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_TOKENS)
     max_num_partial_prefills: int = Field(0, ge=0, le=MAX_COUNT)  # vLLM V0 knob; 0 = not enforced (V1)
     # vLLM 0.6 multi-step scheduling (--num-scheduler-steps): decode steps per scheduling round
@@ -502,6 +507,20 @@ class SLO(_Strict):
     e2el_ms: Optional[float] = Field(None, gt=0, le=MAX_FIGURE)
 
 
+def _offload_error(e: "Engine", spec: PolicySpec, data_parallel_size: int) -> str | None:
+    """What the CPU offloading tier (``engine.kv_offloading_size``) is not modelled with: it is
+    modelled on a vLLM V1 scheduler of one colocated replica (sim/core/kv.py ``CPUTier``)."""
+    if e.kv_offloading_size is None:
+        return None
+    if spec.pools or not spec.iteration_level or data_parallel_size > 1 or e.num_scheduler_steps > 1 or e.separate_prefill_steps \
+            or e.capacity_scheduler_policy != "max_utilization" or e.admission != "vllm":
+        return ("engine.kv_offloading_size is modelled on a colocated vLLM V1 engine: an iteration-level policy "
+                "(continuous, chunked), no disaggregation pools, "
+                "cluster.data_parallel_size 1, num_scheduler_steps 1, separate_prefill_steps false, "
+                "capacity_scheduler_policy max_utilization, admission vllm")
+    return None
+
+
 def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
     """What ``e`` asks of its policy that the policy's spec does not declare (sim/policies/
     registry.py); the message names the policies that do."""
@@ -567,6 +586,9 @@ class Scenario(_Strict):
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")
+        offload = _offload_error(e, spec, c.data_parallel_size)
+        if offload:
+            raise ValueError(offload)
         capability = _capability_error(e, spec)
         if capability:
             raise ValueError(capability)

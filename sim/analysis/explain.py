@@ -40,6 +40,10 @@ EXPLAIN_KEYS = (
     # engine's thread (frontend_overlap false) shows in prompt_host_ms_at_context instead
     "frontend_overlap", "frontend_in_ms_at_context", "frontend_first_chunk_ms", "frontend_per_output_token_ms",
     "frontend_chunk_ms", "prompt_host_ms_at_context",
+    # issue 40: the CPU offloading tier (engine.kv_offloading_size; sim/core/kv.py CPUTier): its
+    # blocks and tokens, the host link's bandwidth per GPU, one block's load (each GPU its shard);
+    # 0 when off
+    "kv_offload_blocks", "kv_offload_tokens", "kv_offload_link_gb_per_s", "kv_offload_load_us_per_block",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -92,7 +96,39 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **all2all_figures(dep, b),
         **node_figures(dep, b),
         **frontend_figures(dep, n),
+        **offload_figures(dep),
     }
+
+
+def offload_figures(dep: Deployment) -> dict[str, float | int]:
+    """The CPU offloading tier's size and one block's load time (bytes per GPU / the host
+    link, PCIe or NVLink-C2C: the GPU catalogue's ``pcie_bw_bytes_per_s``), as a run uses them."""
+    n = dep.kv_offload_blocks
+    if not n:
+        return {"kv_offload_blocks": 0, "kv_offload_tokens": 0, "kv_offload_link_gb_per_s": 0.0,
+                "kv_offload_load_us_per_block": 0.0}
+    return {"kv_offload_blocks": n, "kv_offload_tokens": n * dep.memory.block_size,
+            "kv_offload_link_gb_per_s": dep.gpu.pcie_bw_bytes_per_s / 1e9,
+            "kv_offload_load_us_per_block": dep.swap_s_per_block * 1e6}
+
+
+def offload_lines(dep: Deployment) -> list[str]:
+    """The CPU offloading tier in words (``simsrv explain``): what it holds, what a load costs,
+    and that its KV connector turns vLLM's hybrid KV cache manager off."""
+    n = dep.kv_offload_blocks
+    if not n:
+        return []
+    from sim.engine.deployment import OFFLOAD_LATENCY_S
+
+    lines = [f"KV offloading: CPU tier of {n:,} blocks ({n * dep.memory.block_size:,} tokens), LRU; "
+             f"a load takes {dep.swap_s_per_block * 1e6:.3g} us per block over the host link "
+             f"({dep.gpu.pcie_bw_bytes_per_s / 1e9:.4g} GB/s per GPU) + {OFFLOAD_LATENCY_S * 1e6:.3g} us per load, "
+             "before the request is scheduled; stores go the other way, beside the steps"]
+    if dep.model.sliding_window and dep.model.num_sliding_layers:
+        lines.append("KV offloading sets up a KV connector, which turns vLLM's hybrid KV cache manager off: "
+                     f"the {dep.model.num_sliding_layers} sliding-window layers hold full-attention KV "
+                     "(kv_sliding_groups 0)")
+    return lines
 
 
 def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:

@@ -109,6 +109,13 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
         + (f"  goodput {good:.2f} req/s" if good is not None else "")
         + f"  (simulated in {summary['simsrv_wall_s']:.1f} s wall)"
     )
+    if "simsrv_kv_offload_loads" in summary:  # engine.kv_offloading_size (sim/core/kv.py CPUTier)
+        gpu_hits = summary["simsrv_prefix_cache_hit_rate"]
+        out_console.print(
+            f"KV offloading: prefix hits {gpu_hits or 0:.1%} GPU + {summary['simsrv_kv_offload_hit_rate'] or 0:.1%} CPU "
+            f"tier; {summary['simsrv_kv_offload_loads']:,} loads, {summary['simsrv_kv_offload_load_bytes'] / 1e9:,.1f} GB "
+            f"in {summary['simsrv_kv_offload_load_s']:.2f} s; stores {summary['simsrv_kv_offload_store_bytes'] / 1e9:,.1f} GB "
+            f"in {summary['simsrv_kv_offload_store_s']:.2f} s", markup=False, highlight=False)
     for reason, n in summary["simsrv_failed_reasons"].items():
         out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
     for note in summary.get("simsrv_uncertainty", []):

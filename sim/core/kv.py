@@ -33,7 +33,8 @@ until its KV has been sent elsewhere, are counted here too. Requests carry no bl
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -145,6 +146,129 @@ class Run:
         self.owner = owner
 
 
+class CPUTier:
+    """vLLM's CPU offloading tier (``--kv-offloading-size``; vLLM 0.11's OffloadingConnector:
+    vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py with
+    vllm/v1/kv_offload/lru_manager.py ``LRUOffloadingManager`` over ``CPUBackend``):
+    ``capacity_blocks`` GPU-block-sized pages in host memory, least recently used first.
+    - store (``OffloadingConnectorScheduler._get_reqs_to_store``): every full block of a request
+      is copied GPU -> CPU once computed (write-through, not on eviction); blocks already there
+      are skipped; ``prepare_store`` evicts the LRU head to make room and stores nothing when
+      the new blocks exceed the whole tier (``prepare_store`` returns None: "Cannot store");
+    - lookup (``get_num_new_matched_tokens``): every block of the request is touched (moved to
+      the LRU's tail in reverse, so its first block is the most recent, ``LRUOffloadingManager
+      .touch``), then the blocks after the GPU prefix hit that are in the tier are counted;
+    - load (``CpuGpuOffloadingHandler.transfer_async``): CPU -> GPU on the handler's one
+      host-to-device CUDA stream, so loads run one after another (``h2d_free_s``); stores run on
+      its device-to-host stream, the other direction of the link: they neither delay loads nor
+      the step (asynchronous, overlapping compute), and are counted, not timed against anything.
+    Blocks are GPU blocks (vLLM's default offloaded block size is the GPU's,
+    ``OffloadingSpec.offloaded_block_size``). Blocks without a reusable hash (a request's own
+    prompt tail, its generated tokens) take room too, as runs (``Run``, owner None), evicted
+    like the rest; only the request itself could hit them, after a preemption, which vLLM
+    supports from 0.14 on (vllm-project/vllm#29870, per the vLLM blog of 2026-01-08): NOTE not
+    modelled, such a request recomputes them (and writes them again, where vLLM would find them
+    by hash: its store traffic is over-counted by them).
+    """
+
+    def __init__(self, capacity_blocks: int, load_s_per_block: float, latency_s: float) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.load_s_per_block = load_s_per_block  # block bytes per GPU / host link bandwidth
+        self.latency_s = latency_s                # per transfer
+        self.lru: OrderedDict[object, None] = OrderedDict()  # keys and plain runs, LRU first
+        self.num_used = 0
+        self.h2d_free_s = 0.0   # when the host-to-device stream finishes its queued loads
+        self.ends: deque[float] = deque()  # the ends of the loads queued, in order (one stream: ascending)
+        self.query_tokens = 0   # prompt tokens of first admissions
+        self.hit_tokens = 0     # of which loaded from the tier
+        self.loads = 0          # load transfers (one per request that hit the tier)
+        self.load_blocks = 0
+        self.load_s = 0.0       # seconds the host-to-device stream spent loading
+        self.store_blocks = 0
+        self.evicted_blocks = 0
+
+    def _make_room(self, n: int) -> bool:
+        """Evict LRU entries until ``n`` more blocks fit; False (nothing evicted) if they never can."""
+        if n > self.capacity_blocks:
+            return False
+        lru = self.lru
+        while self.num_used + n > self.capacity_blocks:
+            for entry in lru:
+                break
+            if isinstance(entry, Run):
+                k = min(entry.count, self.num_used + n - self.capacity_blocks)
+                entry.count -= k
+                self.num_used -= k
+                self.evicted_blocks += k
+                if not entry.count:
+                    del lru[entry]
+            else:
+                del lru[entry]
+                self.num_used -= 1
+                self.evicted_blocks += 1
+        return True
+
+    def store(self, keys: Sequence[object], plain: int) -> None:
+        """Blocks just computed: hash-keyed ones (those already here are touched) and ``plain``
+        ones without a reusable hash, in the request's order."""
+        lru = self.lru
+        new = [k for k in keys if k not in lru]
+        for k in keys:
+            if k in lru:
+                lru.move_to_end(k)
+        n = len(new) + plain
+        if not n or not self._make_room(n):
+            return
+        for k in new:
+            lru[k] = None
+        if plain:
+            lru[Run(plain)] = None
+        self.num_used += n
+        self.store_blocks += n
+
+    def touch(self, keys: Sequence[object]) -> None:
+        """``LRUOffloadingManager.touch``: the request's blocks here become the most recent,
+        its first block last."""
+        lru = self.lru
+        for k in reversed(keys):
+            if k in lru:
+                lru.move_to_end(k)
+
+    def hits(self, keys: Sequence[object], start: int) -> int:
+        """Blocks from ``keys[start]`` on found here in a row (``LRUOffloadingManager.lookup``)."""
+        lru = self.lru
+        n = 0
+        for k in keys[start:]:
+            if k not in lru:
+                break
+            n += 1
+        return n
+
+    def next_end_s(self, now: float) -> float:
+        """The first end of a queued load after ``now`` (inf: none)."""
+        ends = self.ends
+        while ends and ends[0] <= now:
+            ends.popleft()
+        return ends[0] if ends else math.inf
+
+    def count_query(self, prompt_tokens: int, hit_tokens: int) -> None:
+        """A request's first admission: its prompt tokens, of which ``hit_tokens`` were loaded
+        from here (vLLM's connector prefix-cache stats: queries and hits in tokens)."""
+        self.query_tokens += prompt_tokens
+        self.hit_tokens += hit_tokens
+
+    def load(self, num_blocks: int, now: float) -> float:
+        """Queue a load of ``num_blocks`` on the host-to-device stream at ``now``; when it ends."""
+        start = self.h2d_free_s if self.h2d_free_s > now else now
+        s = num_blocks * self.load_s_per_block + self.latency_s
+        self.h2d_free_s = start + s
+        self.ends.append(start + s)
+        self.loads += 1
+        self.load_blocks += num_blocks
+        self.load_s += s
+        return start + s
+
+
 class Table:
     """One request's block table: the shared-prefix blocks it references, then
     ``num_own_cached`` cached blocks of its own, then uncached ones (``num_blocks`` in all; 0
@@ -153,7 +277,8 @@ class Table:
     prefix-cache blocks its current allocation here started with (per manager: a disaggregated
     request's prefill and decode replicas each have their own)."""
 
-    __slots__ = ("request_id", "num_blocks", "held", "shared", "num_own_cached", "freed", "hit_blocks")
+    __slots__ = ("request_id", "num_blocks", "held", "shared", "num_own_cached", "freed", "hit_blocks",
+                 "load_end_s", "load_blocks", "offloaded")
 
     def __init__(self, request_id: int) -> None:
         self.request_id = request_id
@@ -163,6 +288,11 @@ class Table:
         self.num_own_cached = 0
         self.freed: Run | None = None
         self.hit_blocks = 0
+        # a load from the CPU tier (``CPUTier``) of blocks it holds: when it ends (-1.0 none), and
+        # how many it loads
+        self.load_end_s = -1.0
+        self.load_blocks = 0
+        self.offloaded = 0  # blocks written to the CPU tier, without the GPU prefix cache
 
 
 class KVBlockManager:
@@ -206,6 +336,8 @@ class KVBlockManager:
         # publishes the decode set's generated blocks full by now before a look-up from outside a
         # step (the router's ``cached_prefix_blocks``): ``DecodeSet.publish_between_steps``
         self.before_lookup: Callable[[], None] | None = None
+        # the CPU offloading tier (engine.kv_offloading_size), None: off
+        self.offload: CPUTier | None = None
 
     def blocks_for(self, num_tokens: int, computed: int | None = None, shared: int = 0) -> int:
         """Block ids a request holds at ``num_tokens`` tokens of KV (every group's); with
@@ -498,8 +630,11 @@ class KVBlockManager:
             self._append_plain(k)
 
     def cache(self, req: Request, num_tokens: int) -> None:
-        """Publish the request's full blocks among its first ``num_tokens`` tokens."""
+        """Publish the request's full blocks among its first ``num_tokens`` tokens (and write
+        them to the CPU tier, ``CPUTier.store``)."""
         if not self.prefix_caching:
+            if self.offload is not None:
+                self._offload_uncached(req, num_tokens)
             return
         t = self.tables.get(req.key)  # self.table(req), inline: this runs for every chunk
         if t is None:
@@ -511,6 +646,8 @@ class KVBlockManager:
         keys: list[tuple[int, int]] | None = req.prefix_keys  # prefix_keys(req, ...) once memoised
         if keys is None:
             keys = prefix_keys(req, self.block_size)
+        tier = self.offload
+        stored = done
         if done < len(keys) and not t.num_own_cached:
             cached = self._cached
             for key in keys[done:min(full, len(keys))]:
@@ -524,6 +661,8 @@ class KVBlockManager:
             done = len(t.shared)
         if full > done:
             t.num_own_cached += full - done
+        if tier is not None:  # written through to the CPU tier as computed (``CPUTier.store``)
+            tier.store(keys[stored:done], full - done)
 
     def fits_whole(self, req: Request, num_tokens: int, hits: Sequence[Block] = (), own_hits: int = 0) -> bool:
         """Whether the blocks of ``req``'s whole sequence of ``num_tokens`` are free, counting its
@@ -561,6 +700,8 @@ class KVBlockManager:
             return
         del self.tables[req.key]
         t.hit_blocks = 0  # (a table kept below for its cached run starts its next allocation afresh)
+        t.load_end_s = -1.0
+        t.load_blocks = t.offloaded = 0
         uncached = plain = t.num_blocks - len(t.shared) - t.num_own_cached
         if t.held:
             self.num_held -= t.num_blocks
@@ -603,6 +744,75 @@ class KVBlockManager:
         t = self.tables.pop(req.key, None)
         if t is not None and t.freed is not None:
             t.freed.owner = None
+
+    # -- the CPU offloading tier (``CPUTier``) --------------------------------------------------------
+    def _offload_uncached(self, req: Request, num_tokens: int) -> None:
+        """``cache`` with the GPU prefix cache off: the request's full blocks among its first
+        ``num_tokens`` are written to the CPU tier all the same (vLLM hashes a request's blocks
+        when a KV connector is set, prefix caching or not: vllm/v1/engine/core.py
+        ``EngineCore.__init__``, ``request_block_hasher``)."""
+        t = self.tables.get(req.key)
+        if t is None:
+            t = self.tables[req.key] = Table(req.request_id)
+        full = num_tokens // self.block_size
+        done = t.offloaded
+        if full <= done:
+            return
+        keys = prefix_keys(req, self.block_size)
+        end = min(full, len(keys))
+        tier = self.offload
+        if tier is not None:
+            tier.store(keys[done:end] if done < end else [], full - max(done, end))
+        t.offloaded = full
+
+    def offload_hits(self, req: Request, num_hits: int) -> int:
+        """Blocks after ``num_hits`` GPU prefix-cache hits that the CPU tier holds, at least one
+        token left to compute (``OffloadingConnectorScheduler.get_num_new_matched_tokens``,
+        which first touches every block of the request)."""
+        tier = self.offload
+        if tier is None:
+            return 0
+        keys = prefix_keys(req, self.block_size)
+        if not keys:
+            return 0
+        tier.touch(keys)
+        # NOTE: the hit stops a block short of the last token (as ``lookup``); vLLM loads every
+        # full block and recomputes only the last token (``_update_waiting_for_remote_kv``)
+        cap = (req.prompt_tokens + req.num_generated - 1) // self.block_size
+        return tier.hits(keys[:cap] if cap < len(keys) else keys, num_hits)
+
+    def start_load(self, req: Request, hits: Sequence[Block], num_loaded: int, now: float) -> bool:
+        """Allocate ``req``'s GPU prefix hits and ``num_loaded`` blocks for the CPU tier's copies
+        and queue their load (vLLM's scheduler: ``allocate_slots`` for the local and external
+        computed tokens, then the request waits in WAITING_FOR_REMOTE_KVS until the connector
+        reports the load finished: vllm/v1/core/sched/scheduler.py ``schedule``,
+        ``_update_waiting_for_remote_kv``); False, with no change, if the blocks are not free.
+        The loaded blocks are published as cached once the request is scheduled after the load
+        (vLLM: ``delay_cache_blocks``, cached in ``_update_waiting_for_remote_kv``)."""
+        tier = self.offload
+        bs = self.block_size
+        if tier is None or not self.allocate(req, (len(hits) + num_loaded) * bs, hits, 0, computed=len(hits) * bs):
+            return False
+        t = self.tables[req.key]
+        t.load_end_s = tier.load(num_loaded, now)
+        t.load_blocks = num_loaded
+        return True
+
+    def load_end_s(self, req: Request) -> float:
+        """When the CPU-tier load of ``req``'s blocks ends (-1.0: none in flight or pending)."""
+        t = self.tables.get(req.key)
+        return t.load_end_s if t is not None else -1.0
+
+    def end_load(self, req: Request) -> int:
+        """``req`` was scheduled (it looks up afresh after a preemption): the blocks it loaded
+        from the CPU tier for it (0: none)."""
+        t = self.tables.get(req.key)
+        if t is None or t.load_end_s < 0.0:
+            return 0
+        t.load_end_s = -1.0
+        n = t.load_blocks
+        t.load_blocks = 0
+        return n
 
     def cached_prefix_blocks(self, req: Request) -> int:
         """Longest cached prefix for routing (prefix_affinity); in-use blocks count too."""

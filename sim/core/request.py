@@ -34,7 +34,7 @@ class Request:
         "hash_ids", "hash_block_size", "prefix_keys", "prefix_hit_tokens",
         # TTFT decomposition, written by sim/core/ttft.py: parts adding up to first_token_s - arrival_s
         "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-        "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
+        "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s", "ttft_kv_load_s",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -95,3 +95,4 @@ class Request:
         self.ttft_preempt_s = 0.0
         self.ttft_kv_transfer_s = 0.0  # disaggregated, first token from decode: KV transfer
         self.ttft_decode_s = 0.0       # ... then decode admission wait and its first step
+        self.ttft_kv_load_s = 0.0      # loading its prefix from the CPU offloading tier (sim/core/kv.py CPUTier)

@@ -36,13 +36,27 @@ if TYPE_CHECKING:  # (types only: the compiled core reads their fields natively 
 # the parts the engine's replicas record on each request: they add up to the engine's TTFT (its
 # first token less the request's arrival at the engine)
 ENGINE_TTFT_PARTS = ("ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s", "ttft_interference_s",
-                     "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s")
+                     "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
+                     "ttft_kv_load_s")
 # the serving front end's part (sim/engine/frontend.py): from the client's send to the request's
 # arrival at the engine (HTTP, tokenisation, waiting for the API server) plus the first chunk's
 # way out (detokenisation, its SSE event); 0 offline
 FRONTEND_PART = "ttft_frontend_s"
 # every part of the client's TTFT, which they add up to exactly
 TTFT_PARTS = (*ENGINE_TTFT_PARTS, FRONTEND_PART)
+
+
+def take_out_of_wait(req: Request, load_s: float) -> None:
+    """The seconds a request's prefix spent loading from the CPU offloading tier, taken out of
+    its wait parts (the load ran between its arrival and its admission, while the clocks
+    accrued to whatever stopped admission): from the batch/budget wait first, the rest from the
+    KV wait. NOTE: which of the two waits the load overlapped is not tracked; the sum is exact."""
+    b = req.ttft_wait_batch_s
+    if load_s <= b:
+        req.ttft_wait_batch_s = b - load_s
+    else:
+        req.ttft_wait_batch_s = 0.0
+        req.ttft_wait_kv_s -= load_s - b
 
 
 class WaitClocks:
@@ -145,6 +159,9 @@ class TTFTAccounting:
         for req in plan.new_reqs:  # (their wait parts hold the clocks' readings at arrival)
             req.ttft_wait_batch_s = clocks.batch_s - req.ttft_wait_batch_s
             req.ttft_wait_kv_s = clocks.kv_s - req.ttft_wait_kv_s
+            load: float = req.ttft_kv_load_s
+            if load > 0.0:  # it waited for its CPU-tier load (sim/policies/base.py ``_offload_admit``)
+                take_out_of_wait(req, load)
         clocks.kv_blocked = plan.kv_blocked
         for req in plan.preempted:
             if not req.num_generated and req.key not in self._preempted_at:

@@ -142,6 +142,7 @@ class Replica:
         self._wake = Call(clock, self._plan)
         self._cut_call = Call(clock, self._cut)
         self._cut_end_call = Call(clock, self._cut_end)
+        self._load_wake: Call | None = None  # an idle replica's wake-up at a CPU-tier load's end
         self._cut_steps = 0  # steps of the run in flight that a cut lets finish
         self._cut_pending = False  # the run in flight was cut: it ends after ``_cut_steps``
         self._in_step = False  # a step (or run) planned by ``_plan_at`` is in flight
@@ -183,6 +184,9 @@ class Replica:
         sched = self.scheduler
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
+        tier = sched.kv.offload
+        if tier is not None and tier.h2d_free_s > now:  # CPU-tier loads in flight
+            self._notify_after_load(tier.next_end_s(now), now)
         if not (plan.num_decode_seqs or plan.chunks):  # plan.idle, inline (a property call per round)
             self._idle = True
             return
@@ -217,6 +221,21 @@ class Replica:
             self._end.at_from(now, run_sum_s(k, first, last, k, curve))
         else:
             self._end.at_from(now, first)
+
+    def _notify_after_load(self, end: float, now: float) -> None:
+        """A load from the CPU offloading tier ends at ``end``: then ``notify`` (an idle replica
+        plans again, a run of decode steps is cut at its step boundary), as vLLM schedules every
+        step and finds the loaded request ready in the first round after the load
+        (vllm/v1/core/sched/scheduler.py ``_update_waiting_for_remote_kv``)."""
+        call = self._load_wake
+        if call is not None and call.pending:
+            if call.time_s <= end:
+                return
+            call.abandon()
+        self._load_wake = Call(self.clock, self._load_done).at_from(now, end - now)
+
+    def _load_done(self, event: Call) -> None:
+        self.notify()
 
     def _step_end(self, event: Call) -> None:
         """The step (or the whole run) ended."""

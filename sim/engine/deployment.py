@@ -21,7 +21,7 @@ from sim.spec.nodes import NodeLinks, boundary_crosses, check_placement, node_li
 from sim.spec.models import ModelSpec, get_model, with_quantization
 from sim.policies import EngineLimits, Scheduler, get_policy
 from sim.policies.budget import budget_error, engine_limits, policy_engines, profile_release, vllm_default_limits
-from sim.core.kv import KVBlockManager
+from sim.core.kv import CPUTier, KVBlockManager
 from sim.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -42,11 +42,14 @@ class Deployment:
     pp: int = 1
     dp: int = 1  # data-parallel ranks whose MoE layers span them all (sim/cost/dp_ep.py)
     nodes: NodeLinks | None = None  # node size and inter-node link (sim/spec/nodes.py)
+    kv_offload_blocks: int = 0  # blocks of the CPU offloading tier (engine.kv_offloading_size); 0: off
 
     def new_scheduler(self, policy: str | type[Scheduler]) -> Scheduler:
         cls = get_policy(policy).scheduler if isinstance(policy, str) else policy
         kv = KVBlockManager(self.memory.num_kv_blocks, self.memory.block_size, self.prefix_caching,
                             self.memory.kv_groups, uncached_to_head=self.limits.vllm_release == "0.34")
+        if self.kv_offload_blocks:
+            kv.offload = CPUTier(self.kv_offload_blocks, self.swap_s_per_block, OFFLOAD_LATENCY_S)
         return cls(self.limits, kv)
 
     @property
@@ -54,6 +57,21 @@ class Deployment:
         """Seconds to move one KV block between GPU and host: each GPU of the tensor-parallel
         group copies its shard over its own PCIe link (bytes / PCIe bandwidth)."""
         return self.memory.kv_block_bytes_per_gpu / self.gpu.pcie_bw_bytes_per_s
+
+
+# NOTE: a CPU-tier load's fixed cost: one transfer's launch and completion event, taken as a
+# GPU copy's launch + sync, the point-to-point send's (sim/cost/pipeline.py P2P_LATENCY_S)
+OFFLOAD_LATENCY_S = 10e-6
+
+
+def offload_blocks(size_gib: float | None, block_bytes_per_gpu: int, tp: int, pp: int) -> int:
+    """Blocks of the CPU offloading tier: ``kv_offloading_size`` GiB summed over the tensor- and
+    pipeline-parallel ranks, each rank's share in pages of its KV block (vLLM 0.12
+    vllm/config/vllm.py ``_post_init_kv_transfer_config``: kv_bytes_per_rank = size x 2^30 /
+    (tp x pp); vllm/v1/kv_offload/cpu.py ``CPUOffloadingSpec`` num_cpu_blocks)."""
+    if not size_gib:
+        return 0
+    return int(size_gib * (1 << 30) / (tp * pp) // block_bytes_per_gpu)
 
 
 # Cost models shared by the deployments built while ``shared_cost_models`` is on (None: off),
@@ -121,7 +139,12 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     # charged in full there. NOTE: the connector is assumed not to support it.
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       budget, max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
-                      hybrid_kv=where == "scenario", expert_dp=dp)
+                      hybrid_kv=where == "scenario" and e.kv_offloading_size is None, expert_dp=dp)
+    # CPU offloading (engine.kv_offloading_size) sets up a KV connector too (vLLM 0.12
+    # ``_post_init_kv_transfer_config``), so the hybrid manager is off as above (vLLM 0.11
+    # vllm/config/__init__.py ``VllmConfig.__post_init__``: "Hybrid KV cache manager is not
+    # compatible with KV transfer"): sliding-window layers hold full-attention KV
+    cpu_blocks = offload_blocks(e.kv_offloading_size, mem.kv_block_bytes_per_gpu, tp, pp)
     # None: roofline with default efficiencies
     cal = load_calibration(gpu.key) if s.hardware.cost_model == "calibrated" else None
     limits = EngineLimits(
@@ -148,7 +171,8 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
                     pp, link, nodes))
         hit = _shared.get(key)
         if hit is not None:
-            return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp, nodes)
+            return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp, nodes,
+                              cpu_blocks)
 
     def make_cost(m: ModelSpec) -> RooflineCostModel:
         if dp > 1:
@@ -172,7 +196,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         if len(_shared) >= MAX_SHARED_COST_MODELS:
             _shared.pop(next(iter(_shared)))  # the oldest
         _shared[key] = cost
-    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp, nodes)
+    return Deployment(model, gpu, tp, mem, limits, cost, kv_bytes, e.enable_prefix_caching, pp, dp, nodes, cpu_blocks)
 
 
 def pipeline_links(s: Scenario, gpu: GPUSpec, tp: int, nodes: NodeLinks) -> tuple[tuple[float, float], ...]:

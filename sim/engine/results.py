@@ -36,7 +36,7 @@ def result_row(r: Request, code: int) -> tuple:
             r.output_tokens, r.num_preemptions, r.replica, r.prefix_hit_tokens, r.transfer_start_s,
             r.transfer_end_s, r.decode_wait_s, r.decode_rounds_waited,
             r.ttft_wait_batch_s, r.ttft_wait_kv_s, r.ttft_prefill_s, r.ttft_interference_s,
-            r.ttft_overhead_s, r.ttft_preempt_s, r.ttft_kv_transfer_s, r.ttft_decode_s, code)
+            r.ttft_overhead_s, r.ttft_preempt_s, r.ttft_kv_transfer_s, r.ttft_decode_s, r.ttft_kv_load_s, code)
 
 
 class RequestResults(RowBlock):
@@ -90,7 +90,7 @@ class RequestResults(RowBlock):
                                 r.replica, r.prefix_hit_tokens, r.transfer_start_s, r.transfer_end_s,
                                 r.decode_wait_s, r.decode_rounds_waited, r.ttft_wait_batch_s, r.ttft_wait_kv_s,
                                 r.ttft_prefill_s, r.ttft_interference_s, r.ttft_overhead_s, r.ttft_preempt_s,
-                                r.ttft_kv_transfer_s, r.ttft_decode_s, code)
+                                r.ttft_kv_transfer_s, r.ttft_decode_s, r.ttft_kv_load_s, code)
             except struct.error:  # as append's: no room yet, or a value struct refuses
                 self._append_slow(n, result_row(r, code))
             self._rows = n + 1

@@ -35,6 +35,31 @@ def _hit_rate(schedulers) -> float | None:
     return sum(s.kv.hit_tokens for s in schedulers) / q if q else None
 
 
+def _offload_keys(tiers: list, dep) -> dict:
+    """The CPU offloading tiers' figures (sim/core/kv.py ``CPUTier``), summed over replicas:
+    prompt tokens found there, loads, blocks and bytes moved each way (a block's bytes on every
+    GPU of the replica), and the seconds the links spent (loads: on the request's path;
+    stores: asynchronous, beside the steps)."""
+    block_bytes = dep.memory.kv_block_bytes_per_gpu * dep.tp * dep.pp
+    load_blocks = sum(t.load_blocks for t in tiers)
+    store_blocks = sum(t.store_blocks for t in tiers)
+    return {
+        "simsrv_kv_offload_capacity_blocks": tiers[0].capacity_blocks,
+        "simsrv_kv_offload_hit_tokens": sum(t.hit_tokens for t in tiers),
+        # CPU-tier hits / prompt tokens looked up (the GPU's are simsrv_prefix_cache_hit_rate)
+        "simsrv_kv_offload_hit_rate": (sum(t.hit_tokens for t in tiers) / q) if (q := sum(t.query_tokens for t in tiers))
+        else None,
+        "simsrv_kv_offload_loads": sum(t.loads for t in tiers),
+        "simsrv_kv_offload_load_blocks": load_blocks,
+        "simsrv_kv_offload_load_bytes": load_blocks * block_bytes,
+        "simsrv_kv_offload_load_s": sum(t.load_s for t in tiers),
+        "simsrv_kv_offload_store_blocks": store_blocks,
+        "simsrv_kv_offload_store_bytes": store_blocks * block_bytes,
+        "simsrv_kv_offload_store_s": store_blocks * tiers[0].load_s_per_block,
+        "simsrv_kv_offload_evicted_blocks": sum(t.evicted_blocks for t in tiers),
+    }
+
+
 def _mean_ms(values: np.ndarray) -> float | None:
     values = values[~np.isnan(values)]
     return float(values.mean() * 1e3) if len(values) else None
@@ -198,6 +223,9 @@ def summarize(result) -> dict:
         "simsrv_wall_s": result.wall_s,
         "simsrv_requests_per_wall_s": n / result.wall_s if result.wall_s > 0 else None,
     })
+    tiers = [x.kv.offload for x in result.schedulers if x.kv.offload is not None]
+    if tiers:  # engine.kv_offloading_size: the CPU tier's figures (keys only then: off is unchanged)
+        out.update(_offload_keys(tiers, dep))
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")

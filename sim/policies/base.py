@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from sim.compiled_core import mypyc_attr
 from sim.core.batch import Batch, BatchValues
-from sim.core.kv import KVBlockManager
+from sim.core.kv import Block, KVBlockManager
 from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
@@ -205,6 +205,7 @@ _tuple_new: Final = tuple.__new__
 _reversed: Final = reversed
 _Batch: Final = Batch
 _NONE: Final = NONE
+_NO_HITS: Final[list[Block]] = []  # (read only: ``allocate`` only iterates its hits)
 
 
 def new_plan(now: float) -> StepPlan:
@@ -713,8 +714,16 @@ class Scheduler:
         ds = self.decode
         if ds.pub_heap:  # generated blocks full by this step's decodes (DecodeSet.publish)
             ds.publish(ds.steps - self._lookup_lag)
-        hits, own = kv.lookup(req)
-        start = (len(hits) + own) * kv.block_size
+        hits: list[Block] = _NO_HITS
+        own = 0
+        load = self._offload_admit(req, plan, now) if kv.offload is not None else 1
+        if load <= 0:  # loading from the CPU tier (skipped: -1), or its blocks do not fit (0)
+            return load
+        if load == 2:  # its blocks are in place, the loaded ones after its GPU hits
+            start = kv.blocks_held(req) * kv.block_size
+        else:
+            hits, own = kv.lookup(req)
+            start = (len(hits) + own) * kv.block_size
         n = self._first_chunk(req.prefill_target - start, budget, plan)
         if n <= 0:
             return n
@@ -726,16 +735,44 @@ class Scheduler:
             return 0
         if no_evict:
             self.reserved_blocks += self._full_blocks(req)
-        if kv.prefix_caching and not req.num_generated and not req.num_preemptions:
-            kv.query_tokens += req.prompt_tokens
-            kv.hit_tokens += start
-            req.prefix_hit_tokens += start
+        loaded = kv.end_load(req) * kv.block_size if kv.offload is not None else 0
+        if not req.num_generated and not req.num_preemptions:
+            if kv.prefix_caching:
+                kv.query_tokens += req.prompt_tokens
+                kv.hit_tokens += start - loaded  # the GPU cache's hits (vLLM's prefix-cache metric)
+                req.prefix_hit_tokens += start - loaded
+            if kv.offload is not None:  # the CPU tier's (vLLM's connector prefix-cache metric)
+                kv.offload.count_query(req.prompt_tokens, loaded)
         req.num_computed = start
         kv.cache(req, start + n)
         if self._hooks:
             self._admission.on_admit(req)
         self._admit(req, plan, n, now)
         return n
+
+    def _offload_admit(self, req: Request, plan: StepPlan, now: float) -> int:
+        """The CPU offloading tier's part of admitting ``req`` (sim/core/kv.py ``CPUTier``):
+        -1 while a load of its blocks runs (vLLM skips a request in WAITING_FOR_REMOTE_KVS and
+        schedules it in the first round after the connector reports the load done:
+        vllm/v1/core/sched/scheduler.py ``schedule``, ``_update_waiting_for_remote_kv``), or
+        when it starts one now; 0 if the blocks for a load do not fit; 2 when its loaded blocks
+        are in place; 1: no load, admit as usual."""
+        kv = self.kv
+        end = kv.load_end_s(req)
+        if end >= 0.0:
+            return -1 if end > now else 2
+        hits, own = kv.lookup(req)
+        if own:
+            return 1
+        cpu = kv.offload_hits(req, len(hits))
+        if not cpu:
+            return 1
+        if not kv.start_load(req, hits, cpu, now):
+            plan.kv_blocked = True
+            return 0
+        if req.first_scheduled_s != req.first_scheduled_s:  # first admission: a TTFT part
+            req.ttft_kv_load_s = kv.load_end_s(req) - now
+        return -1
 
     def _full_blocks(self, req: Request) -> int:
         """KV blocks ``req`` holds at its last token. TensorRT-LLM's GUARANTEED_NO_EVICT (its

@@ -22,6 +22,7 @@ PART_LABELS = {
     "ttft_prefill_s": "own prefill", "ttft_interference_s": "interference (shared steps)",
     "ttft_overhead_s": "engine overhead", "ttft_preempt_s": "preemption + recompute",
     "ttft_kv_transfer_s": "KV transfer (P/D)", "ttft_decode_s": "decode admission + first step",
+    "ttft_kv_load_s": "KV load from CPU tier",
     "ttft_frontend_s": "front end (HTTP, tokenise, stream)",
 }
 
