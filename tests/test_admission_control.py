@@ -191,3 +191,15 @@ def test_a_live_session_with_priorities_and_limits_replays_to_the_same_requests(
     replay = run_scenario(replay_scenario(s, path))
     assert (online.requests["status"] == "rejected").sum() > 0
     assert online.requests.equals(replay.requests)
+
+
+def test_shutdown_answers_a_request_the_api_server_still_held():
+    async def go():
+        s = load_scenario(SCENARIO, ['admission_control={"limits":[{"max_concurrency":5}]}'])
+        d = Driver(LiveView(s), clock=FakeClock())
+        a = d.submit(_asked(), 8)
+        assert not a.decided.is_set()
+        d.stop("stopped")
+        assert a.decided.is_set() and a.failure == "stopped" and not a.rejected
+
+    asyncio.run(go())

@@ -174,6 +174,7 @@ class Driver:
         self.stopping = True
         for s in self.streams.values():
             s.done, s.failure = True, reason
+            s.decided.set()  # (one the API server still held: its handler waits no more)
             s.tokens.put_nowait(None)
         self.streams.clear()
         self._poke.set()

@@ -261,5 +261,7 @@ def _write(live: "LiveView", driver: Driver, out: Path, stage: Path) -> None:
     result = replace(result, scenario=replay_scenario(result.scenario, out / "arrivals.parquet"))
     summary = summarize(result)
     write_run(result, summary, stage)
-    print(f"simsrv serve: {summary['completed']:,} requests completed, {summary['failed']:,} failed; wrote {out}/",
+    print(f"simsrv serve: {summary['completed']:,} requests completed, {summary['failed']:,} failed"
+          + (f", {summary['simsrv_rejected']:,} rejected (429)" if summary.get("simsrv_rejected") else "")
+          + f"; wrote {out}/",
           flush=True)
