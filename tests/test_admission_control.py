@@ -108,7 +108,9 @@ def test_runs_under_different_limits_are_never_ranked_against_each_other(tmp_pat
     assert best_cells(runs) == set() and best_by_metric(runs, ["open", "limited"]) == {}
     from sim.reporting.compare_page import build_compare_page
 
-    assert "different admission_control limits" in build_compare_page(runs, "t").render()
+    page = build_compare_page(runs, "t").render()
+    assert "different admission_control limits" in page
+    assert "Per priority class" in page and "priority 1: rejected" in page
 
 
 def test_bad_limits_are_one_clear_error():

@@ -36,11 +36,13 @@ def _class_line(priority: str, c: dict) -> str:
     """One priority class's figures: counts, TTFT and TPOT p50 / p99, goodput."""
     def ms(v):
         return "-" if v is None else f"{v:,.1f}"
+    from sim.metrics.keys import key
+
     good = c.get("request_goodput")
     return (f"priority {priority}: completed {c['completed']:,} / {c['requests']:,}"
             + (f", rejected {c['rejected']:,}" if c["rejected"] else "")
-            + f"  TTFT p50 {ms(c['p50_ttft_ms'])} p99 {ms(c['p99_ttft_ms'])} ms"
-            + f"  TPOT p50 {ms(c['p50_tpot_ms'])} p99 {ms(c['p99_tpot_ms'])} ms"
+            + f"  TTFT p50 {ms(c[key('p50', 'ttft')])} p99 {ms(c[key('p99', 'ttft')])} ms"
+            + f"  TPOT p50 {ms(c[key('p50', 'tpot')])} p99 {ms(c[key('p99', 'tpot')])} ms"
             + (f"  goodput {good:.2f} req/s" if good is not None else ""))
 
 

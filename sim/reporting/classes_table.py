@@ -7,14 +7,16 @@ raises the low class's. A run with one class shows no table (its figures are the
 
 from __future__ import annotations
 
+from sim.metrics.keys import key
 from sim.reporting.html import Page
 
 # (label, key in a class's figures, format): sim/metrics/summary.py class_figures
 CLASS_ROWS = (
     ("requests", "requests", "{:,}"), ("completed", "completed", "{:,}"), ("failed", "failed", "{:,}"),
-    ("rejected", "rejected", "{:,}"), ("TTFT p50 (ms)", "p50_ttft_ms", "{:,.1f}"),
-    ("TTFT p99 (ms)", "p99_ttft_ms", "{:,.1f}"), ("TPOT p50 (ms)", "p50_tpot_ms", "{:,.1f}"),
-    ("TPOT p99 (ms)", "p99_tpot_ms", "{:,.1f}"), ("goodput (req / s)", "request_goodput", "{:,.2f}"),
+    ("rejected", "rejected", "{:,}"),
+    *((f"{name} {stat} (ms)", key(stat, metric), "{:,.1f}") for name, metric in (("TTFT", "ttft"), ("TPOT", "tpot"))
+      for stat in ("p50", "p99")),
+    ("goodput (req / s)", "request_goodput", "{:,.2f}"),
 )
 
 
