@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.request import Request
+from sim.engine.admission_control import AdmissionControl
 from sim.engine.calls import Call
 from sim.engine.cluster import Replica, Simulation
 from sim.engine.columns import ColumnBuffer
@@ -58,11 +59,11 @@ class LiveSimulation:
         self._frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
         self._entries = LiveEntryQueue()
         self._spent_in = ColumnBuffer(("frontend_in_s",)) if self._frontend is not None else None
-        # id -> (entry time, prompt, output, max_tokens) of those the front end still holds
-        self._at_frontend: dict[int, tuple[float, int, int, int]] = {}
+        # id -> (entry time, prompt, output, max_tokens, priority) of those the front end still holds
+        self._at_frontend: dict[int, tuple[float, int, int, int, int]] = {}
         self._next_id = 0
         self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
-                               on_end=self._ended)
+                               on_end=self._ended, admission=AdmissionControl.of(scenario.admission_control))
         self._finished = False
 
     @property
@@ -118,10 +119,11 @@ class LiveSimulation:
                 gc.enable()
 
     def inject(self, input_tokens: int, output_tokens: int, hash_ids: Any = None,
-               hash_block_size: int = 16, max_tokens: int = 0) -> int:
+               hash_block_size: int = 16, max_tokens: int = 0, priority: int = 0) -> int:
         """A request arriving now (``now_s``) with ``input_tokens`` prompt tokens that will
-        produce ``output_tokens``; optional prompt block-hash ids for prefix caching. Returns
-        its request id (0, 1, ... in the order injected)."""
+        produce ``output_tokens``; optional prompt block-hash ids for prefix caching, and its
+        priority (vLLM's request ``priority``). Returns its request id (0, 1, ... in the order
+        injected)."""
         self._check_open()
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -130,25 +132,26 @@ class LiveSimulation:
         self._next_id += 1
         fe = self._frontend
         if fe is None:
-            self._enter(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens)
+            self._enter(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens, priority)
             return rid
         # the API server's input side: one request at a time, first come first served, so the
         # engine sees requests in the order injected and numbers them so (``_enter``)
         now = self.now_s
         entry = self._entries.entry(now, float(fe.input_s(np.array([input_tokens]))[0]))
         self._spent_in.add_block(np.array([[entry - now]]))
-        self._at_frontend[rid] = (entry, input_tokens, output_tokens, max_tokens)
+        self._at_frontend[rid] = (entry, input_tokens, output_tokens, max_tokens, priority)
         clock = self._sim.clock
-        Call(clock, lambda _e: self._enter(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens)
-             ).at(entry - now)
+        Call(clock, lambda _e: self._enter(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
+                                           priority)).at(entry - now)
         return rid
 
     def _enter(self, input_tokens: int, output_tokens: int, hash_ids: Any, hash_block_size: int,
-               max_tokens: int) -> None:
-        """A request reaches the engine now."""
-        req = self._sim.arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens)
+               max_tokens: int, priority: int) -> None:
+        """A request reaches the engine now (through admission control, where configured)."""
+        req = self._sim.arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
+                                        priority)
         self._at_frontend.pop(req.request_id, None)
-        if req.status not in ("completed", "failed"):  # (failed at the door: ended already)
+        if req.status not in ("completed", "failed", "rejected"):  # (failed or rejected at the door: ended already)
             self._in_flight[req.request_id] = req
 
     @property
@@ -164,8 +167,8 @@ class LiveSimulation:
         self._check_open()
         self._finished = True
         now = self.now_s
-        for rid, (entry, n_in, n_out, max_tokens) in self._at_frontend.items():  # not yet handed to the engine
-            self._in_flight[rid] = Request(rid, entry, n_in, n_out, max_tokens)
+        for rid, (entry, n_in, n_out, max_tokens, priority) in self._at_frontend.items():  # not yet handed to the engine
+            self._in_flight[rid] = Request(rid, entry, n_in, n_out, max_tokens, priority)
         self._at_frontend.clear()
         left = [self._in_flight[k] for k in sorted(self._in_flight)]
         for req in left:

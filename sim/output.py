@@ -15,7 +15,7 @@ REQUEST_COLUMNS = (
     "output_tokens", "ttft_s", "tpot_s", "e2el_s", "queue_s", "num_preemptions", "replica", "status",
     "fail_reason", "prefix_hit_tokens", "kv_transfer_s", "decode_wait_s", "decode_rounds_waited", "ttft_wait_batch_s", "ttft_wait_kv_s", "ttft_prefill_s",
     "ttft_interference_s", "ttft_overhead_s", "ttft_preempt_s", "ttft_kv_transfer_s", "ttft_decode_s",
-    "ttft_kv_load_s", "ttft_frontend_s",
+    "ttft_kv_load_s", "ttft_frontend_s", "priority",
 )
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "num_steps", "num_seqs", "prefill_tokens", "decode_tokens",

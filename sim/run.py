@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.engine.admission_control import AdmissionControl
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment, engine_profile
 from sim.engine.frontend import CLIENT_COLUMNS, Frontend, client_times, shifted
@@ -33,12 +34,12 @@ _RAW = {"request_id": "request_id", "arrival_s": "arrival_s", "first_scheduled_s
         "first_token_s": "first_token_s", "finish_s": "finish_s", "input_tokens": "prompt_tokens",
         "output_tokens": "output_tokens", "num_preemptions": "num_preemptions", "replica": "replica",
         "prefix_hit_tokens": "prefix_hit_tokens", "decode_wait_s": "decode_wait_s",
-        "decode_rounds_waited": "decode_rounds_waited", **{p: p for p in ENGINE_TTFT_PARTS}}
+        "decode_rounds_waited": "decode_rounds_waited", "priority": "priority", **{p: p for p in ENGINE_TTFT_PARTS}}
 # the requests frame's columns, in its order
 REQUEST_FRAME_COLUMNS = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                          "input_tokens", "output_tokens", *REQUEST_METRICS, "num_preemptions", "replica",
                          "prefix_hit_tokens", "kv_transfer_s", "decode_wait_s", "decode_rounds_waited",
-                         *TTFT_PARTS, "status", "fail_reason")
+                         *TTFT_PARTS, "status", "fail_reason", "priority")
 
 
 @dataclass
@@ -222,7 +223,8 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
         frontend = None
     spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None else None
     sent = shifted(arrays, frontend, spent_in) if spent_in is not None else arrays
-    _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results, **loop)
+    _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results,
+                      admission=AdmissionControl.of(scenario.admission_control), **loop)
     return run_result(scenario, layout, results, rec,
                       None if streamed or concurrency is not None else arrays,  # else: the requests as sent
                       time.perf_counter() - t0, frontend, spent_in)

@@ -258,6 +258,9 @@ class Engine(_Strict):
     # preempt the last admitted when short; sglang = SGLang 0.3's new_token_ratio admission and
     # retract_decode
     admission: Literal["vllm", "sglang"] = "vllm"
+    # vLLM's --scheduling-policy: fcfs (arrival order) | priority (each request's priority, a lower
+    # value first, then arrival; the lowest priority is preempted first: vLLM V1's scheduler)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     step_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     per_seq_overhead_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     # host-side step cost of this serving engine (sim/cost/engine_profile.py): a catalogue entry
@@ -464,6 +467,15 @@ class MultiTurn(_Strict):
     think_time_s: float = Field(10.0, ge=0, le=MAX_TIME_S)   # mean gap between a turn and the next (exponential)
 
 
+class PriorityClass(_Strict):
+    """One class of requests of a synthetic workload: the vLLM request priority its requests are
+    sent with (a lower value is served first under ``engine.scheduling_policy: priority``) and its
+    share of the requests (weights are normalised)."""
+
+    priority: int = Field(ge=-MAX_COUNT, le=MAX_COUNT)
+    weight: float = Field(gt=0, le=MAX_FIGURE)
+
+
 class Synthetic(_Strict):
     num_requests: int = Field(1000, ge=1, le=MAX_REQUESTS)
     # inf = all at t=0, as vLLM bench (.inf, or the word inf as --set reads it)
@@ -483,6 +495,16 @@ class Synthetic(_Strict):
     prefix_groups: Optional[PrefixGroups] = None
     multi_turn: Optional[MultiTurn] = None
     hash_block_size: int = Field(16, ge=1, le=MAX_TOKENS)    # tokens per hash id of generated prompts
+    # request priorities (vLLM's ``priority`` request field): each request (each session, with
+    # multi_turn or prefix_groups) drawn into a class by weight; null: every request priority 0
+    priority_classes: Optional[list[PriorityClass]] = Field(None, min_length=1, max_length=64)
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _distinct_priorities(cls, v: Optional[list[PriorityClass]]) -> Optional[list[PriorityClass]]:
+        if v is not None and len({c.priority for c in v}) != len(v):
+            raise ValueError("each class needs its own priority (a priority is listed twice)")
+        return v
 
 
 class Workload(_Strict):
@@ -519,6 +541,41 @@ def _offload_error(e: "Engine", spec: PolicySpec, data_parallel_size: int) -> st
                 "cluster.data_parallel_size 1, num_scheduler_steps 1, separate_prefill_steps false, "
                 "capacity_scheduler_policy max_utilization, admission vllm")
     return None
+class TokenBucketLimit(_Strict):
+    """A token bucket: ``burst`` requests at once, refilled at ``rate_per_s`` (sim/engine/
+    admission_control.py)."""
+
+    rate_per_s: float = Field(gt=0, le=MAX_FIGURE)
+    burst: int = Field(1, ge=1, le=MAX_REQUESTS)
+
+
+class ClassLimit(_Strict):
+    """Admission limits of one class of requests: those of ``priority`` (null: every request)."""
+
+    priority: Optional[int] = Field(None, ge=-MAX_COUNT, le=MAX_COUNT)
+    token_bucket: Optional[TokenBucketLimit] = None
+    # requests of the class in the system (admitted, not yet ended) at most
+    max_concurrency: Optional[int] = Field(None, ge=1, le=MAX_REQUESTS)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> "ClassLimit":
+        if self.token_bucket is None and self.max_concurrency is None:
+            raise ValueError("give token_bucket, max_concurrency or both")
+        return self
+
+
+class AdmissionControl(_Strict):
+    """Limits in front of the engines (a gateway's 429s; vLLM has none): a request over a limit
+    of its class is rejected, counted apart from failures (sim/engine/admission_control.py)."""
+
+    limits: list[ClassLimit] = Field(min_length=1, max_length=64)
+
+    @field_validator("limits")
+    @classmethod
+    def _one_per_class(cls, v: list[ClassLimit]) -> list[ClassLimit]:
+        if len({c.priority for c in v}) != len(v):
+            raise ValueError("one entry per priority (a priority, or null for all requests, is listed twice)")
+        return v
 
 
 def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
@@ -541,6 +598,14 @@ def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
                 f"with capacity_scheduler_policy max_utilization, not {e.policy} / {e.capacity_scheduler_policy}")
     if e.admission not in spec.admission_modes:
         return f"engine.admission: {e.admission} does not apply to policy {e.policy}"
+    if e.scheduling_policy not in spec.scheduling_policies:
+        takers = name_list(names_with(lambda p: e.scheduling_policy in p.scheduling_policies))
+        return f"engine.scheduling_policy: {e.scheduling_policy} applies to policies {takers}, not {e.policy}"
+    if e.scheduling_policy == "priority" and (e.admission != "vllm" or e.separate_prefill_steps
+                                              or e.num_scheduler_steps > 1):
+        # vLLM V1's scheduler (vllm/v1/core/sched/scheduler.py) is the one modelled with priorities
+        return ("engine.scheduling_policy: priority is vLLM V1's scheduler: it needs engine.admission: vllm, "
+                "separate_prefill_steps: false and num_scheduler_steps: 1")
     if e.separate_prefill_steps and not spec.separate_prefill_steps:
         takers = name_list(names_with(lambda p: p.separate_prefill_steps))
         return f"engine.separate_prefill_steps applies to policy {takers} (whole prompts), not {e.policy}"
@@ -557,6 +622,7 @@ class Scenario(_Strict):
     workload: Workload
     slo: SLO = SLO()
     disaggregation: Optional[Disaggregation] = None
+    admission_control: Optional[AdmissionControl] = None
     base_dir: str = "."  # directory of the scenario file: relative paths resolve against it
 
     @model_validator(mode="after")

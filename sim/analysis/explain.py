@@ -230,3 +230,28 @@ def breadth_figures(dep: Deployment, context_tokens: int) -> dict[str, float | i
         "kv_layers_per_group": dep.memory.layers_per_group,
         "kv_blocks_per_seq_at_context": g.blocks(context_tokens, dep.memory.block_size),
     }
+
+
+def scheduling_lines(s) -> list[str]:
+    """How requests are ordered and admitted (``explain``'s text): the engine's scheduling policy
+    (vLLM's --scheduling-policy) and the scenario's admission_control limits, if any."""
+    if s.engine.scheduling_policy == "priority":
+        lines = ["scheduling: priority (vLLM V1 --scheduling-policy priority): the waiting queue in (priority, "
+                 "arrival) order, a lower value first; when KV blocks run out the running request with the "
+                 "largest (priority, arrival) is preempted"]
+    else:
+        lines = ["scheduling: fcfs (vLLM's default): the waiting queue in arrival order; when KV blocks run out "
+                 "the last admitted running request is preempted"]
+    ac = s.admission_control
+    if ac is None:
+        lines.append("admission control: none (every request reaches the engines)")
+        return lines
+    for c in ac.limits:
+        parts = []
+        if c.token_bucket is not None:
+            parts.append(f"token bucket {c.token_bucket.rate_per_s:g} req/s, burst {c.token_bucket.burst:,}")
+        if c.max_concurrency is not None:
+            parts.append(f"at most {c.max_concurrency:,} in the system")
+        who = "all requests" if c.priority is None else f"priority {c.priority}"
+        lines.append(f"admission control, {who}: " + "; ".join(parts) + " (over it: rejected, HTTP 429 in serve)")
+    return lines

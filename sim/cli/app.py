@@ -81,9 +81,9 @@ def explain(
     for k, v in figures.items():
         t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
     out_console.print(t)
-    from sim.analysis.explain import offload_lines, placement_lines
+    from sim.analysis.explain import offload_lines, placement_lines, scheduling_lines
 
-    for line in placement_lines(dep) + offload_lines(dep):
+    for line in [*placement_lines(dep), *offload_lines(dep), *scheduling_lines(s)]:
         out_console.print(line, markup=False, highlight=False)
     from sim.cost.calibration import describe
 

@@ -32,6 +32,20 @@ def _dp(summary: dict) -> str:
     return f", DP {dp} + EP" if dp > 1 else ""
 
 
+def _class_line(priority: str, c: dict) -> str:
+    """One priority class's figures: counts, TTFT and TPOT p50 / p99, goodput."""
+    def ms(v):
+        return "-" if v is None else f"{v:,.1f}"
+    from sim.metrics.keys import key
+
+    good = c.get("request_goodput")
+    return (f"priority {priority}: completed {c['completed']:,} / {c['requests']:,}"
+            + (f", rejected {c['rejected']:,}" if c["rejected"] else "")
+            + f"  TTFT p50 {ms(c[key('p50', 'ttft')])} p99 {ms(c[key('p99', 'ttft')])} ms"
+            + f"  TPOT p50 {ms(c[key('p50', 'tpot')])} p99 {ms(c[key('p99', 'tpot')])} ms"
+            + (f"  goodput {good:.2f} req/s" if good is not None else ""))
+
+
 def _summary_table(summary: dict):
     from rich.table import Table
 
@@ -99,7 +113,8 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
         return
     out_console.print(_summary_table(summary))
     out_console.print(
-        f"completed {summary['completed']:,} / {summary['num_prompts']:,} (failed {summary['failed']:,})  "
+        f"completed {summary['completed']:,} / {summary['num_prompts']:,} (failed {summary['failed']:,}"
+        + (f", rejected {summary['simsrv_rejected']:,}" if summary.get("simsrv_rejected") else "") + ")  "
         f"duration {summary['duration']:,.1f} s  throughput {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:,.0f} output tok/s, {summary['total_token_throughput']:,.0f} tok/s"
     )
@@ -118,6 +133,12 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
             f"in {summary['simsrv_kv_offload_store_s']:.2f} s", markup=False, highlight=False)
     for reason, n in summary["simsrv_failed_reasons"].items():
         out_console.print(f"failed: {n:,} x {reason}", markup=False, highlight=False)
+    for reason, n in summary.get("simsrv_rejected_reasons", {}).items():
+        out_console.print(f"rejected: {n:,} x {reason}", markup=False, highlight=False)
+    classes = summary.get("simsrv_classes") or {}
+    if len(classes) > 1:  # per request priority (sim/metrics/summary.py class_figures)
+        for p, c in classes.items():
+            out_console.print(_class_line(p, c), markup=False, highlight=False)
     for note in summary.get("simsrv_uncertainty", []):
         out_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     out_console.print(f"wrote {out}/")

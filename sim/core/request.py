@@ -22,6 +22,8 @@ class Request:
         # what was asked; ``key``: the id as one object, the key of the schedulers' and the KV
         # manager's dicts by request
         "request_id", "key", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens",
+        # vLLM's request priority (``scheduling_policy: priority``: a lower value is served first)
+        "priority",
         # lifecycle (the scheduler's)
         "status", "fail_reason", "replica", "num_preemptions",
         "num_generated", "num_computed", "prefill_target", "kv_ready",
@@ -38,7 +40,7 @@ class Request:
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 max_tokens: int = 0):
+                 max_tokens: int = 0, priority: int = 0):
         # what was asked
         self.request_id = request_id
         # (typed Any: compiled, sim/compiled_core.py, the id is boxed once here, where each
@@ -53,8 +55,9 @@ class Request:
         # (tests/test_no_oracle.py).
         self.output_tokens = output_tokens
         self.max_tokens = max_tokens
+        self.priority = priority
         # lifecycle
-        self.status = "waiting"     # waiting | running | completed | failed
+        self.status = "waiting"     # waiting | running | completed | failed | rejected
         self.fail_reason = ""
         self.replica = -1
         self.num_preemptions = 0

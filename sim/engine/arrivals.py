@@ -34,15 +34,15 @@ _NO_WAIT, _WAITING, _WOKEN = 0, 1, 2
 
 
 # a slice: (arrival seconds, prompt tokens, output tokens, hash ids or None, offset, hash block
-# size, max_tokens or None: none sent); typed: compiled (sim/compiled_core.py), its lists' items
-# are read natively, not by a generic subscript of an object
-_Slice = tuple[list[float], list[int], list[int], Any, int, int, Any]
+# size, max_tokens or None: none sent, priorities or None: all 0); typed: compiled
+# (sim/compiled_core.py), its lists' items are read natively, not by a generic subscript of an object
+_Slice = tuple[list[float], list[int], list[int], Any, int, int, Any, Any]
 
 
 def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
     """Consecutive slices of the workload as Python lists: (arrival seconds, prompt tokens,
     output tokens, the chunk's hash ids or None, the slice's offset in its chunk, hash block size,
-    max_tokens or None).
+    max_tokens or None, priorities or None).
     A stream is read only when the previous chunk's last request has been sent."""
     for chunk in chunks:
         for lo in range(0, len(chunk), ARRIVAL_SLICE):
@@ -50,7 +50,8 @@ def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
                    chunk.input_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
                    chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
                    chunk.hash_ids, lo, chunk.hash_block_size,
-                   None if chunk.max_tokens is None else chunk.max_tokens[lo:lo + ARRIVAL_SLICE].tolist())
+                   None if chunk.max_tokens is None else chunk.max_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
+                   None if chunk.priority is None else chunk.priority[lo:lo + ARRIVAL_SLICE].tolist())
 
 
 class Arrivals:
@@ -70,7 +71,7 @@ class Arrivals:
         self._wait = _NO_WAIT
         self._slices = _slices(chunks)
         # the slice being sent (``_slices``) and the index in it of the next request
-        self._slice: _Slice = ([], [], [], None, 0, 16, None)
+        self._slice: _Slice = ([], [], [], None, 0, 16, None, None)
         self._j = 0
         self._timer = Call(clock, self._time_reached)  # the wait for the next arrival time (one at a time)
         Call(clock, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
@@ -97,7 +98,7 @@ class Arrivals:
         with ``max_concurrency``, a free client) or the workload ends. ``reached``: the next
         one's arrival time has come (the wait for it just ended: its time is not compared
         with the clock again, as the process went on after its timeout). ``now``: the clock."""
-        arrival, inp, out, hash_ids, lo, block_size, max_tokens = self._slice
+        arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority = self._slice
         j = self._j
         t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
         while True:
@@ -106,7 +107,7 @@ class Arrivals:
                 if nxt is None:
                     return  # every request sent (the process's end)
                 self._slice = nxt
-                arrival, inp, out, hash_ids, lo, block_size, max_tokens = nxt
+                arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority = nxt
                 j = 0
             t = arrival[j]
             if not reached:
@@ -123,19 +124,20 @@ class Arrivals:
                 self.free -= 1
                 t = now  # sent now
             self._emit(t, inp[j], out[j], None if hash_ids is None else hash_ids[lo + j], block_size,
-                       0 if max_tokens is None else max_tokens[j])
+                       0 if max_tokens is None else max_tokens[j], 0 if priority is None else priority[j])
             j += 1
 
     def inject(self, prompt_tokens: int, output_tokens: int, hash_ids: Any = None,
-               hash_block_size: int = 16, max_tokens: int = 0) -> Request:
+               hash_block_size: int = 16, max_tokens: int = 0, priority: int = 0) -> Request:
         """Send one request now (the clock's time), numbered next: a live run's arrival
         (``max_tokens`` 0: the client sent none)."""
-        return self._emit(self.clock.now_s, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens)
+        return self._emit(self.clock.now_s, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
+                          priority)
 
     def _emit(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
-              hash_block_size: int, max_tokens: int) -> Request:
+              hash_block_size: int, max_tokens: int, priority: int) -> Request:
         """Send a request arriving at ``t`` (now) to the topology."""
-        req = Request(self.sent, t, prompt_tokens, output_tokens, max_tokens)
+        req = Request(self.sent, t, prompt_tokens, output_tokens, max_tokens, priority)
         if hash_ids is not None:
             req.hash_ids = hash_ids
             req.hash_block_size = hash_block_size

@@ -26,6 +26,7 @@ from sim.cost.roofline import RooflineCostModel, RunCostValues
 from sim.cost.runs import RunCost, run_sum_s
 from sim.errors import SimulationStalled
 from sim.policies.base import Scheduler, StepPlan
+from sim.engine.admission_control import REJECTED, reject
 from sim.engine.arrivals import Arrivals
 from sim.engine.calls import Call
 from sim.engine.simpy_clock import ClockEnvironment
@@ -414,7 +415,7 @@ class Simulation:
                  progress: Callable[[int], None] | None = None, topology: TopologyFactory | None = None,
                  swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
                  total: int = 0, results: RequestResults | None = None,
-                 on_end: Callable[[list[Request]], None] | None = None):
+                 on_end: Callable[[list[Request]], None] | None = None, admission: Any = None):
         self.env = env = ClockEnvironment()
         self.clock = clock = env.clock
         clock.log = EVENT_LOG
@@ -430,8 +431,12 @@ class Simulation:
         else:
             topo = topology(env, self.recorder, self._on_finish)
         self.topology = topo
+        # admission control in front of the engines (sim/engine/admission_control.py), or None
+        self.admission = admission
+        self._topology_submit = topo.submit
+        submit = topo.submit if admission is None else self._admit
         # (made after the topology, as the arrival process was started after the replicas')
-        self.arrivals = arrivals = Arrivals(env, chunks, topo.submit, self.requests if results is None else None,
+        self.arrivals = arrivals = Arrivals(env, chunks, submit, self.requests if results is None else None,
                                             max_concurrency)
         clock.num_requests = lambda: arrivals.sent
 
@@ -439,7 +444,22 @@ class Simulation:
         yield self.env.timeout(self._think_time_s)
         self.arrivals.release(n)
 
+    def _admit(self, req: Request) -> None:
+        """An arrival through admission control: on to the topology, or ended as rejected."""
+        now = self.clock.now_s
+        reason = self.admission.decide(req, now)
+        if reason:
+            reject(req, now, reason)
+            self._on_finish([req])
+            return
+        self._topology_submit(req)
+
     def _on_finish(self, finished: list[Request]) -> None:
+        admission = self.admission
+        if admission is not None:
+            for req in finished:
+                if req.status != REJECTED:
+                    admission.ended(req)
         if self.results is not None:
             self.results.add(finished)
         if self._on_end is not None:
@@ -472,7 +492,8 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
              router: RouterFn | None = None, progress: Callable[[int], None] | None = None,
              topology: TopologyFactory | None = None,
              swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
-             total_hint: int | None = None, results: RequestResults | None = None) -> tuple[list[Request], Recorder]:
+             total_hint: int | None = None, results: RequestResults | None = None,
+             admission: Any = None) -> tuple[list[Request], Recorder]:
     """Replay ``arrays`` (or consecutive sorted chunks of a workload, fed as simulated time
     reaches them) through a topology (``Simulation``, which says what each argument does) to
     the end; return every request (completed or failed; empty with ``results``) and the step
@@ -480,7 +501,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
     total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
     sim = Simulation(chunks, schedulers, costs, router, progress, topology, swap_s_per_block, max_concurrency,
-                     think_time_s, total, results)
+                     think_time_s, total, results, admission=admission)
     # The run allocates millions of short-lived objects but creates almost no reference cycles;
     # the cyclic collector would rescan every live request on each pass (28% of the wall time
     # at 100k requests, bench/README.md). Reference counting still frees everything meanwhile.

@@ -160,6 +160,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         admission=e.admission,
         vllm_release=engine.vllm_release,
         ignore_eos=s.workload.max_tokens == "output",
+        scheduling_policy=e.scheduling_policy,
     )
     c = s.cluster
     nodes = node_links(c, gpu)

@@ -22,10 +22,10 @@ from sim.engine.columns import ColumnBuffer, RowBlock
 FIELDS = (
     "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens",
     "output_tokens", "num_preemptions", "replica", "prefix_hit_tokens", "transfer_start_s",
-    "transfer_end_s", "decode_wait_s", "decode_rounds_waited", *ENGINE_TTFT_PARTS,
+    "transfer_end_s", "decode_wait_s", "decode_rounds_waited", "priority", *ENGINE_TTFT_PARTS,
 )
 INT_FIELDS = frozenset(("request_id", "prompt_tokens", "output_tokens", "num_preemptions", "replica",
-                        "prefix_hit_tokens", "decode_rounds_waited", "label"))
+                        "prefix_hit_tokens", "decode_rounds_waited", "priority", "label"))
 
 
 def result_row(r: Request, code: int) -> tuple:
@@ -34,7 +34,7 @@ def result_row(r: Request, code: int) -> tuple:
     look-up each); tests/test_results_columns.py checks it against ``FIELDS``."""
     return (r.request_id, r.arrival_s, r.first_scheduled_s, r.first_token_s, r.finish_s, r.prompt_tokens,
             r.output_tokens, r.num_preemptions, r.replica, r.prefix_hit_tokens, r.transfer_start_s,
-            r.transfer_end_s, r.decode_wait_s, r.decode_rounds_waited,
+            r.transfer_end_s, r.decode_wait_s, r.decode_rounds_waited, r.priority,
             r.ttft_wait_batch_s, r.ttft_wait_kv_s, r.ttft_prefill_s, r.ttft_interference_s,
             r.ttft_overhead_s, r.ttft_preempt_s, r.ttft_kv_transfer_s, r.ttft_decode_s, r.ttft_kv_load_s, code)
 
@@ -49,7 +49,7 @@ class RequestResults(RowBlock):
     the rest waits. What waits is bounded by the requests in flight, not by those served."""
 
     def __init__(self, block_rows: int | None = None) -> None:
-        block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 23 fields: 184 bytes a row meanwhile
+        block_rows = block_rows or column_store.BLOCK_ROWS // 2  # 24 fields: 192 bytes a row meanwhile
         self._names = (*FIELDS, "label")
         # the rows added since the last release (integer fields packed as int64)
         super().__init__(len(self._names), block_rows, [n in INT_FIELDS for n in self._names])
@@ -88,7 +88,7 @@ class RequestResults(RowBlock):
                 self._pack_into(self._data, n * self._row_bytes, r.request_id, r.arrival_s, r.first_scheduled_s,
                                 r.first_token_s, r.finish_s, r.prompt_tokens, r.output_tokens, r.num_preemptions,
                                 r.replica, r.prefix_hit_tokens, r.transfer_start_s, r.transfer_end_s,
-                                r.decode_wait_s, r.decode_rounds_waited, r.ttft_wait_batch_s, r.ttft_wait_kv_s,
+                                r.decode_wait_s, r.decode_rounds_waited, r.priority, r.ttft_wait_batch_s, r.ttft_wait_kv_s,
                                 r.ttft_prefill_s, r.ttft_interference_s, r.ttft_overhead_s, r.ttft_preempt_s,
                                 r.ttft_kv_transfer_s, r.ttft_decode_s, r.ttft_kv_load_s, code)
             except struct.error:  # as append's: no room yet, or a value struct refuses

@@ -19,6 +19,7 @@ from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_no
 from sim.run import frontend_status
 from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
 from sim.policies.base import FINISH_LENGTH
+from sim.engine.admission_control import REJECTED
 
 
 def _ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
@@ -118,6 +119,43 @@ class _Columns(Mapping):
         return len(self._names)
 
 
+def admission_limits(s) -> list | None:
+    """The scenario's admission_control limits as plain data (None: none): runs are compared
+    only between equal limits (sim/analysis/compare.py), as their rejections differ otherwise."""
+    ac = s.admission_control
+    return None if ac is None else [c.model_dump() for c in ac.limits]
+
+
+def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | None, per_s) -> dict:
+    """Per request priority (result.json ``simsrv_classes``, keyed by the priority as text): its
+    requests, completed, failed and rejected, TTFT and TPOT p50 / p99 of its completed requests,
+    and its goodput (requests per second meeting every SLO; null without an SLO)."""
+    priority = col("priority")
+    ttft, tpot = col("ttft_s"), col("tpot_s")
+    out: dict = {}
+    for p in sorted(set(priority.tolist())):
+        mine = priority == p
+        done = mine & ok
+        t, d = plain_stats(ttft[done]), plain_stats(tpot[done])
+        n_rejected = int((mine & rejected).sum())
+        figures: dict = {"requests": int(mine.sum()), "completed": int(done.sum()),
+                         "failed": int(mine.sum()) - int(done.sum()) - n_rejected, "rejected": n_rejected}
+        figures.update(_class_ms(t, "ttft"))
+        figures.update(_class_ms(d, "tpot"))
+        figures["request_goodput"] = per_s(int((good & mine).sum())) if good is not None else None
+        out[str(p)] = figures
+    return out
+
+
+def _class_ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
+    """p50 and p99 of ``metric`` in ms (None where no request completed)."""
+    out = {}
+    for stat in ("p50", "p99"):
+        v = stats[stat] * 1e3
+        out[key(stat, metric)] = None if math.isnan(v) else v
+    return out
+
+
 def summarize(result) -> dict:
     """Read column by column from the run's stores (``RunResult.request_column``): memory
     holds a few request-sized columns at a time, never the whole requests frame."""
@@ -144,11 +182,17 @@ def summarize(result) -> dict:
     else:
         rate, burst = result.mean_rate_per_s, None
     has_slo = any(v is not None for v in (s.slo.ttft_ms, s.slo.tpot_ms, s.slo.e2el_ms))
-    good = int(goodput_mask(_Columns(REQUEST_METRICS, col), ok, s.slo).sum()) if has_slo else None
+    good_mask = goodput_mask(_Columns(REQUEST_METRICS, col), ok, s.slo) if has_slo else None
+    good = int(good_mask.sum()) if good_mask is not None else None
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     model_id = s.model if isinstance(s.model, str) else (s.model.name or s.model.hf_config)
     labels = result.results.labels()
-    reasons = failure_kinds([labels[c][1] for c in result.request_column("label")[~ok].tolist()])
+    label_col = result.request_column("label")
+    # rejected by admission control (sim/engine/admission_control.py): counted apart from failures
+    rejected_codes = [c for c, (status, _) in enumerate(labels) if status == REJECTED]
+    rejected = np.isin(label_col, rejected_codes) if rejected_codes else np.zeros(len(label_col), dtype=bool)
+    reasons = failure_kinds([labels[c][1] for c in label_col[~ok & ~rejected].tolist()])
+    rejected_reasons = failure_kinds([labels[c][1] for c in label_col[rejected].tolist()])
     # completed at their max_tokens before their end of sequence (sim/policies/base.py settle_max_tokens)
     stopped = [c for c, (status, reason) in enumerate(labels) if status == "completed" and reason == FINISH_LENGTH]
     truncated = int(np.isin(result.request_column("label"), stopped).sum()) if stopped else 0
@@ -164,7 +208,7 @@ def summarize(result) -> dict:
         "max_concurrency": s.workload.synthetic.max_concurrency if s.workload.synthetic is not None else None,
         "duration": duration,
         "completed": completed,
-        "failed": n - completed,
+        "failed": n - completed - int(rejected.sum()),
         "total_input_tokens": tin,
         "total_output_tokens": tout,
         "request_throughput": per_s(completed),
@@ -195,6 +239,10 @@ def summarize(result) -> dict:
         "simsrv_seed": s.seed,
         "simsrv_num_preemptions": int(col("num_preemptions").sum()),
         "simsrv_failed_reasons": reasons,
+        # rejected by admission_control, never served: in no latency figure, not failed
+        "simsrv_rejected": int(rejected.sum()),
+        "simsrv_rejected_reasons": rejected_reasons,
+        "simsrv_admission_control": admission_limits(s),
         "simsrv_truncated_requests": truncated,
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
@@ -226,6 +274,7 @@ def summarize(result) -> dict:
     tiers = [x.kv.offload for x in result.schedulers if x.kv.offload is not None]
     if tiers:  # engine.kv_offloading_size: the CPU tier's figures (keys only then: off is unchanged)
         out.update(_offload_keys(tiers, dep))
+    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s)
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")

@@ -17,6 +17,7 @@ The scheduler keeps no metrics of latency: its ``StepPlan`` says what happened (
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final
@@ -94,6 +95,9 @@ class EngineLimits:
     # the clients send ignore_eos (workload.max_tokens: output): a request runs to its max_tokens,
     # which SGLang's admission then takes as exact (PrefillAdder.add_one_req_ignore_eos)
     ignore_eos: bool = False
+    # vLLM's --scheduling-policy (SchedulerConfig.policy): fcfs | priority (the waiting queue in
+    # (priority, arrival) order, the lowest priority preempted first: ``Scheduler._victim_index``)
+    scheduling_policy: str = "fcfs"
 
 
 @dataclass(slots=True)
@@ -208,6 +212,29 @@ _NONE: Final = NONE
 _NO_HITS: Final[list[Block]] = []  # (read only: ``allocate`` only iterates its hits)
 
 
+def queue_order(req: Request) -> tuple[int, float, int]:
+    """A waiting request's place under ``scheduling_policy: priority``: vLLM V1's
+    PriorityRequestQueue is a heap of ``(request.priority, request.arrival_time, request)``
+    (vllm/v1/core/sched/request_queue.py, 0.11.0), a lower priority value first, then the
+    earlier arrival. NOTE: a tie on both (vLLM compares the Request objects there, which 0.11's
+    Request does not order) goes to the lower request id, the earlier sent."""
+    return (req.priority, req.arrival_s, req.request_id)
+
+
+def _victim_index(order: list[Request]) -> int:
+    """Where in ``order`` (the running requests, admission order) the priority policy's
+    preemption victim is: vLLM V1's ``max(self.running, key=lambda r: (r.priority,
+    r.arrival_time))`` (vllm/v1/core/sched/scheduler.py schedule, 0.11.0), the lowest priority
+    (largest value), latest arrival; on a tie the first in the list, as ``max`` keeps."""
+    best = 0
+    top = order[0]
+    for k in range(1, len(order)):
+        r = order[k]
+        if r.priority > top.priority or (r.priority == top.priority and r.arrival_s > top.arrival_s):
+            best, top = k, r
+    return best
+
+
 def new_plan(now: float) -> StepPlan:
     """``StepPlan(1, 0, 0, 0, planned_s=now)``: a round's fresh plan (one step, nothing in it)."""
     return StepPlan(1, 0, 0, 0, planned_s=now)
@@ -284,6 +311,9 @@ class Scheduler:
         # long_prefill_token_threshold applies only when more than one request is running or
         # waiting; without chunked prefill a prompt over the budget left stops admission
         self._v034 = limits.vllm_release == "0.34"
+        # vLLM's --scheduling-policy priority (SchedulerConfig.policy): the waiting queue kept in
+        # ``queue_order`` and the preemption victim chosen by priority (``_victim_index``)
+        self._priority = limits.scheduling_policy == "priority"
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -341,8 +371,17 @@ class Scheduler:
         reason = self.admission_error(req)
         if reason:
             return self._fail(req, now, reason)
-        self.waiting.append(req)
+        if self._priority:
+            self._requeue(req)
+        else:
+            self.waiting.append(req)
         return True
+
+    def _requeue(self, req: Request) -> None:
+        """Put ``req`` in the waiting queue at its ``queue_order`` place (priority policy: vLLM's
+        PriorityRequestQueue.add_request; its prepend_request and prepend_requests, for preempted
+        and skipped requests, add the same way: "there is no concept of prepending")."""
+        insort(self.waiting, req, key=queue_order)
 
     @staticmethod
     def _fail(req: Request, now: float, reason: str) -> bool:
@@ -597,6 +636,8 @@ class Scheduler:
         budget left. Decodes the budget does not reach sit this step out."""
         kv, ds = self.kv, self.decode
         order = list(self.running.values())
+        prio = self._priority
+        given: dict[Any, tuple[int, int]] = {}  # priority: each one scheduled, (tokens, decode blocks)
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
@@ -610,7 +651,14 @@ class Scheduler:
                 i += 1
                 continue
             while need > kv.num_free:
-                victim = order.pop()
+                if prio:
+                    j = _victim_index(order)
+                    victim = order.pop(j)
+                    if j < i:  # scheduled earlier in this round: its tokens and blocks go back
+                        i -= 1
+                        budget += self._unschedule(victim, plan, given.pop(victim.key, (0, 0)))
+                else:
+                    victim = order.pop()
                 self._preempt(victim, now)
                 plan.add_preempted(victim)
                 if victim is req:
@@ -622,6 +670,8 @@ class Scheduler:
                         plan.decode_blocks += need
                 else:
                     self._run_chunk(plan, req, n)
+                if prio:
+                    given[req.key] = (n, need if req.in_decode else 0)
                 budget -= n
                 i += 1
                 continue
@@ -631,6 +681,27 @@ class Scheduler:
                 ds.remove(req)
                 self._paused.append(req)
         return budget
+
+    def _unschedule(self, req: Request, plan: StepPlan, given: tuple[int, int]) -> int:
+        """Take ``req``, scheduled earlier in this round, out of ``plan`` before it is preempted:
+        a decode's new blocks go back, a chunk leaves the plan (its blocks go with ``_preempt``'s
+        free); return its tokens, given back to the budget. As vLLM V1 under the priority policy
+        (vllm/v1/core/sched/scheduler.py schedule: a victim in ``scheduled_running_reqs`` is
+        removed from it). NOTE: vLLM 0.11.0 left the victim's tokens in ``num_scheduled_tokens``
+        and the budget, and skipped the request after it (``req_index`` not moved back); later
+        releases give the tokens back and step the index back, as here."""
+        tokens, blocks = given
+        if req.in_decode:
+            if blocks:
+                self.kv.release_blocks(blocks)
+                plan.decode_blocks -= blocks
+        else:
+            for k, (r, _) in enumerate(plan.chunks):
+                if r is req:
+                    del plan.chunks[k]
+                    del plan.chunk_contexts[k]
+                    break
+        return tokens
 
     def _fill_prefills(self, plan: StepPlan, budget: int, now: float) -> None:
         """Waiting requests in order (vLLM's loop over ``self.waiting``): one whose first chunk
@@ -656,7 +727,10 @@ class Scheduler:
                 break
             budget -= n
         if skipped:
-            if self._separate:  # prompt steps of their own (vLLM V0, SGLang): back in their order
+            if self._priority:  # V1's skipped queue goes back by priority (prepend_requests)
+                for r in skipped:
+                    self._requeue(r)
+            elif self._separate:  # prompt steps of their own (vLLM V0, SGLang): back in their order
                 waiting.extendleft(reversed(skipped))
             else:
                 # V1: back at the head in reverse order, as vLLM 0.11 puts them: the skipped queue
@@ -933,4 +1007,7 @@ class Scheduler:
         req.status = "waiting"
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        if self._priority:
+            self._requeue(req)
+        else:
+            self.waiting.appendleft(req)

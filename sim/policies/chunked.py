@@ -42,5 +42,5 @@ class ChunkedScheduler(Scheduler):
 
 register(PolicySpec("chunked", "chunked prefill mixed with decodes under max_num_batched_tokens",
                     ChunkedScheduler, ("sim.policies.chunked",), chunked_prefill=True, order=2,
-                    admission_modes=("vllm", "sglang"),
+                    admission_modes=("vllm", "sglang"), scheduling_policies=("fcfs", "priority"),
                     capacity_scheduler_policies=("max_utilization", "guaranteed_no_evict")))

@@ -43,7 +43,7 @@ class ContinuousScheduler(Scheduler):
 
 register(PolicySpec("continuous", "iteration-level batching, whole prompts (no chunking)",
                     ContinuousScheduler, ("sim.policies.continuous",), order=1,
-                    admission_modes=("vllm", "sglang"),
+                    admission_modes=("vllm", "sglang"), scheduling_policies=("fcfs", "priority"),
                     capacity_scheduler_policies=("max_utilization", "guaranteed_no_evict"),
                     # vLLM 0.6.0 refuses chunked prefill with multi-step (vllm/engine/arg_utils.py:
                     # "Chunked prefill is not supported with multi-step"): whole prompts only

@@ -33,6 +33,9 @@ class PolicySpec:
     admission_modes: tuple[str, ...] = ("vllm",)
     # engine.capacity_scheduler_policy values it runs (TensorRT-LLM's capacity scheduler)
     capacity_scheduler_policies: tuple[str, ...] = ("max_utilization",)
+    # engine.scheduling_policy values it runs (vLLM's --scheduling-policy): priority is V1's
+    # waiting heap and priority preemption (sim/policies/base.py queue_order, _victim_index)
+    scheduling_policies: tuple[str, ...] = ("fcfs",)
     multi_step: bool = False          # engine.num_scheduler_steps > 1 (vLLM 0.6 multi-step)
     # engine.separate_prefill_steps: whole prompts in steps of their own (vLLM V0, SGLang)
     separate_prefill_steps: bool = False

@@ -13,6 +13,7 @@ from sim.metrics.run_warnings import uncertainty_notes
 from sim.reporting import charts
 from sim.reporting.html import Page
 from sim.reporting.metrics_table import metrics_table
+from sim.reporting.classes_table import classes_table
 from sim.reporting.rundata import RunData, scenario_differences
 
 def build_compare_page(runs: list[RunData], title: str) -> Page:
@@ -34,6 +35,8 @@ def build_compare_page(runs: list[RunData], title: str) -> Page:
     for r in runs:  # where a run's figures rest on costs outside the measured profiles (above 10%)
         for note in r.summary.get("simsrv_uncertainty") or uncertainty_notes(r.summary):
             page.paragraph(f"{r.label}: {note}.", cls="note")
+
+    classes_table(page, runs)
 
     page.heading("Latency distributions")
     for col, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):

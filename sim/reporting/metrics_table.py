@@ -7,7 +7,9 @@ highlighted only when it is outside the noise of the runner-up. A latency is rea
 completed requests only, so a run that fails requests the others serve drops its hardest ones
 and looks fast (``continuous`` was marked best on every latency row while failing 3,307 of
 8,819 requests): latency rows rank only the runs with the fewest failed requests of their
-group, and the completed and failed counts open the table.
+group, and the completed and failed counts open the table. Runs under different admission
+control limits (result.json ``simsrv_admission_control``) are never ranked against each other:
+their rejections remove different requests from every figure.
 
 NOTE (noise, stated on the page): a latency percentile read from per-request samples gets the
 distribution-free 95% interval of a quantile (the order statistics at ranks n*p -/+
@@ -64,6 +66,7 @@ def _latency_rows(name: str, metric: str, col: str | None) -> list[Row]:
 ROWS = [
     Row("completed", "completed", "max", noise="count"),
     Row("failed", "failed", "min", noise="count"),
+    Row("rejected (admission control)", "simsrv_rejected", "min", noise="count"),
     Row("GPUs", "simsrv_num_gpus"),
     *_latency_rows("TTFT", "ttft", "ttft_s"),
     *_latency_rows("TPOT", "tpot", "tpot_s"),
@@ -143,7 +146,8 @@ def best_cells(runs: list, rows: list[Row] = ROWS) -> set[tuple[int, int]]:
             v = row.value(r.summary)
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue
-            key = "all" if row.per_gpu else r.summary.get("simsrv_num_gpus")
+            # ranked only among runs under the same admission_control limits
+            key = ("all" if row.per_gpu else r.summary.get("simsrv_num_gpus"), limits_key(r.summary))
             groups.setdefault(key, []).append((j, float(v), r))
         for members in groups.values():
             if row.latency:
@@ -163,8 +167,20 @@ def best_cells(runs: list, rows: list[Row] = ROWS) -> set[tuple[int, int]]:
     return best
 
 
+def limits_key(summary: dict) -> str:
+    """The run's admission_control limits as one comparable value (no section: '')."""
+    return repr(summary.get("simsrv_admission_control") or "")
+
+
+def limits_differ(runs: list) -> bool:
+    """Whether the runs' admission_control limits differ (then no run is ranked against another
+    under other limits, and the page says so)."""
+    return len({limits_key(r.summary) for r in runs}) > 1
+
+
 def _failed(summary: dict) -> int:
-    return summary.get("failed") or 0
+    """Requests not served: failed, and rejected by admission control (both leave the latencies)."""
+    return (summary.get("failed") or 0) + (summary.get("simsrv_rejected") or 0)
 
 
 def eligible_for_latency(members: list[tuple[int, float, object]]) -> list[tuple[int, float, object]]:
@@ -197,6 +213,11 @@ def _fmt(row: Row, v) -> str:
 def metrics_table(page: Page, runs: list) -> None:
     rows = [[row.label, *(_fmt(row, row.value(r.summary)) for r in runs)] for row in ROWS]
     page.table(["metric", *(r.label for r in runs)], rows, best_cells(runs))
+    if limits_differ(runs):
+        page.paragraph("The runs have different admission_control limits ("
+                       + "; ".join(f"{r.label}: {r.summary.get('simsrv_admission_control') or 'none'}" for r in runs)
+                       + "): their rejections differ, so no run is ranked against one under other limits.",
+                       cls="note")
     gpus = sorted({r.summary.get("simsrv_num_gpus") for r in runs}, key=lambda g: (g is None, g))
     if len(runs) > 1 and len(gpus) > 1:
         page.paragraph("The runs use different numbers of GPUs ("

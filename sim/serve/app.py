@@ -91,6 +91,11 @@ class Endpoint:
             self.num_requests += 1
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
+        if not stream.decided.is_set():  # the API server still holds it: admission control answers later
+            await stream.decided.wait()
+        if stream.rejected:
+            err = ApiError(429, stream.rejected, "RateLimitError")
+            return JSONResponse(err.body(), status_code=err.status)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.request_id}"
         created = int(time.time())
         if asked.stream:

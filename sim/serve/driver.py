@@ -37,6 +37,10 @@ class Stream:
     sent: int = 0
     done: bool = False
     failure: str = ""
+    # admission control's answer (sim/engine/admission_control.py): set once it is known (when
+    # the request reaches the engines); ``rejected`` its reason if it refused it
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    rejected: str = ""
 
 
 class Driver:
@@ -89,17 +93,26 @@ class Driver:
         if waiting >= self.max_waiting:
             raise ApiError(503, f"{waiting} requests are waiting (simsrv serve --max-waiting "
                                 f"{self.max_waiting}); try again later", "ServiceUnavailableError")
-        rid = self.live.inject(asked.prompt_tokens, output_tokens, asked.max_tokens)
+        # (a priority under scheduling_policy fcfs is taken and never read, as vLLM 0.11 V1 does:
+        # its protocol.py promises an error that its V1 processor does not raise)
+        rid = self.live.inject(asked.prompt_tokens, output_tokens, asked.max_tokens, asked.priority)
         stream = Stream(asked, rid, output_tokens)
         self.streams[rid] = stream
         self._hand_out(self.live.now_s)  # a request the engine refused fails at once
         self._poke.set()
+        if stream.rejected:  # admission control refused it on arrival: HTTP 429, as a gateway answers
+            raise ApiError(429, stream.rejected, "RateLimitError")
         return stream
 
     def _hand_out(self, t_s: float) -> None:
         """Each stream's tokens emitted by ``t_s``; the end of those that finished."""
         ended = []
         for rid, s in self.streams.items():
+            if not s.decided.is_set():
+                verdict = self.live.rejection(rid)
+                if verdict is not None:
+                    s.rejected = verdict
+                    s.decided.set()
             n, finished, reason = self.live.progress(rid, t_s)
             while s.sent < n:  # each token reaches the client the front end's seconds later
                 s.tokens.put_nowait((s.sent, t_s + self.live.frontend_out_s))
@@ -166,6 +179,7 @@ class Driver:
         self.stopping = True
         for s in self.streams.values():
             s.done, s.failure = True, reason
+            s.decided.set()  # (one the API server still held: its handler waits no more)
             s.tokens.put_nowait(None)
         self.streams.clear()
         self._poke.set()

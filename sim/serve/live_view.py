@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from sim.core.request import Request
+from sim.engine.admission_control import REJECTED
 from sim.live import LiveSimulation
 from sim.scenario import Scenario
 
@@ -34,6 +35,7 @@ class LiveView:
         self._input: list[int] = []
         self._output: list[int] = []
         self._max_tokens: list[int] = []
+        self._priority: list[int] = []
 
     # -- the simulation ----------------------------------------------------------------------
     @property
@@ -46,24 +48,37 @@ class LiveView:
     def next_event_s(self) -> float:
         return self.sim.next_event_s()
 
-    def inject(self, input_tokens: int, output_tokens: int, max_tokens: int) -> int:
+    def inject(self, input_tokens: int, output_tokens: int, max_tokens: int, priority: int = 0) -> int:
         """A request arriving now that will generate ``output_tokens``, sent with ``max_tokens``
         (what the engine knows of its length: the scheduler never reads ``output_tokens``)."""
         self._arrival_s.append(self.sim.now_s)
         self._input.append(input_tokens)
         self._output.append(output_tokens)
         self._max_tokens.append(max_tokens)
+        self._priority.append(priority)
         rid = len(self._arrival_s) - 1
-        got = self.sim.inject(input_tokens, output_tokens, max_tokens=max_tokens)
+        got = self.sim.inject(input_tokens, output_tokens, max_tokens=max_tokens, priority=priority)
         assert got == rid, "request ids are given in the order injected"
         req = self.sim.request(rid)  # None: it ended at once (refused at the door)
         if req is not None:
             self._requests[rid] = req
         return rid
 
-    def recorded(self) -> tuple[list[float], list[int], list[int], list[int]]:
-        """Every arrival sent: (simulated time, prompt tokens, tokens it generates, max_tokens)."""
-        return self._arrival_s, self._input, self._output, self._max_tokens
+    def recorded(self) -> tuple[list[float], list[int], list[int], list[int], list[int]]:
+        """Every arrival sent: (simulated time, prompt tokens, tokens it generates, max_tokens,
+        priority)."""
+        return self._arrival_s, self._input, self._output, self._max_tokens, self._priority
+
+    def rejection(self, rid: int) -> str | None:
+        """Admission control's answer to request ``rid``: its reason if it rejected it, '' once
+        it was admitted (or ended otherwise), None while the API server still holds it (the
+        decision is taken when it reaches the engines: sim/engine/admission_control.py)."""
+        row = self._ended_rows.get(rid)
+        if row is not None:
+            return row["fail_reason"] if row["status"] == REJECTED else ""
+        if rid in self._requests or self.sim.request(rid) is not None:
+            return ""
+        return None
 
     def finish(self, reason: str):
         return self.sim.finish(reason)

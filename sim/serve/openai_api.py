@@ -41,6 +41,9 @@ class Asked:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    # vLLM's request ``priority`` (its OpenAI server's extra parameter; a lower value is served
+    # first under --scheduling-policy priority)
+    priority: int = 0
 
 
 def _int_field(body: dict, key: str) -> int | None:
@@ -81,12 +84,15 @@ def parse(body: object, chat: bool, count: Callable[[str], int], max_model_len: 
                             f"input tokens ({max_tokens} > {max_model_len} - {tokens}).")
     if max_tokens is None:  # vllm/entrypoints/utils.py get_max_tokens
         max_tokens = max_model_len - tokens
+    priority = body.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ApiError(400, f"priority must be an integer, got {priority!r}")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object")
     return Asked(chat=chat, model=served_model, prompt_tokens=tokens, max_tokens=max_tokens,
                  ignore_eos=bool(body.get("ignore_eos", False)), stream=bool(body.get("stream", False)),
-                 include_usage=bool(options.get("include_usage", False)))
+                 include_usage=bool(options.get("include_usage", False)), priority=priority)
 
 
 # the text of generated token i: one word, so that rule 3 of sim/serve/tokens.py counts the

@@ -78,16 +78,18 @@ def replay_scenario(s: Scenario, arrivals_path: Path) -> Scenario:
 
 
 def write_arrivals(path: Path, arrival_s: list[float], input_tokens: list[int], output_tokens: list[int],
-                   max_tokens: list[int]) -> None:
+                   max_tokens: list[int], priority: list[int] | None = None) -> None:
     """The recorded arrivals as a normalized trace (Parquet: the times' float64 bits kept), with
-    each request's ``max_tokens`` (what its client sent) beside the tokens it generated."""
+    each request's ``max_tokens`` (what its client sent) beside the tokens it generated, and its
+    priority where any request sent one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.table({"arrival_s": pa.array(arrival_s, pa.float64()),
                       "input_tokens": pa.array(input_tokens, pa.int64()),
                       "output_tokens": pa.array(output_tokens, pa.int64()),
-                      "max_tokens": pa.array(max_tokens, pa.int64())})
+                      "max_tokens": pa.array(max_tokens, pa.int64()),
+                      **({"priority": pa.array(priority, pa.int64())} if priority and any(priority) else {})})
     pq.write_table(table, path)
 
 
@@ -259,5 +261,7 @@ def _write(live: "LiveView", driver: Driver, out: Path, stage: Path) -> None:
     result = replace(result, scenario=replay_scenario(result.scenario, out / "arrivals.parquet"))
     summary = summarize(result)
     write_run(result, summary, stage)
-    print(f"simsrv serve: {summary['completed']:,} requests completed, {summary['failed']:,} failed; wrote {out}/",
+    print(f"simsrv serve: {summary['completed']:,} requests completed, {summary['failed']:,} failed"
+          + (f", {summary['simsrv_rejected']:,} rejected (429)" if summary.get("simsrv_rejected") else "")
+          + f"; wrote {out}/",
           flush=True)

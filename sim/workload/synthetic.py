@@ -7,6 +7,7 @@ and mean 1/rate (burstiness 1 = Poisson; < 1 burstier); users compare against it
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -86,6 +87,30 @@ def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArra
     if spec.prefix_groups is not None and spec.multi_turn is not None:
         raise UserError("workload.synthetic: give prefix_groups or multi_turn, not both")
     _check_closed_loop(spec)
+    return with_priority_classes(_drawn(spec, seed, resolve_path), spec.priority_classes, seed)
+
+
+def with_priority_classes(w: RequestArrays, classes, seed: int) -> RequestArrays:
+    """``w`` with each request's priority drawn from ``classes`` (``priority``, ``weight``), one
+    draw per session where requests have sessions (a conversation keeps its class). The draws
+    come from a generator of their own (seeded ``[seed, 1]``), so the arrivals and lengths are
+    those of the same workload without classes."""
+    if not classes:
+        return w
+    rng = np.random.default_rng([seed, 1])
+    values = np.array([c.priority for c in classes], dtype=np.int64)
+    p = np.array([c.weight for c in classes], dtype=np.float64)
+    p /= p.sum()
+    if w.session_id is not None:
+        codes, inverse = np.unique(w.session_id, return_inverse=True)
+        drawn = values[rng.choice(len(values), size=len(codes), p=p)][inverse]
+    else:
+        drawn = values[rng.choice(len(values), size=len(w), p=p)]
+    return replace(w, priority=drawn)
+
+
+def _drawn(spec, seed: int, resolve_path) -> RequestArrays:
+    """The arrivals and lengths (and prefixes, sessions) of ``spec``, from one seeded generator."""
     rng = np.random.default_rng(seed)
     if spec.prefix_groups is not None:
         return _prefix_groups(spec, rng, resolve_path)
