@@ -40,6 +40,9 @@ EXPLAIN_KEYS = (
     # engine's thread (frontend_overlap false) shows in prompt_host_ms_at_context instead
     "frontend_overlap", "frontend_in_ms_at_context", "frontend_first_chunk_ms", "frontend_per_output_token_ms",
     "frontend_chunk_ms", "prompt_host_ms_at_context",
+    # issue 40: speculative decoding (engine.speculative_config; sim/cost/speculative.py), a decode
+    # step of --batch sequences at --context each as the run costs it (off: 1 token, no draft)
+    "spec_tokens_per_step", "spec_decode_step_ms", "spec_verify_step_ms", "spec_draft_ms", "spec_ms_per_token",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -92,7 +95,27 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **all2all_figures(dep, b),
         **node_figures(dep, b),
         **frontend_figures(dep, n),
+        **speculative_figures(dep, n, b),
     }
+
+
+def speculative_figures(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float]:
+    """A decode step of ``batch`` sequences at ``context_tokens`` each, as the run costs it: the
+    tokens a step emits per sequence (E), the step without speculative decoding, the target's
+    step verifying k + 1 tokens per sequence, the draft's GPU seconds, and (verify + draft) / E:
+    the time per output token it comes to."""
+    spec = getattr(dep.cost, "spec_run", None)
+    values = (batch, batch * context_tokens, (), batch, 1, 0, batch)
+    if spec is None:
+        off = dep.cost.run_cost(Batch(batch, batch * context_tokens, (), batch)).first_s
+        return {"spec_tokens_per_step": 1.0, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": off * 1e3,
+                "spec_draft_ms": 0.0, "spec_ms_per_token": off * 1e3}
+    e = dep.limits.spec_tokens_per_step_milli / 1000
+    off = spec.target.run_cost_values(values)[0]
+    verify = spec.verify_values(values)[0]
+    draft = spec.draft_s(batch, batch * context_tokens, ())
+    return {"spec_tokens_per_step": e, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": verify * 1e3,
+            "spec_draft_ms": draft * 1e3, "spec_ms_per_token": (verify + draft) / e * 1e3}
 
 
 def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:
