@@ -144,3 +144,17 @@ def test_sliding_window_model_refused():
     raw = {**_raw(EAGLE), "model": "mistral-7b-v0.1-window"}
     with pytest.raises(UserError, match="sliding-window"):
         build_deployment(scenario_from_dict(raw))
+
+
+def test_diagnose_offers_turning_it_off():
+    """diagnose's candidates: speculative decoding off where it is on, and only there (turning it
+    on needs an acceptance the scenario lacks)."""
+    from types import SimpleNamespace
+
+    from sim.analysis.diagnose_fixes import whole_trace_candidates
+
+    arrays = SimpleNamespace(hash_ids=None)
+    on = whole_trace_candidates(scenario_from_dict(_raw(EAGLE)), arrays, False)
+    off = whole_trace_candidates(scenario_from_dict(_raw(None)), arrays, False)
+    assert [sets for c, sets in on if c.name == "speculative decoding off"] == [["engine.speculative_config=null"]]
+    assert not [c for c, _ in off if "speculative" in c.name]
