@@ -164,3 +164,21 @@ def test_two_drafts_beat_four_at_batch_one():
 
     off = summarize(_run(_raw(None, n=20, rate=math.inf, seqs=1)))["output_throughput"]
     assert tput(2, 1.89) > tput(4, 2.08) > off
+
+
+def test_capacity_searches_speculative_on_and_off():
+    """capacity --rate --search speculative: both shapes simulated, the answer says which; a
+    scenario without speculative_config refuses the dimension in one line."""
+    from sim.sweep.cheapest import cheapest_deployment, parse_search
+    from sim.sweep.executors import SerialExecutor
+    from sim.sweep.slo import parse_slo
+
+    raw = _raw(EAGLE, n=60, rate=4.0)
+    s = scenario_from_dict(raw)
+    res = cheapest_deployment(s, parse_slo("tpot_p99_ms=8"), 4.0, parse_search("speculative"), [0],
+                              SerialExecutor(), pareto=False)
+    assert sorted(sh.values["speculative"] for sh in res.shapes) == ["off", "on"]
+    assert res.answer is not None and res.answer["speculative"] == "on"  # ~5 ms a token on, ~8 off
+    with pytest.raises(UserError, match="no engine.speculative_config"):
+        cheapest_deployment(scenario_from_dict(_raw(None)), parse_slo("tpot_p99_ms=8"), 4.0,
+                            parse_search("speculative"), [0], SerialExecutor(), pareto=False)
