@@ -182,3 +182,9 @@ def test_capacity_searches_speculative_on_and_off():
     with pytest.raises(UserError, match="no engine.speculative_config"):
         cheapest_deployment(scenario_from_dict(_raw(None)), parse_slo("tpot_p99_ms=8"), 4.0,
                             parse_search("speculative"), [0], SerialExecutor(), pareto=False)
+
+
+def test_unknown_draft_model_names_its_key():
+    spec = {"method": "draft_model", "model": "no-such-model", "num_speculative_tokens": 2, "acceptance_length": 1.5}
+    with pytest.raises(UserError, match=r"^engine\.speculative_config\.model: unknown model 'no-such-model'"):
+        build_deployment(scenario_from_dict(_raw(spec)))

@@ -42,7 +42,10 @@ A step's cost (``SpeculativeCost``):
   the host, numba-compiled). NOTE: its host seconds are not charged (no measurement at hand).
   NOTE: a layer of the draft head is priced as the target's average layer (its GEMMs,
   attention and all-reduce over num_layers) at the draft's context; its weights are not taken
-  out of the KV cache, nor the draft model's.
+  out of the KV cache, nor the draft model's; the draft passes' host work is not charged.
+  NOTE: KV blocks are held for the accepted tokens (sim/policies/decode_set.py); vLLM V1 also
+  holds the slots of the k drafts and k lookahead slots (vllm/v1/core/sched/scheduler.py
+  num_lookahead_tokens, EAGLE and draft models), up to ceil(2k / block_size) blocks a sequence.
 """
 
 from __future__ import annotations

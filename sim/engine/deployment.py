@@ -185,8 +185,11 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
 
             draft = None
             if sc.model is not None:
-                draft = with_quantization(get_model(sc.model, Path(s.base_dir)), e.quantization,
-                                          "engine.quantization")
+                try:
+                    draft = get_model(sc.model, Path(s.base_dir))
+                except UserError as err:  # named by its key (get_model's line says ``model:``)
+                    raise UserError(f"engine.speculative_config.model: {str(err).removeprefix('model: ')}") from None
+                draft = with_quantization(draft, e.quantization, "engine.quantization")
                 draft = make_cost(draft)
             cost.spec_run = SpeculativeCost(make_cost(model), sc.method, sc.num_speculative_tokens, draft)
     else:
