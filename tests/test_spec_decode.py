@@ -2,6 +2,8 @@
 emits, the step's cost (verify + draft), the token budget, and spec off unchanged."""
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +190,33 @@ def test_unknown_draft_model_names_its_key():
     spec = {"method": "draft_model", "model": "no-such-model", "num_speculative_tokens": 2, "acceptance_length": 1.5}
     with pytest.raises(UserError, match=r"^engine\.speculative_config\.model: unknown model 'no-such-model'"):
         build_deployment(scenario_from_dict(_raw(spec)))
+
+
+# -- invariants over random workloads (tests/test_properties.py's harness) ----------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (pytest's importlib mode: tests/ is not on the path)
+from test_properties import COST, _check, workloads  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=workloads(), policy=st.sampled_from(["chunked", "continuous"]), blocks=st.integers(3, 60),
+       bs=st.sampled_from([1, 4, 16]), budget=st.integers(64, 600), seqs=st.integers(1, 40),
+       k=st.integers(1, 6), e_frac=st.floats(0.0, 1.0), caching=st.booleans(),
+       mode=st.sampled_from(["recompute", "swap"]))
+def test_spec_invariants(w, policy, blocks, bs, budget, seqs, k, e_frac, caching, mode):
+    """Speculative decoding under any load and KV size: nothing lost, KV within capacity and all
+    given back, every output token emitted once, the pooled gaps adding up to each request's
+    decode time."""
+    from sim.core.kv import KVBlockManager
+    from sim.engine.cluster import simulate
+    from sim.engine.router import make_router
+    from sim.policies import POLICIES, EngineLimits
+
+    milli = 1000 + int(round(e_frac * k * 1000))  # E in [1, k + 1]
+    limits = EngineLimits(max_num_seqs=min(seqs, budget), max_num_batched_tokens=budget, max_model_len=10_000,
+                          preemption_mode=mode, num_speculative_tokens=k, spec_tokens_per_step_milli=milli)
+    scheds = [POLICIES[policy](limits, KVBlockManager(blocks, bs, caching))]
+    reqs, rec = simulate(w, scheds, [COST], make_router("round_robin"), swap_s_per_block=1e-5)
+    _check(w, reqs, rec, scheds, [blocks])

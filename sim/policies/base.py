@@ -293,6 +293,9 @@ class Scheduler:
         # emits E on average; its steps run one at a time (``plan_step``)
         self._decode_tokens = 1 + limits.num_speculative_tokens
         self._spec = limits.spec_tokens_per_step_milli > 0
+        # a sequence's last step may compute up to ceil(E) - 1 tokens past its end (its KV held
+        # until it leaves the set): what a request may hold at its longest grows by that
+        self._spec_overshoot = -(-limits.spec_tokens_per_step_milli // 1000) - 1 if self._spec else 0
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -325,7 +328,7 @@ class Scheduler:
         """KV blocks a request of ``total`` tokens holds at its longest (its last token's KV is
         never computed)."""
         kv = self.kv
-        need = kv.blocks_for(total - 1)
+        need = kv.blocks_for(total - 1 + self._spec_overshoot)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
             longest = min(total - 1, self._limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
             need = max(need, kv.blocks_for(longest, 0))
@@ -691,7 +694,9 @@ class Scheduler:
         replica) straight into the decode set, if its blocks and its first decode step fit."""
         kv, ds = self.kv, self.decode
         n = req.prompt_tokens + req.num_generated - 1
-        if kv.blocks_of(req, n + 1) > kv.num_free:
+        # the tokens its first decode step computes (speculative decoding: the step's accepted)
+        d = ds.spec_step_tokens() if self._spec else 1
+        if kv.blocks_of(req, n + d) > kv.num_free:
             plan.kv_blocked = True
             return False
         kv.allocate(req, n)
@@ -705,8 +710,8 @@ class Scheduler:
         self._on_kv_admitted(req, now)
         self.running[req.key] = req
         ds.add(req)
-        opened = kv.blocks_of(req, n + 1) - kv.blocks_of(req, n)
-        if opened:  # its first decode step opens a block
+        opened = kv.blocks_of(req, n + d) - kv.blocks_of(req, n)
+        if opened:  # its first decode step opens a block (or more)
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
         if plan.kv_ready is _NONE:  # the plan's first: its lists (StepPlan)
