@@ -218,6 +218,35 @@ class EngineOverhead(_Strict):
         return self
 
 
+class SpeculativeConfig(_Strict):
+    """vLLM's ``--speculative-config`` (docs.vllm.ai "Speculative Decoding"): a proposer drafts
+    ``num_speculative_tokens`` tokens per sequence and step, the target model verifies them in
+    its step (sim/cost/speculative.py). Acceptance is given, never guessed: per-position rates
+    (the i-th draft token accepted given the ones before were) or the mean tokens per step."""
+
+    method: Literal["ngram", "eagle", "eagle3", "mtp", "draft_model"]
+    num_speculative_tokens: int = Field(ge=1, le=MAX_COUNT)
+    model: Optional[str] = None  # the draft model (catalogue name): method draft_model only
+    acceptance_rates: Optional[list[Annotated[float, Field(ge=0, le=1)]]] = None
+    # vLLM's "mean acceptance length": tokens emitted per sequence per step, bonus token included
+    acceptance_length: Optional[float] = Field(None, ge=1, le=MAX_FIGURE)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SpeculativeConfig":
+        k = self.num_speculative_tokens
+        if (self.model is None) == (self.method == "draft_model"):
+            raise ValueError("model (the draft model) is given with method draft_model, and only with it")
+        if (self.acceptance_rates is None) == (self.acceptance_length is None):
+            raise ValueError("give acceptance_rates (one per draft position) or acceptance_length (mean tokens "
+                             "per step, as vLLM reports it), one of the two: there is no default")
+        if self.acceptance_rates is not None and len(self.acceptance_rates) != k:
+            raise ValueError(f"acceptance_rates: {len(self.acceptance_rates)} rates for num_speculative_tokens {k}")
+        if self.acceptance_length is not None and self.acceptance_length > k + 1:
+            raise ValueError(f"acceptance_length: {self.acceptance_length} is more than num_speculative_tokens + 1 "
+                             f"({k + 1}), the most a step can emit")
+        return self
+
+
 class Engine(_Strict):
     # a registered policy (sim/policies/registry.py); unset: chunked, as vLLM V1's OpenAI server
     # (chunked prefill on by default: vllm/engine/arg_utils.py EngineArgs._set_default_args)
@@ -277,6 +306,8 @@ class Engine(_Strict):
     # output tokens per streamed chunk (SGLang --stream-interval, TensorRT-LLM stream_interval);
     # the first token is sent alone
     stream_interval: int = Field(1, ge=1, le=MAX_COUNT)
+    # speculative decoding (vLLM --speculative-config); unset: off
+    speculative_config: Optional[SpeculativeConfig] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -606,6 +637,11 @@ def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
         # vLLM V1's scheduler (vllm/v1/core/sched/scheduler.py) is the one modelled with priorities
         return ("engine.scheduling_policy: priority is vLLM V1's scheduler: it needs engine.admission: vllm, "
                 "separate_prefill_steps: false and num_scheduler_steps: 1")
+    if e.speculative_config is not None and (spec.pools or e.num_scheduler_steps > 1 or e.separate_prefill_steps
+                                             or e.admission != "vllm" or e.stream_interval > 1):
+        # what is modelled: vLLM V1's scheduler (speculative decoding is V1's: vllm/v1/spec_decode)
+        return ("engine.speculative_config applies to colocated vLLM V1 scheduling (policy chunked or "
+                "continuous, admission vllm, num_scheduler_steps 1, no separate_prefill_steps, stream_interval 1)")
     if e.separate_prefill_steps and not spec.separate_prefill_steps:
         takers = name_list(names_with(lambda p: p.separate_prefill_steps))
         return f"engine.separate_prefill_steps applies to policy {takers} (whole prompts), not {e.policy}"
@@ -649,6 +685,9 @@ class Scenario(_Strict):
                 # multi-step scheduling is vLLM 0.6's (V0); data-parallel expert parallelism is V1's
                 raise ValueError("cluster.data_parallel_size > 1 runs steps in lockstep one at a time; "
                                  "engine.num_scheduler_steps (vLLM 0.6 multi-step) does not apply")
+        if e.speculative_config is not None and (c.pipeline_parallel_size > 1 or c.data_parallel_size > 1):
+            raise ValueError("engine.speculative_config is modelled with tensor parallelism only "
+                             "(pipeline_parallel_size and data_parallel_size 1)")
         if c.expert_load_imbalance != 1.0 and not c.enable_expert_parallel:
             raise ValueError("cluster.expert_load_imbalance needs cluster.enable_expert_parallel: true "
                              "(without it every rank holds a slice of every expert and does equal work)")

@@ -195,6 +195,12 @@ def whole_trace_candidates(s: Scenario, arrays: RequestArrays, router_hint: bool
         out.append((Candidate("cache-aware router", ", ".join(sets)), sets))
     if e.kv_cache_dtype == "auto":
         out.append((Candidate("fp8 KV cache", "engine.kv_cache_dtype=fp8"), ["engine.kv_cache_dtype=fp8"]))
+    if e.speculative_config is not None:
+        # at a large batch the verification work (k + 1 tokens per decode through the GEMMs) and
+        # the draft can cost more than the accepted tokens give (README, "Speculative decoding");
+        # turning it on is no candidate: its acceptance is a measurement the scenario lacks
+        out.append((Candidate("speculative decoding off", "engine.speculative_config=null"),
+                    ["engine.speculative_config=null"]))
     return out
 
 

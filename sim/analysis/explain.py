@@ -44,6 +44,9 @@ EXPLAIN_KEYS = (
     # blocks and tokens, the host link's bandwidth per GPU, one block's load (each GPU its shard);
     # 0 when off
     "kv_offload_blocks", "kv_offload_tokens", "kv_offload_link_gb_per_s", "kv_offload_load_us_per_block",
+    # issue 40: speculative decoding (engine.speculative_config; sim/cost/speculative.py), a decode
+    # step of --batch sequences at --context each as the run costs it (off: 1 token, no draft)
+    "spec_tokens_per_step", "spec_decode_step_ms", "spec_verify_step_ms", "spec_draft_ms", "spec_ms_per_token",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -97,6 +100,7 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **node_figures(dep, b),
         **frontend_figures(dep, n),
         **offload_figures(dep),
+        **speculative_figures(dep, n, b),
     }
 
 
@@ -129,6 +133,25 @@ def offload_lines(dep: Deployment) -> list[str]:
                      f"the {dep.model.num_sliding_layers} sliding-window layers hold full-attention KV "
                      "(kv_sliding_groups 0)")
     return lines
+
+
+def speculative_figures(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float]:
+    """A decode step of ``batch`` sequences at ``context_tokens`` each, as the run costs it: the
+    tokens a step emits per sequence (E), the step without speculative decoding, the target's
+    step verifying k + 1 tokens per sequence, the draft's GPU seconds, and (verify + draft) / E:
+    the time per output token it comes to."""
+    spec = getattr(dep.cost, "spec_run", None)
+    values = (batch, batch * context_tokens, (), batch, 1, 0, batch)
+    if spec is None:
+        off = dep.cost.run_cost(Batch(batch, batch * context_tokens, (), batch)).first_s
+        return {"spec_tokens_per_step": 1.0, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": off * 1e3,
+                "spec_draft_ms": 0.0, "spec_ms_per_token": off * 1e3}
+    e = dep.limits.spec_tokens_per_step_milli / 1000
+    off = spec.target.run_cost_values(values)[0]
+    verify = spec.verify_values(values)[0]
+    draft = spec.draft_s(batch, batch * context_tokens, ())
+    return {"spec_tokens_per_step": e, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": verify * 1e3,
+            "spec_draft_ms": draft * 1e3, "spec_ms_per_token": (verify + draft) / e * 1e3}
 
 
 def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:

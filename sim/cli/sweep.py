@@ -144,7 +144,7 @@ def capacity(
     rate: Optional[float] = typer.Option(None, "--rate", help="Find the cheapest deployment meeting the SLO at this "
                                          "request rate (req/s) instead of each configuration's knee."),
     search: str = typer.Option("replicas", "--search", help="With --rate: dimensions searched, from replicas, "
-                               "tensor_parallel_size, gpu, policy, max_num_batched_tokens; values after = "
+                               "tensor_parallel_size, gpu, policy, max_num_batched_tokens, speculative (on/off); values after = "
                                "separated by / (e.g. replicas,tensor_parallel_size=1/2/4,gpu=h100-sxm/h200)."),
     max_replicas: int = typer.Option(64, "--max-replicas", help="With --rate: the most replicas searched."),
     as_json: bool = typer.Option(False, "--json", help="With --rate: print only the answer as JSON."),
@@ -266,7 +266,8 @@ def _cheapest(scenario: Path, terms, slo: str, rate: float, search: str, max_rep
 def _deployment(d: dict) -> str:
     price = f", ${d['cost_per_hour']:,.2f}/h" if d.get("cost_per_hour") is not None else ""
     return (f"{d['replicas']} x TP{d['tensor_parallel_size']} {d['gpu']} = {d['gpus']} GPUs{price}, "
-            f"{d['policy']}, max_num_batched_tokens {d['max_num_batched_tokens']}")
+            f"{d['policy']}, max_num_batched_tokens {d['max_num_batched_tokens']}"
+            + (", speculative decoding" if d.get("speculative") == "on" else ""))
 
 
 def _print_cheapest(name: str, slo: str, res) -> None:

@@ -221,6 +221,9 @@ class RooflineCostModel:
         self.expert_load_imbalance = expert_load_imbalance
         # Host-side step cost of the serving engine (sim/cost/engine_profile.py).
         self.engine = engine or get_profile()
+        # speculative decoding (sim/cost/speculative.py SpeculativeCost): prices a step with
+        # decodes in place of ``run_cost_values``; None: off
+        self.spec_run: Callable[[BatchValues], RunCostValues] | None = None
         self.eff = eff or Efficiencies()
         m, e = model, self.eff
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
@@ -788,6 +791,9 @@ class RooflineCostModel:
         # the batch's fields by position (compiled, sim/compiled_core.py, a NamedTuple's field
         # read by name is a generic attribute look-up)
         n, context, chunks, num_logits, num_steps = batch[0], batch[1], batch[2], batch[3], batch[4]
+        spec = self.spec_run
+        if spec is not None and n:
+            return spec(batch)
         key = step_key(n, num_logits, chunks)
         st = self._step_cache.get(key)
         if st is None:

@@ -108,6 +108,20 @@ def share_cost_models_in_this_process() -> None:
         _shared = {}
 
 
+def _spec_limits(e, model: ModelSpec) -> dict[str, int]:
+    """The scheduler's speculative-decoding knobs (EngineLimits): none when off."""
+    sc = e.speculative_config
+    if sc is None:
+        return {}
+    from sim.cost.speculative import tokens_per_step_milli
+
+    if model.num_sliding_layers:
+        raise UserError(f"engine.speculative_config: {model.name} has sliding-window layers; speculative decoding "
+                        "is modelled for full-attention KV only")
+    return {"num_speculative_tokens": sc.num_speculative_tokens,
+            "spec_tokens_per_step_milli": tokens_per_step_milli(sc)}
+
+
 def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = None,
                      where: str = "scenario") -> Deployment:
     """The replica of ``s`` (or of one of its disaggregated pools: ``gpu_key``, ``tp``)."""
@@ -161,6 +175,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
         vllm_release=engine.vllm_release,
         ignore_eos=s.workload.max_tokens == "output",
         scheduling_policy=e.scheduling_policy,
+        **_spec_limits(e, model),
     )
     c = s.cluster
     nodes = node_links(c, gpu)
@@ -169,7 +184,7 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     key = None
     if _shared is not None:  # every input of the cost model below (frozen dataclasses: their reprs)
         key = repr((model, gpu, tp, kv_bytes, id(cal), engine, c.enable_expert_parallel, c.expert_load_imbalance, dp,
-                    pp, link, nodes))
+                    pp, link, nodes, e.speculative_config))
         hit = _shared.get(key)
         if hit is not None:
             return Deployment(model, gpu, tp, mem, limits, hit, kv_bytes, e.enable_prefix_caching, pp, dp, nodes,
@@ -189,6 +204,19 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
 
     if link is None:
         cost = make_cost(model)
+        sc = e.speculative_config
+        if sc is not None:  # (the scenario allows it with one pipeline stage only)
+            from sim.cost.speculative import SpeculativeCost
+
+            draft = None
+            if sc.model is not None:
+                try:
+                    draft = get_model(sc.model, Path(s.base_dir))
+                except UserError as err:  # named by its key (get_model's line says ``model:``)
+                    raise UserError(f"engine.speculative_config.model: {str(err).removeprefix('model: ')}") from None
+                draft = with_quantization(draft, e.quantization, "engine.quantization")
+                draft = make_cost(draft)
+            cost.spec_run = SpeculativeCost(make_cost(model), sc.method, sc.num_speculative_tokens, draft)
     else:
         from sim.cost.pipeline import PipelineCostModel
 

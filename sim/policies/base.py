@@ -98,6 +98,10 @@ class EngineLimits:
     # vLLM's --scheduling-policy (SchedulerConfig.policy): fcfs | priority (the waiting queue in
     # (priority, arrival) order, the lowest priority preempted first: ``Scheduler._victim_index``)
     scheduling_policy: str = "fcfs"
+    # speculative decoding (engine.speculative_config; sim/cost/speculative.py): draft tokens
+    # verified per decode step (0: off) and the expected tokens emitted per step x 1000
+    num_speculative_tokens: int = 0
+    spec_tokens_per_step_milli: int = 0
 
 
 @dataclass(slots=True)
@@ -253,6 +257,7 @@ class Scheduler:
         self.running: dict[int, Request] = {}     # admission order; the tail is preempted first
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
         self.decode = DecodeSet(kv)
+        self.decode.spec_milli = limits.spec_tokens_per_step_milli  # (0: one token a step)
         self._kv_windows = not kv.groups.plain  # sliding-window (or several) KV groups
         self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
@@ -314,6 +319,14 @@ class Scheduler:
         # vLLM's --scheduling-policy priority (SchedulerConfig.policy): the waiting queue kept in
         # ``queue_order`` and the preemption victim chosen by priority (``_victim_index``)
         self._priority = limits.scheduling_policy == "priority"
+        # speculative decoding: a decode takes 1 + k tokens of the budget (vLLM V1 schedule():
+        # num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens) and
+        # emits E on average; its steps run one at a time (``plan_step``)
+        self._decode_tokens = 1 + limits.num_speculative_tokens
+        self._spec = limits.spec_tokens_per_step_milli > 0
+        # a sequence's last step may compute up to ceil(E) - 1 tokens past its end (its KV held
+        # until it leaves the set): what a request may hold at its longest grows by that
+        self._spec_overshoot = -(-limits.spec_tokens_per_step_milli // 1000) - 1 if self._spec else 0
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -346,7 +359,7 @@ class Scheduler:
         """KV blocks a request of ``total`` tokens holds at its longest (its last token's KV is
         never computed)."""
         kv = self.kv
-        need = kv.blocks_for(total - 1)
+        need = kv.blocks_for(total - 1 + self._spec_overshoot)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
             longest = min(total - 1, self._limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
             need = max(need, kv.blocks_for(longest, 0))
@@ -486,7 +499,7 @@ class Scheduler:
         if fast is None:
             budget = self._schedule_running(plan, budget, now)
         else:  # the loop would give every decode its token and these chunks, in this order
-            budget -= ds.num_seqs
+            budget -= ds.num_seqs * self._decode_tokens
             if fast or (self.waiting and not separate):
                 if plan.decode_blocks:
                     kv.allocate_blocks(plan.decode_blocks)
@@ -515,7 +528,9 @@ class Scheduler:
         if self._pause_s and num_seqs:
             self._lengthen_paused(plan)
         if (plan.chunks or not num_seqs or plan.swap_blocks or plan.ready_gaps_s or plan.preempted
-                or self._paused):
+                or self._paused or self._spec):
+            # (speculative decoding: one step at a time, the cost of a step following its
+            # emitted tokens, ``DecodeSet.spec_step_tokens``)
             if deferred:
                 kv.allocate_blocks(deferred)
             return plan
@@ -564,9 +579,13 @@ class Scheduler:
         tokens, blocks gained: ``kv.chunk_blocks``). When it returns them, ``plan.decode_blocks``
         holds the blocks the decodes open this step."""
         ds, kv = self.decode, self.kv
-        if ds.num_seqs > budget:
+        per = self._decode_tokens
+        if ds.num_seqs * per > budget:
             return None
-        blocks = decode_blocks = ds.blocks_next_step()
+        if self._spec:
+            blocks = decode_blocks = ds.blocks_needed(ds.spec_step_tokens())
+        else:
+            blocks = decode_blocks = ds.blocks_next_step()
         prefilling = self.prefilling
         if not prefilling:
             if blocks > kv.num_free:
@@ -574,7 +593,7 @@ class Scheduler:
             plan.decode_blocks = decode_blocks
             return _NONE
         in_order: bool | None = None  # whether the prompts are the last admitted: found when first needed
-        left = budget - ds.num_seqs
+        left = budget - ds.num_seqs * per
         thr = self._threshold
         chunks = []
         for req in prefilling.values():
@@ -642,8 +661,13 @@ class Scheduler:
         while i < len(order) and budget > 0:
             req = order[i]
             if req.in_decode:
-                n = 1
-                need = ds.blocks_at_next_step(req)  # its blocks are full
+                n = self._decode_tokens
+                if self._spec:
+                    # NOTE: a decode the budget reaches with fewer than 1 + k tokens left is
+                    # scheduled whole (vLLM trims its draft tokens to the budget)
+                    need = ds.blocks_in_next_tokens(req, ds.spec_step_tokens())
+                else:
+                    need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.key in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
                 need = kv.chunk_blocks(req, req.num_computed + n, req.num_computed)  # may be < 0
@@ -745,7 +769,9 @@ class Scheduler:
         replica) straight into the decode set, if its blocks and its first decode step fit."""
         kv, ds = self.kv, self.decode
         n = req.prompt_tokens + req.num_generated - 1
-        if kv.blocks_of(req, n + 1) > kv.num_free:
+        # the tokens its first decode step computes (speculative decoding: the step's accepted)
+        d = ds.spec_step_tokens() if self._spec else 1
+        if kv.blocks_of(req, n + d) > kv.num_free:
             plan.kv_blocked = True
             return False
         kv.allocate(req, n)
@@ -759,8 +785,8 @@ class Scheduler:
         self._on_kv_admitted(req, now)
         self.running[req.key] = req
         ds.add(req)
-        opened = kv.blocks_of(req, n + 1) - kv.blocks_of(req, n)
-        if opened:  # its first decode step opens a block
+        opened = kv.blocks_of(req, n + d) - kv.blocks_of(req, n)
+        if opened:  # its first decode step opens a block (or more)
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
         if plan.kv_ready is _NONE:  # the plan's first: its lists (StepPlan)
@@ -882,7 +908,8 @@ class Scheduler:
     def scheduled_tokens(self, plan: StepPlan) -> dict[int, int]:
         """Tokens per request in the plan's first step (vLLM ``num_scheduled_tokens``).
         O(running): for inspection and the conformance harness, not the hot path."""
-        out = {r.request_id: 1 for r in self.running.values() if r.in_decode}
+        per = self._decode_tokens
+        out = {r.request_id: per for r in self.running.values() if r.in_decode}
         for req, n in plan.chunks:
             out[req.request_id] = n
         return out
@@ -903,7 +930,10 @@ class Scheduler:
                     self._note_paused(req, d)
         if plan.num_decode_seqs:
             k = plan.num_steps if steps_done is None else steps_done
-            if k < plan.num_steps:
+            if self._spec:  # one step (plan_step), emitting its tokens per sequence
+                k = ds.spec_step_tokens()
+                ds.engine_steps += 1
+            elif k < plan.num_steps:
                 kv.release_blocks(plan.decode_blocks - ds.blocks_needed(k))
             self.tokens_emitted += ds.num_seqs * k
             if self._hooks:

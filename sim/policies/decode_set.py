@@ -68,6 +68,14 @@ class DecodeSet:
         # generated blocks others can hit, published block by block as of each look-up
         # (``publish``; vLLM V1 ``allocate_slots`` -> ``cache_blocks`` every step)
         self.pub_heap: list[_Due] = []
+        # Speculative decoding (ARCHITECTURE.md section 1; sim/cost/speculative.py): each engine
+        # step emits E tokens per sequence on average (E x 1000 here, an int; 0: off). ``steps``
+        # then counts tokens, not engine steps: after ``engine_steps`` decode steps every
+        # sequence in the set has gained floor(engine_steps x E) - floor(at its join x E)
+        # tokens, so all of them gain the same tokens in a step (``spec_step_tokens``) and
+        # everything above, kept per token, holds unchanged.
+        self.spec_milli = 0
+        self.engine_steps = 0
         if kv.prefix_caching:
             kv.before_lookup = self.publish_between_steps
 
@@ -136,6 +144,22 @@ class DecodeSet:
         if (req.phase + self.steps) % self.block_size:
             return 0
         return self.w_full + (self.w_slide if self._filling(req) else 0)
+
+    def spec_step_tokens(self) -> int:
+        """Tokens each sequence gains in the next decode step under speculative decoding: the
+        replica's cumulative count floor(steps x E) moves by floor(E) or ceil(E) (a
+        deterministic rule: every request's token times are exact functions of the step count)."""
+        e, s = self.spec_milli, self.engine_steps
+        return ((s + 1) * e) // 1000 - (s * e) // 1000
+
+    def blocks_in_next_tokens(self, req: Request, num_tokens: int) -> int:
+        """Blocks ``req`` opens over its next ``num_tokens`` tokens (no sliding-window groups:
+        speculative decoding refuses them): token j opens one when (phase + steps + j) % bs == 0."""
+        bs = self.block_size
+        first = -(req.phase + self.steps) % bs
+        if first >= num_tokens:
+            return 0
+        return self.w_full * (1 + (num_tokens - 1 - first) // bs)
 
     # -- generated blocks in the prefix cache ---------------------------------------------------
     # A sequence that joined at step s0 with g0 tokens is scheduled at step S >= s0 with

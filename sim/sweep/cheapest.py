@@ -44,6 +44,8 @@ DIMENSIONS = {
     "gpu": "hardware.gpu",
     "policy": "engine.policy",
     "max_num_batched_tokens": "engine.max_num_batched_tokens",
+    # on: the scenario's engine.speculative_config; off: none (README, "Speculative decoding")
+    "speculative": "engine.speculative_config",
 }
 
 
@@ -60,10 +62,11 @@ DEFAULT_VALUES: dict[str, list] = {
     "gpu": ["a100-80g", "h100-sxm", "h200", "b200", "l40s"],
     "policy": searched_policies(),
     "max_num_batched_tokens": [512, 2048, 8192],
+    "speculative": ["on", "off"],
 }
 MAX_REPLICAS = 64  # default cap of the replica search (--max-replicas)
 ANSWER_KEYS = ("gpus", "replicas", "tensor_parallel_size", "gpu", "policy", "max_num_batched_tokens",
-               "cost_per_hour", "meets_slo")
+               "speculative", "cost_per_hour", "meets_slo")
 
 
 def parse_search(text: str) -> dict[str, list | None]:
@@ -89,6 +92,11 @@ def parse_search(text: str) -> dict[str, list | None]:
 def _values(name: str, raw: str) -> list:
     vals = [v.strip() for v in raw.split("/") if v.strip()]
     if name in ("gpu", "policy"):
+        return vals
+    if name == "speculative":
+        bad = [v for v in vals if v not in ("on", "off")]
+        if bad:
+            raise UserError(f"--search speculative={raw}: give on and/or off, separated by /")
         return vals
     try:
         return [int(v) for v in vals]
@@ -180,11 +188,23 @@ class _Counting:
 def _shape_list(base: Scenario, search: dict[str, list | None]) -> list[Shape]:
     dims = [d for d in search if d != "replicas"]
     values = [search[d] if search[d] is not None else DEFAULT_VALUES[d] for d in dims]
+    if "speculative" in dims and base.engine.speculative_config is None:
+        raise UserError("--search speculative: the scenario has no engine.speculative_config to turn on (its "
+                        "acceptance is a measurement: give it there)")
     shapes = []
     for combo in itertools.product(*values):
         vals = dict(zip(dims, combo))
-        shapes.append(Shape({DIMENSIONS[d]: v for d, v in vals.items()}, vals))
+        shapes.append(Shape({DIMENSIONS[d]: _setting(base, d, v) for d, v in vals.items()}, vals))
     return shapes or [Shape({}, {})]
+
+
+def _setting(base: Scenario, dim: str, value):
+    """The scenario value of a searched dimension's value (speculative: the scenario's config or
+    none)."""
+    if dim != "speculative":
+        return value
+    sc = base.engine.speculative_config
+    return sc.model_dump(exclude_none=True) if value == "on" else None
 
 
 def _seed_tasks(p: Point, seeds: list[int], tags: dict | None = None) -> list[Task]:
@@ -196,6 +216,7 @@ def _describe(s: Scenario, replicas: int, gpus: int, price: float | None, meets:
     return {"gpus": gpus, "replicas": replicas, "tensor_parallel_size": s.cluster.tensor_parallel_size,
             "gpu": s.hardware.gpu if s.hardware.custom is None else (s.hardware.custom.name or "custom"),
             "policy": s.engine.policy, "max_num_batched_tokens": s.engine.max_num_batched_tokens,
+            "speculative": "off" if s.engine.speculative_config is None else "on",
             "cost_per_hour": round(gpus * price, 4) if price else None, "meets_slo": meets}
 
 
