@@ -15,6 +15,7 @@ import numpy as np
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
+from sim.spec.quantization import get_quantization
 from sim.spec.nodes import boundary_crosses, describe, tp_nodes
 from sim.engine.frontend import Frontend
 
@@ -40,6 +41,10 @@ EXPLAIN_KEYS = (
     # engine's thread (frontend_overlap false) shows in prompt_host_ms_at_context instead
     "frontend_overlap", "frontend_in_ms_at_context", "frontend_first_chunk_ms", "frontend_per_output_token_ms",
     "frontend_chunk_ms", "prompt_host_ms_at_context",
+    # issue 40: weight quantization (sim/spec/quantization.py): the weights stored quantized, their
+    # bits per weight with the block scales (16 unquantized), and the tensor-core peak the
+    # quantized GEMMs run at (the bf16 peak for weight-only kernels)
+    "quantized_params", "quantized_bits_per_weight", "quantized_gemm_peak_flops_per_s",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -92,6 +97,18 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **all2all_figures(dep, b),
         **node_figures(dep, b),
         **frontend_figures(dep, n),
+        **quantization_figures(dep),
+    }
+
+
+def quantization_figures(dep: Deployment) -> dict[str, float | int]:
+    """The deployment's weight quantization: what it stores narrower and the GEMM peak it uses."""
+    m, g = dep.model, dep.gpu
+    q = get_quantization(m.quantization)
+    return {
+        "quantized_params": m.quantized_params,
+        "quantized_bits_per_weight": 8.0 * m.linear_weight_bytes_per_param if q is not None else 8.0 * m.dtype_bytes,
+        "quantized_gemm_peak_flops_per_s": g.bf16_flops_per_s if q is None else q.gemm_peak_flops_per_s(g),
     }
 
 
