@@ -288,13 +288,10 @@ class RooflineCostModel:
         self.carried_from = carried_from(calibration)
         donor = load_calibration(self.carried_from["elementwise"]) if "elementwise" in self.carried_from else None
         fp8 = q is not None and q.compute == "fp8" and bool(gpu.fp8_flops_per_s)  # fp8 W8A8 GEMMs
-        # NVFP4 W4A4 on FP4 tensor cores, priced on the fp8 table (``_linear_s``)
-        self._fp4 = q is not None and q.compute == "fp4" and bool(gpu.fp4_flops_per_s) and bool(gpu.fp8_flops_per_s)
-        fp4_peak, fp8_peak = gpu.fp4_flops_per_s or 1.0, gpu.fp8_flops_per_s or 1.0
-        self._fp4_flop_scale = fp8_peak / fp4_peak if self._fp4 and fp4_peak < float("inf") else 1.0
-        fp8 = fp8 or self._fp4
+        # NVFP4 W4A4 GEMMs on FP4 tensor cores (their own measured table where the GPU has one)
+        nvfp4 = q is not None and q.compute == "fp4" and bool(gpu.fp4_flops_per_s)
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, elem_donor=donor, fp8=fp8, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
@@ -304,6 +301,8 @@ class RooflineCostModel:
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
         self._fp8_cal = self.cops is not None and self.cops.fp8_curves is not None
+        # NVFP4 W4A4 on a GPU with FP4 tensor cores and a measured NVFP4 GEMM table
+        self._fp4_cal = self.cops is not None and self.cops.nvfp4_curves is not None
         # NOTE: the model is pure: a public call returns its flags with its durations. These two
         # are scratch registers of one synchronous call (reset on entry, never read afterwards):
         # an operator outside the measured range of its table sets them.
@@ -378,19 +377,16 @@ class RooflineCostModel:
         the measured bf16 kernel reaches at that shape. ``expert``: a routed expert's GEMM."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
-        if self._fp4 and self._fp8_cal and name != "lm":
-            # NVFP4 W4A4: weights and activations at 4.5 bits (the input quantized per 16 values,
-            # modelopt.py ``scaled_fp4_quant``), bf16 out, bound at the FP4 peak. NOTE: an NVFP4
-            # GEMM is assumed to reach the fraction of its roofline that the measured fp8 GEMM
-            # reaches at the same shape (no NVFP4 table is fitted; aiconfigurator's B200 nvfp4
-            # rows, FlashInferCuteDslNvFp4LinearKernel, reach a median 0.57x the fp8 fraction at
-            # m <= 16 and 1.1-1.4x at m > 256), so its steps are counted as extrapolated.
+        if self._fp4_cal and name != "lm":
+            # NVFP4 W4A4 with a measured NVFP4 GEMM table: weights and activations at 4.5 bits
+            # (the input quantized per 16 values, modelopt.py ``scaled_fp4_quant``), bf16 out
             wb = self.linear_weight_bytes
             b4 = fin * fout * weight_reads * wb + tokens * (fin * wb + 2.0 * fout) * flop_mult
             cops = self.cops
-            assert cops is not None  # (_fp8_cal; typed: compiled, a native call)
-            t, _ = cops.linear_fp8_s(name, tokens, flops * self._fp4_flop_scale, b4)
-            self._flag = True
+            assert cops is not None  # (_fp4_cal; typed: compiled, a native call)
+            t, out = cops.linear_nvfp4_s(name, tokens, flops, b4)
+            if out:
+                self._flag = True
             return t
         if self._fp8_cal and name != "lm":
             # fp8 W8A8 with a measured fp8 GEMM table: 1-byte activations in and weights, bf16 out
