@@ -174,12 +174,13 @@ def test_refusal_is_one_line_exit_2(tmp_path):
     ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}, "modelopt_fp4"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "modelopt_fp4"),
     ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}}, "fp8"),  # ModelOptFp8Config
 ])
 def test_checkpoint_quantization_config_is_read(tmp_path, qc, method):
     """ModelOptNvFp4Config.override_quantization_method: quant_method "modelopt" with an NVFP4
     quant_algo is modelopt_fp4; gpt-oss's config.json says mxfp4."""
     from sim.spec.models import catalogue
-    base = "gpt-oss-20b" if method == "mxfp4" else "llama-3.1-8b"
+    base = "gpt-oss-20b" if method == "mxfp4" else "llama-3.1-8b"  # (no quantization of its own)
     cfg = {k: v for k, v in catalogue()[base].items() if k not in ("source", "hf_ids", "quantization_config")}
     cfg["quantization_config"] = qc
     p = tmp_path / "config.json"
