@@ -110,7 +110,7 @@ class HFConfigRef(_Strict):
 
     hf_config: Optional[str] = None
     name: Optional[str] = None
-    quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
+    quantization: Optional[Literal["fp8", "int8", "awq", "gptq", "modelopt_fp4", "mxfp4"]] = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "HFConfigRef":
@@ -127,6 +127,8 @@ class CustomGPU(_Strict):
     name: Optional[str] = None
     bf16_flops_per_s: Optional[float] = Field(None, gt=0)
     fp8_flops_per_s: Optional[float] = Field(None, gt=0)
+    fp4_flops_per_s: Optional[float] = Field(None, gt=0)  # dense FP4 tensor-core peak (Blackwell)
+    vendor: Optional[Literal["nvidia", "amd"]] = None       # CUDA or ROCm (default nvidia)
     int8_ops_per_s: Optional[float] = Field(None, gt=0)
     memory_bytes: Optional[int] = Field(None, gt=0)
     hbm_bw_bytes_per_s: Optional[float] = Field(None, gt=0)
@@ -265,7 +267,7 @@ class Engine(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     # vLLM's --quantization: weight quantization of the linear layers (same as model.quantization)
-    quantization: Optional[Literal["fp8", "int8", "awq", "gptq"]] = None
+    quantization: Optional[Literal["fp8", "int8", "awq", "gptq", "modelopt_fp4", "mxfp4"]] = None
     enable_prefix_caching: bool = True   # vLLM V1 default
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     # vLLM's --kv-offloading-size (GiB of host memory, summed over the TP x PP ranks) and
@@ -892,7 +894,7 @@ def _format_error(err: ValidationError, where: str, overrides: list[tuple[str, s
         return f"{where}: unknown key '{key}'; valid keys here: {valid}"
     if loc and loc[0] == "model" and loc[-1] != "quantization":
         return (f"{where}: model: give a catalogue name, {{hf_config: path/to/config.json}} or "
-                f"{{name: catalogue name}} (either mapping may add quantization: fp8 | int8 | awq | gptq)")
+                f"{{name: catalogue name}} (either mapping may add quantization: fp8 | int8 | awq | gptq | modelopt_fp4 | mxfp4)")
     if e["type"] in _EXPECTED:
         return f"{where}: {key}: {_EXPECTED[e['type']]} is expected, not {_describe(e.get('input'))}"
     msg = e["msg"].removeprefix("Value error, ")

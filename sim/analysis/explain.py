@@ -15,6 +15,7 @@ import numpy as np
 from sim.core.batch import Batch
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
+from sim.spec.quantization import get_quantization
 from sim.spec.nodes import boundary_crosses, describe, tp_nodes
 from sim.engine.frontend import Frontend
 
@@ -47,6 +48,10 @@ EXPLAIN_KEYS = (
     # issue 40: speculative decoding (engine.speculative_config; sim/cost/speculative.py), a decode
     # step of --batch sequences at --context each as the run costs it (off: 1 token, no draft)
     "spec_tokens_per_step", "spec_decode_step_ms", "spec_verify_step_ms", "spec_draft_ms", "spec_ms_per_token",
+    # issue 40: weight quantization (sim/spec/quantization.py): the weights stored quantized, their
+    # bits per weight with the block scales (16 unquantized), and the tensor-core peak the
+    # quantized GEMMs run at (the bf16 peak for weight-only kernels)
+    "quantized_params", "quantized_bits_per_weight", "quantized_gemm_peak_flops_per_s",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -101,6 +106,18 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **frontend_figures(dep, n),
         **offload_figures(dep),
         **speculative_figures(dep, n, b),
+        **quantization_figures(dep),
+    }
+
+
+def quantization_figures(dep: Deployment) -> dict[str, float | int]:
+    """The deployment's weight quantization: what it stores narrower and the GEMM peak it uses."""
+    m, g = dep.model, dep.gpu
+    q = get_quantization(m.quantization)
+    return {
+        "quantized_params": m.quantized_params,
+        "quantized_bits_per_weight": 8.0 * m.linear_weight_bytes_per_param if q is not None else 8.0 * m.dtype_bytes,
+        "quantized_gemm_peak_flops_per_s": g.bf16_flops_per_s if q is None else q.gemm_peak_flops_per_s(g),
     }
 
 

@@ -123,8 +123,8 @@ def moe_mlp_s(cm, tokens: int, routed_tokens: int | None = None) -> tuple[float,
     flop_mult = float(k)  # (a float of its own: k is an int; mypyc)
     if cm.ep > 1:
         touched, flop_mult = touched / cm.ep, k * cm.expert_load_imbalance / cm.ep
-    up = cm._linear_s(rt, cm._eup, touched, flop_mult, name="up")
-    down = cm._linear_s(rt, cm._edown, touched, flop_mult, name="down")
+    up = cm._linear_s(rt, cm._eup, touched, flop_mult, name="up", expert=True)
+    down = cm._linear_s(rt, cm._edown, touched, flop_mult, name="down", expert=True)
     if cm._shared is not None:
         up += cm._linear_s(tokens, cm._shared[0], name="up")
         down += cm._linear_s(tokens, cm._shared[1], name="down")

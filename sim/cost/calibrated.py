@@ -22,6 +22,7 @@ from sim.cost.tables import Axis, Curve, Grid2, bracket
 
 class CalibratedOps:
     def __init__(self, cal: Calibration, *, linear_shapes: dict, elem_donor: Calibration | None = None, fp8: bool = False,
+                 nvfp4: bool = False,
                  heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float):
@@ -37,6 +38,10 @@ class CalibratedOps:
         if fp8 and cal.gemm_fp8 is not None:  # the model's GEMMs run in fp8 (curves: start-up)
             self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
             self.fp8_curves = {name: cal.gemm_fp8.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
+        self.nvfp4_curves = None
+        if nvfp4 and cal.gemm_nvfp4 is not None:  # NVFP4 W4A4 GEMMs on their own measured table
+            self.fp4_peak = cal.raw["peaks"]["fp4_flops_per_s"]
+            self.nvfp4_curves = {name: cal.gemm_nvfp4.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split
         self._split_cache: dict[tuple[int, int], bool] = {}
@@ -91,6 +96,13 @@ class CalibratedOps:
         g, out = self.fp8_curves[name]
         e, out_m = g.eff(tokens)
         return max(flops / self.fp8_peak, bytes_ / self.bw) / e, out or out_m
+
+    def linear_nvfp4_s(self, name: str, tokens: float, flops: float, bytes_: float) -> tuple[float, bool]:
+        """An NVFP4 W4A4 GEMM: its own raw bound (FP4 peak, 4.5-bit inputs) over the efficiency
+        measured for NVFP4 GEMMs at this weight shape and token count."""
+        g, out = self.nvfp4_curves[name]
+        e, out_m = g.eff(tokens)
+        return max(flops / self.fp4_peak, bytes_ / self.bw) / e, out or out_m
 
     def elementwise_s(self, tokens: int) -> tuple[float, bool]:
         """All layers' elementwise ops and the embedding: bytes / bandwidth / eff(bytes). No

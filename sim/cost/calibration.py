@@ -20,8 +20,9 @@ import numpy as np
 
 from sim.cost.shapes import wave_padding
 from sim.cost.tables import Axis, Curve, Grid2, bracket
+from sim.spec.quantization import NVFP4_BYTES_PER_WEIGHT
 
-CALIBRATED_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+CALIBRATED_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 # A table of PACK_MIN_VALUES or more efficiencies (the GEMM grids: 22 x 22 x 74 values; the
 # attention grids: ~12 x 17 per head configuration) is stored packed, as
@@ -80,10 +81,14 @@ def log_eff_values(v: list | dict) -> list:
     return v if isinstance(v, list) else log_eff_array(v).tolist()
 
 
-def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False) -> Axis:
+def gemm_axis(n: float, k: float, peaks: dict, fp8: bool = False, nvfp4: bool = False) -> Axis:
     """The roofline axis of x[m,k] @ W[k,n] along m: max(2mnk / peak, 2 (mk + kn + mn) / bw);
-    ``fp8`` (W8A8): max(2mnk / fp8 peak, (mk + kn + 2 mn) / bw)."""
+    ``fp8`` (W8A8): max(2mnk / fp8 peak, (mk + kn + 2 mn) / bw); ``nvfp4`` (W4A4): max(2mnk /
+    fp4 peak, (w mk + w kn + 2 mn) / bw), w = 0.5625 bytes (4.5 bits with the block scales)."""
     bw = peaks["hbm_bw_bytes_per_s"]
+    if nvfp4:
+        w = NVFP4_BYTES_PER_WEIGHT
+        return Axis(a=2.0 * n * k / peaks["fp4_flops_per_s"], b=w * k * n / bw, c=(w * k + 2.0 * n) / bw)
     if fp8:
         return Axis(a=2.0 * n * k / peaks["fp8_flops_per_s"], b=k * n / bw, c=(k + 2.0 * n) / bw)
     return Axis(a=2.0 * n * k / peaks["bf16_flops_per_s"], b=2.0 * k * n / bw, c=2.0 * (k + n) / bw)
@@ -146,9 +151,9 @@ class GemmTable:
     efficiency against m for one weight shape (interpolated along its roofline bound),
     bilinear in (log n, log k) between the four measured weight shapes around it."""
 
-    def __init__(self, d: dict, peaks: dict, fp8: bool = False):
+    def __init__(self, d: dict, peaks: dict, fp8: bool = False, nvfp4: bool = False):
         self.m, self.n, self.k = d["m"], d["n"], d["k"]
-        self.peaks, self.fp8 = peaks, fp8
+        self.peaks, self.fp8, self.nvfp4 = peaks, fp8, nvfp4
         # Wave quantization term (``GemmEff``): the output tile the fit selected, whose padded
         # waves add time between measured token counts; None when no tile helps. The
         # efficiencies themselves are against the roofline bound, never the padded one.
@@ -164,7 +169,7 @@ class GemmTable:
         c = self._curves.get((i, j))
         if c is None:
             c = self._curves[i, j] = Curve(self.m, self._log_eff[i, j].tolist(),
-                                           gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8))
+                                           gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8, self.nvfp4))
         return c
 
     def _corners(self, n: float, k: float) -> tuple[list[tuple[float, int, int]], bool]:
@@ -188,7 +193,7 @@ class GemmTable:
         corners, out = self._corners(n, k)
         tot = sum(w for w, _, _ in corners)
         ys = [sum(w * self._at(ii, jj).log_eff(m)[0] for w, ii, jj in corners) / tot for m in self.m]
-        return Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8)), out
+        return Curve(self.m, ys, gemm_axis(n, k, self.peaks, self.fp8, self.nvfp4)), out
 
     def eff_fn(self, n: float, k: float) -> tuple[GemmEff, bool]:
         """(the efficiency along m of weight shape (n, k), with the wave term, ``GemmEff``;
@@ -196,7 +201,7 @@ class GemmTable:
         measured token counts is blended from the same measured weight shapes as the
         efficiency, each at its own (n, k)."""
         c, out = self.curve(n, k)
-        wave = None if self.fp8 else self.wave
+        wave = None if (self.fp8 or self.nvfp4) else self.wave
         ref = None
         if wave:
             corners, _ = self._corners(n, k)
@@ -276,6 +281,8 @@ class Calibration:
         self.gemm = GemmTable(d["gemm"], peaks) if "gemm" in d else None
         # fp8 W8A8 GEMMs (CUTLASS scaled_mm), measured where the GPU has FP8 tensor cores
         self.gemm_fp8 = GemmTable(d["gemm_fp8"], peaks, fp8=True) if "gemm_fp8" in d else None
+        # NVFP4 W4A4 GEMMs, measured where the GPU has FP4 tensor cores (B200)
+        self.gemm_nvfp4 = GemmTable(d["gemm_nvfp4"], peaks, nvfp4=True) if "gemm_nvfp4" in d else None
         self.attn_prefill = HeadTables(d["attn_prefill"], "attn_prefill", peaks) if "attn_prefill" in d else None
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
         self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], log_eff_values(t["log_eff"])) for t in d["allreduce"]["tables"]}
@@ -361,8 +368,9 @@ def describe(cal: Calibration | None, carried: dict[str, str] | None = None) -> 
     if cal is None:
         return "roofline (default efficiencies, uncalibrated; per-kernel launch floor)"
     carried = carried or {}
+    # (an NVFP4 table exists only where the GPU has FP4 tensor cores: not listed as missing)
     rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op not in carried
-            and op != "overhead"]
+            and op not in ("overhead", "gemm_nvfp4")]
     s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
     if carried:
         s += "; carried: " + ", ".join(f"{op} from {g} (bandwidth ratio)" for op, g in carried.items())

@@ -18,6 +18,7 @@ from sim.cost.calibration import Calibration
 from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
                              fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce, wave_padding)
 from sim.spec.hardware import GPUSpec
+from sim.spec.quantization import NVFP4_BYTES_PER_WEIGHT
 
 ELEM_KIND = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "add": "add", "attn_rope": "rope",
              "mlp_act": "act", "mlp_act_gated": "act_gated"}
@@ -35,7 +36,7 @@ GEMM_TILES = (None, (128, 128), (128, 256), (256, 128))
 # (Hopper, ``vllm_flash_attn_fa3``) has its own heuristic and is not modelled.
 FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
-HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
+HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "gemm_nvfp4": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
 
 
@@ -105,6 +106,12 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
         # fp8 W8A8: 1-byte activations in and weights, bf16 out, at the FP8 tensor-core peak
         peak8 = getattr(gpu, "fp8_flops_per_s", None) or peak
         out[g8] = np.maximum(2 * m * n * k / peak8, (m * k + k * n + 2 * m * n) / bw)[g8]
+    g4 = op == "gemm_nvfp4"
+    if g4.any():
+        # NVFP4 W4A4: 4.5-bit activations in and weights (scales included), bf16 out, at the FP4 peak
+        peak4 = getattr(gpu, "fp4_flops_per_s", None) or peak
+        wb = NVFP4_BYTES_PER_WEIGHT
+        out[g4] = np.maximum(2 * m * n * k / peak4, (wb * m * k + wb * k * n + 2 * m * n) / bw)[g4]
     p = op == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
@@ -203,7 +210,8 @@ def overhead_coefs(tot: pl.DataFrame) -> tuple[float, float, float]:
 def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     """The JSON table of one operator from rows already carrying ``log_eff``."""
     rows = df.filter(pl.col("op") == op)
-    if op in ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
+    if op in ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+              "overhead"):
         src = primary_source(df, op)
         if src is None:
             return None
@@ -223,7 +231,7 @@ def fit_op(df: pl.DataFrame, op: str) -> dict | None:
 def _fit_rows(rows: pl.DataFrame, op: str) -> dict:
     """``fit_op``'s table from its kept rows."""
     srcs = sorted(rows["source"].unique().to_list())
-    if op in ("gemm", "gemm_fp8"):
+    if op in ("gemm", "gemm_fp8", "gemm_nvfp4"):
         g = rows.group_by("m", "n", "k").agg(pl.col("log_eff").median())
         mv, nv, kv = (sorted(g[c].unique().to_list()) for c in "mnk")
         look = {(r["m"], r["n"], r["k"]): r["log_eff"] for r in g.iter_rows(named=True)}
@@ -321,7 +329,7 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     return terms
 
 
-def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
                                            "elementwise", "overhead"), terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
@@ -341,15 +349,17 @@ def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "attn_prefill",
             out[op] = t
     if "gemm_fp8" in out:
         out["peaks"]["fp8_flops_per_s"] = gpu.fp8_flops_per_s
+    if "gemm_nvfp4" in out:
+        out["peaks"]["fp4_flops_per_s"] = gpu.fp4_flops_per_s
     return out
 
 
 def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
     """Calibrated efficiency at each row's shape (plain lookups, as the cost model does)."""
     out = np.full(len(rows), np.nan)
-    if op in ("gemm", "linear", "gemm_fp8"):
+    if op in ("gemm", "linear", "gemm_fp8", "gemm_nvfp4"):
         cache = {}
-        tab = cal.gemm_fp8 if op == "gemm_fp8" else cal.gemm
+        tab = {"gemm_fp8": cal.gemm_fp8, "gemm_nvfp4": cal.gemm_nvfp4}.get(op) or cal.gemm
         for i, (m, n, k) in enumerate(rows.select("m", "n", "k").iter_rows()):
             c = cache.get((n, k)) or cache.setdefault((n, k), tab.eff_fn(n, k)[0])
             out[i] = c.eff(m)[0]

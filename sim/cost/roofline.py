@@ -238,6 +238,9 @@ class RooflineCostModel:
         self.linear_weight_bytes = m.linear_weight_bytes_per_param
         qpeak = self.flops_s if q is None else q.gemm_peak_flops_per_s(gpu)
         self.quant_flop_mult = 1.0 if qpeak == self.flops_s else self.flops_s / qpeak
+        # mxfp4 stores the routed experts alone quantized (the attention, dense and shared-expert
+        # GEMMs stay bf16: vLLM Mxfp4Config gives LinearBase the UnquantizedLinearMethod)
+        self._quant_dense = q is not None and not q.experts_only
         self.mem_bw = gpu.hbm_bw_bytes_per_s * e.memory
         self.heads = m.num_heads / tp
         self.q_dim = m.q_size / tp
@@ -288,8 +291,10 @@ class RooflineCostModel:
         self.carried_from = carried_from(calibration)
         donor = load_calibration(self.carried_from["elementwise"]) if "elementwise" in self.carried_from else None
         fp8 = q is not None and q.compute == "fp8" and bool(gpu.fp8_flops_per_s)  # fp8 W8A8 GEMMs
+        # NVFP4 W4A4 GEMMs on FP4 tensor cores (their own measured table where the GPU has one)
+        nvfp4 = q is not None and q.compute == "fp4" and bool(gpu.fp4_flops_per_s)
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, elem_donor=donor, fp8=fp8, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
@@ -299,6 +304,8 @@ class RooflineCostModel:
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
         self._fp8_cal = self.cops is not None and self.cops.fp8_curves is not None
+        # NVFP4 W4A4 on a GPU with FP4 tensor cores and a measured NVFP4 GEMM table
+        self._fp4_cal = self.cops is not None and self.cops.nvfp4_curves is not None
         # NOTE: the model is pure: a public call returns its flags with its durations. These two
         # are scratch registers of one synchronous call (reset on entry, never read afterwards):
         # an operator outside the measured range of its table sets them.
@@ -353,7 +360,7 @@ class RooflineCostModel:
         if bound == "compute":
             gpu = _replace(gpu, hbm_bw_bytes_per_s=inf, nvlink_bw_bytes_per_s=inf)
         elif bound == "memory":
-            gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf,
+            gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf, fp4_flops_per_s=inf,
                            nvlink_bw_bytes_per_s=inf)
         eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
                            custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
@@ -365,14 +372,25 @@ class RooflineCostModel:
 
     # -- operators ------------------------------------------------------------------------------
     def _linear_s(self, tokens: float, shape: tuple[float, float], weight_reads: float = 1.0,
-                  flop_mult: float = 1.0, name: str | None = None) -> float:
+                  flop_mult: float = 1.0, name: str | None = None, expert: bool = False) -> float:
         """A GEMM of ``tokens`` x in -> out: 2*T*in*out FLOPs; weights + activations in bytes.
         A quantized linear layer (not the LM head) costs the bf16 GEMM of its shape times the
         ratio of its roofline bound to the bf16 one (fewer weight bytes; fp8/int8 peak for
         W8A8). NOTE: the quantized kernel is assumed to reach the fraction of its roofline that
-        the measured bf16 kernel reaches at that shape."""
+        the measured bf16 kernel reaches at that shape. ``expert``: a routed expert's GEMM."""
         fin, fout = shape
         flops = 2.0 * tokens * fin * fout * flop_mult
+        if self._fp4_cal and name != "lm":
+            # NVFP4 W4A4 with a measured NVFP4 GEMM table: weights and activations at 4.5 bits
+            # (the input quantized per 16 values, modelopt.py ``scaled_fp4_quant``), bf16 out
+            wb = self.linear_weight_bytes
+            b4 = fin * fout * weight_reads * wb + tokens * (fin * wb + 2.0 * fout) * flop_mult
+            cops = self.cops
+            assert cops is not None  # (_fp4_cal; typed: compiled, a native call)
+            t, out = cops.linear_nvfp4_s(name, tokens, flops, b4)
+            if out:
+                self._flag = True
+            return t
         if self._fp8_cal and name != "lm":
             # fp8 W8A8 with a measured fp8 GEMM table: 1-byte activations in and weights, bf16 out
             b8 = fin * fout * weight_reads + tokens * (fin + 2 * fout) * flop_mult
@@ -395,7 +413,7 @@ class RooflineCostModel:
                 self._flag = True
         else:
             t = max(flops / (self.flops_s * self.eff.gemm_compute), bytes_ / self.mem_bw, self.eff.kernel_floor_s)
-        if name != "lm" and self.quant is not None:
+        if name != "lm" and self.quant is not None and (expert or self._quant_dense):
             bw, peak = self.gpu.hbm_bw_bytes_per_s, self.flops_s
             q_bytes = fin * fout * weight_reads * self.linear_weight_bytes + act_bytes
             t *= max(flops * self.quant_flop_mult / peak, q_bytes / bw) / max(flops / peak, bytes_ / bw)

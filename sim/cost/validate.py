@@ -13,7 +13,7 @@ from sim.cost.calibration import Calibration
 from sim.cost.fit import ape, beyond_roofline, fit, overhead_coefs, holdout_mask, predict_eff, primary_source, with_efficiency
 from sim.spec.hardware import GPUSpec
 
-HELDOUT_OPS = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+HELDOUT_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 # Cross-source GEMM check: vidur per-layer linear ops (model, TP) predicted from a GEMM table.
 CROSS_MODELS = (("meta-llama/Llama-2-7b-hf", 1), ("meta-llama/Llama-2-70b-hf", 4),
                 ("codellama/CodeLlama-34b-Instruct-hf", 1))
@@ -30,7 +30,8 @@ def _op_rows(df: pl.DataFrame, op: str) -> pl.DataFrame:
     rows = df.filter(pl.col("op") == op)
     if rows.is_empty():
         return rows
-    if op in ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "overhead"):
+    if op in ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+              "overhead"):
         rows = rows.filter(pl.col("source") == primary_source(df, op))
     if op == "attn_prefill":
         rows = rows.filter(pl.col("context_tokens") == 0)

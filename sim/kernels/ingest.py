@@ -45,6 +45,13 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
             out.append(conform(g8.select("m", "n", "k", pl.col("latency").alias("time_ms"))
                                .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm_fp8"), detail=pl.lit("fp8"),
                                              source=pl.lit(tag(f)))))
+        # NVFP4 W4A4 (vLLM FlashInferCuteDslNvFp4LinearKernel: NVFP4 weights and activations, one
+        # E4M3 scale per 16 values, bf16 out) where measured (B200)
+        g4 = pl.read_parquet(f).filter(pl.col("gemm_dtype") == "nvfp4")
+        if len(g4):
+            out.append(conform(g4.select("m", "n", "k", pl.col("latency").alias("time_ms"))
+                               .with_columns(gpu=pl.lit(gpu), op=pl.lit("gemm_nvfp4"), detail=pl.lit("nvfp4"),
+                                             source=pl.lit(tag(f)))))
         for kind, op in (("context", "attn_prefill"), ("generation", "attn_decode")):
             f = _one(root / "attention", f"{kind}_attention_perf.parquet")
             a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("kv_cache_dtype") == "bfloat16"))

@@ -12,7 +12,7 @@ import polars as pl
 
 from sim.errors import UserError
 
-# op: gemm | gemm_fp8 (W8A8 fp8 GEMM, vLLM's CUTLASS scaled_mm) | linear (a model's projection, vidur per-layer) | attn_prefill | attn_decode |
+# op: gemm | gemm_fp8 (W8A8 fp8 GEMM, vLLM's CUTLASS scaled_mm) | gemm_nvfp4 (W4A4 NVFP4 GEMM) | linear (a model's projection, vidur per-layer) | attn_prefill | attn_decode |
 #     allreduce | custom_allreduce (vLLM's custom all-reduce) | elementwise | overhead
 SCHEMA: dict[str, pl.DataType] = {
     "gpu": pl.Utf8,           # simsrv GPU key (a100-80g, h100-sxm, ...) or a profile name
@@ -34,7 +34,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "source": pl.Utf8,
 }
 
-OPS = ("gemm", "gemm_fp8", "linear", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "linear", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
 
 
 def empty_frame() -> pl.DataFrame:

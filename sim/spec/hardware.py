@@ -40,6 +40,11 @@ class GPUSpec:
     gpus_per_node: int = 8
     inter_node_bw_bytes_per_s: float = 50.0e9
     inter_node_latency_s: float = 10e-6
+    # dense FP4 tensor-core peak (Blackwell: NVFP4 / MXFP4 MMA); None: no FP4 tensor cores
+    fp4_flops_per_s: float | None = None
+    # "nvidia" | "amd": the platform vLLM runs on (CUDA or ROCm), which decides the quantization
+    # methods it accepts (sim/spec/quantization.py ``check_gpu``)
+    vendor: str = "nvidia"
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -55,7 +60,7 @@ class GPUSpec:
 
 # Fields a catalogue entry or ``hardware.custom`` gives; the first three are required.
 REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
-OPTIONAL = ("fp8_flops_per_s", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
+OPTIONAL = ("fp8_flops_per_s", "fp4_flops_per_s", "vendor", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
             "num_sms", "driver_reserved_bytes", "full_nvlink", "gpus_per_node", "inter_node_bw_bytes_per_s",
             "inter_node_latency_s")
 # NOTE: nvidia-smi -q "FB Memory Usage / Reserved" on H100 80GB is 328-551 MiB across drivers; with
@@ -67,6 +72,7 @@ DEFAULT_NVIDIA_RESERVED_BYTES = 551 * 2**20
 # 10 us per message across it (aiconfigurator p2p_latency; NCCL src/graph/tuning.cc hwLat of the
 # network for the ring's Simple protocol, 9.6 us).
 DEFAULT_GPUS_PER_NODE = 8
+VENDORS = ("nvidia", "amd")
 DEFAULT_INTER_NODE_BW_BYTES_PER_S = 50.0e9
 DEFAULT_INTER_NODE_LATENCY_S = 10e-6
 
@@ -110,9 +116,13 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
             inter_node_bw_bytes_per_s=float(d.get("inter_node_bw_bytes_per_s") or DEFAULT_INTER_NODE_BW_BYTES_PER_S),
             inter_node_latency_s=float(d["inter_node_latency_s"]) if d.get("inter_node_latency_s") is not None
             else DEFAULT_INTER_NODE_LATENCY_S,
+            fp4_flops_per_s=_opt(d, "fp4_flops_per_s"),
+            vendor=str(d.get("vendor") or "nvidia"),
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: bad value ({e})") from None
+    if spec.vendor not in VENDORS:
+        raise UserError(f"{where}.vendor: {spec.vendor!r}; known: {', '.join(VENDORS)}")
     for k in (*REQUIRED, "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "cuda_total_bytes", "gpus_per_node",
               "inter_node_bw_bytes_per_s"):
         if not getattr(spec, k) > 0:
@@ -158,6 +168,7 @@ def capped(gpu: GPUSpec, flops_factor: float = 1.0, bandwidth_factor: float = 1.
 
     return replace(gpu, bf16_flops_per_s=gpu.bf16_flops_per_s * flops_factor,
                    fp8_flops_per_s=f(gpu.fp8_flops_per_s), int8_ops_per_s=f(gpu.int8_ops_per_s),
+                   fp4_flops_per_s=f(gpu.fp4_flops_per_s),
                    hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s * bandwidth_factor,
                    name=f"{gpu.name} (capped: FLOP/s x{flops_factor:g}, bandwidth x{bandwidth_factor:g})")
 

@@ -190,6 +190,24 @@ class ModelSpec:
         return self._total(self.active_mlp_params_per_layer)
 
     @property
+    def routed_expert_linear_params(self) -> int:
+        """Weights of the routed experts' matrices (no biases), all MoE layers."""
+        mats = 3 if self.mlp_gated else 2
+        return self.num_moe_layers * mats * self.hidden_size * self.num_experts * (
+            self.moe_intermediate_size or self.intermediate_size)
+
+    @property
+    def quantized_params(self) -> int:
+        """Weights stored at the quantization's width: every linear layer's, or the routed
+        experts' alone where the method quantizes only those (mxfp4, sim/spec/quantization.py)."""
+        from sim.spec.quantization import get_quantization
+
+        q = get_quantization(self.quantization)
+        if q is None:
+            return 0
+        return self.routed_expert_linear_params if q.experts_only else self.linear_params
+
+    @property
     def linear_weight_bytes_per_param(self) -> float:
         """Bytes per linear-layer weight: the quantization's (scales included) or the dtype's."""
         from sim.spec.quantization import get_quantization
@@ -200,16 +218,17 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         """Bytes of all weights: the linear layers at the quantized width (when quantized), the
         rest (embedding, LM head, norms, biases, routers) in the model dtype."""
-        lin = self.linear_params
+        lin = self.quantized_params
         return lin * self.linear_weight_bytes_per_param + (self.num_params - lin) * self.dtype_bytes
 
     def bytes_read(self, num_tokens: int) -> float:
         """Bytes of the weights ``params_read(num_tokens)`` counts: the experts not touched are
         linear weights, so they leave at the linear width."""
-        untouched = self.num_params - self.embedding_params - self.params_read(num_tokens)
-        lin = self.linear_params - untouched
-        other = self.num_params - self.embedding_params - self.linear_params
-        return lin * self.linear_weight_bytes_per_param + other * self.dtype_bytes
+        read = self.params_read(num_tokens)
+        untouched = self.num_params - self.embedding_params - read
+        # every untouched weight is a routed expert's, stored quantized whenever anything is
+        qread = max(0.0, self.quantized_params - untouched)
+        return qread * self.linear_weight_bytes_per_param + (read - qread) * self.dtype_bytes
 
     def params_read(self, num_tokens: int) -> float:
         """Weights a forward pass over ``num_tokens`` tokens reads, without the embedding table

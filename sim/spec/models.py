@@ -42,7 +42,11 @@ def get_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
         spec = with_quantization(spec, _config_quantization(cfg, str(path)), str(path))
         return with_quantization(spec, ref.get("quantization"), "model.quantization")
     key = catalogue_key(ref)
-    return from_config(key, catalogue()[key], f"catalog/models.yaml:{key}")
+    where = f"catalog/models.yaml:{key}"
+    # a catalogue entry carries its checkpoint's quantization_config as the config.json does
+    # (gpt-oss: its experts ship in MXFP4)
+    return with_quantization(from_config(key, catalogue()[key], where), _config_quantization(catalogue()[key], where),
+                             where)
 
 
 @lru_cache(maxsize=1)
@@ -83,6 +87,15 @@ def _config_quantization(cfg: dict, where: str) -> str | None:
     from sim.spec.quantization import METHODS
 
     method = str(qc.get("quant_method", "")).lower()
+    if method == "modelopt":
+        # ModelOptNvFp4Config.override_quantization_method (vLLM modelopt.py): "NVFP4" in
+        # ``quantization.quant_algo`` (or a top-level ``quant_algo`` containing "FP4")
+        inner = qc.get("quantization")
+        algo = str((inner if isinstance(inner, dict) else qc).get("quant_algo", "")).upper()
+        if "FP4" in algo:
+            method = "modelopt_fp4"
+        elif "FP8" in algo:
+            method = "fp8"  # ModelOptFp8Config: per-tensor fp8 W8A8, as fp8
     if method not in METHODS:
         raise UserError(f"{where}: quantization_config.quant_method {method!r} is not modelled; "
                         f"known: {', '.join(METHODS)}")
@@ -100,4 +113,11 @@ def with_quantization(spec: ModelSpec, quantization: str | None, where: str) -> 
         raise UserError(f"{where}: {quantization!r} contradicts the model's own quantization {spec.quantization!r}")
     from dataclasses import replace
 
+    from sim.spec.quantization import get_quantization
+
+    q = get_quantization(quantization, where)
+    if q is not None and q.experts_only and spec.num_experts <= 1:
+        # vLLM Mxfp4Config quantizes FusedMoE layers only; a dense model would run unquantized
+        raise UserError(f"{where}: {quantization} quantizes MoE experts only (vLLM mxfp4.py); "
+                        f"{spec.name} has no routed experts")
     return replace(spec, quantization=quantization)
