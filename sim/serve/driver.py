@@ -64,11 +64,13 @@ class Driver:
     def wall_of(self, t_s: float) -> float:
         return self.start_wall + t_s / self.speed
 
-    def catch_up(self) -> float:
-        """Run the simulation to the wall clock's present; hand out what came due."""
+    def catch_up(self, wall: float | None = None) -> float:
+        """Run the simulation to the simulated time of ``wall`` (default: the wall clock's
+        present), or leave it where it is if it is past that already; hand out what came due."""
         if not self.started:
             return self.live.now_s
-        t = max(self.sim_now(), self.live.now_s)
+        wall = self.clock() if wall is None else wall
+        t = max((wall - self.start_wall) * self.speed, self.live.now_s)
         self.live.run_until(t)
         self._hand_out(t)
         return t
@@ -86,9 +88,7 @@ class Driver:
             # before it), so the recorded arrivals replay from a trace to the same times
             self.start_wall, self.started = received, True
         else:
-            t = max((received - self.start_wall) * self.speed, self.live.now_s)
-            self.live.run_until(t)
-            self._hand_out(t)
+            self.catch_up(received)
         waiting = self.live.num_waiting()
         if waiting >= self.max_waiting:
             raise ApiError(503, f"{waiting} requests are waiting (simsrv serve --max-waiting "
