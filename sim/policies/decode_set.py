@@ -39,6 +39,20 @@ def _drop_stale(heap: list[_Due]) -> None:
         heappop(heap)
 
 
+def _pop_due(heap: list[_Due], through_step: int) -> Request | None:
+    """Pop the entries due by ``through_step`` up to the first whose request is still in the
+    set (epoch current) and return that request, dropping stale ones on the way; None once
+    nothing more is due."""
+    while heap:
+        step, _id, epoch, req = heap[0]
+        if step > through_step:
+            return None
+        heappop(heap)
+        if epoch == req.epoch:
+            return req
+    return None
+
+
 # ``advance``'s answer when no sequence finishes (shared: its callers only read it)
 _NO_REQUESTS: Final[list[Request]] = []
 
@@ -179,13 +193,8 @@ class DecodeSet:
         decodes of step ``steps`` are scheduled, or the last one run, ``steps - 1``) is
         scheduled. Idempotent; work per block published, none per token."""
         heap = self.pub_heap
-        while heap:
-            step, _id, epoch, req = heap[0]
-            if step > through_step:
-                break
-            heappop(heap)
-            if epoch != req.epoch:  # it left the set (``remove`` published its blocks)
-                continue
+        # (a request that left the set since is stale: ``remove`` published its blocks)
+        while (req := _pop_due(heap, through_step)) is not None:
             self.kv.cache(req, req.prompt_tokens + req.g_join + (through_step - req.step_join))
             self._push_publish(req)
 
@@ -286,23 +295,14 @@ class DecodeSet:
         self.steps = steps = self.steps + num_steps
         self.context_tokens += self.num_seqs * num_steps
         fill = self._fill_heap
-        while fill:
-            step, _id, epoch, req = fill[0]
-            if step > steps:
-                break
-            heappop(fill)
-            if epoch == req.epoch:  # its windows are full: its openings take w_full from now on
-                self.num_filling -= 1
-                self.filling_count[req.phase] -= 1
+        while (req := _pop_due(fill, steps)) is not None:
+            # its windows are full: its openings take w_full from now on
+            self.num_filling -= 1
+            self.filling_count[req.phase] -= 1
         heap = self._heap
         done = _NO_REQUESTS  # (most steps: no list made)
-        while heap:
-            step, _id, epoch, req = heap[0]
-            if step > steps:
-                break
-            heappop(heap)
-            if epoch == req.epoch:
-                if done is _NO_REQUESTS:
-                    done = []
-                done.append(req)
+        while (req := _pop_due(heap, steps)) is not None:
+            if done is _NO_REQUESTS:
+                done = []
+            done.append(req)
         return done
