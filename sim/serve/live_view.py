@@ -29,7 +29,6 @@ class LiveView:
         self.num_replicas = len(self.sim.schedulers)
         self.max_model_len = self.sim.max_model_len
         self.frontend_out_s = self.sim.frontend_out_s  # engine token -> client (sim/engine/frontend.py)
-        self._requests: dict[int, Request] = {}     # in flight, by id
         self._ended_rows: dict[int, dict[str, Any]] = {}  # ended, not yet read by the driver
         self._arrival_s: list[float] = []
         self._input: list[int] = []
@@ -59,9 +58,6 @@ class LiveView:
         rid = len(self._arrival_s) - 1
         got = self.sim.inject(input_tokens, output_tokens, max_tokens=max_tokens, priority=priority)
         assert got == rid, "request ids are given in the order injected"
-        req = self.sim.request(rid)  # None: it ended at once (refused at the door)
-        if req is not None:
-            self._requests[rid] = req
         return rid
 
     def recorded(self) -> tuple[list[float], list[int], list[int], list[int], list[int]]:
@@ -76,7 +72,7 @@ class LiveView:
         row = self._ended_rows.get(rid)
         if row is not None:
             return row["fail_reason"] if row["status"] == REJECTED else ""
-        if rid in self._requests or self.sim.request(rid) is not None:
+        if self.sim.request(rid) is not None:
             return ""
         return None
 
@@ -86,7 +82,6 @@ class LiveView:
     # -- readings ------------------------------------------------------------------------------
     def _ended(self, finished: list[Request]) -> None:
         for req in finished:
-            self._requests.pop(req.request_id, None)
             self._ended_rows[req.request_id] = {
                 "status": req.status, "fail_reason": req.fail_reason, "replica": req.replica,
                 "arrival_s": req.arrival_s, "first_scheduled_s": req.first_scheduled_s,
@@ -101,12 +96,9 @@ class LiveView:
         row = self._ended_rows.get(rid)
         if row is not None:
             return row["num_generated"], True, row["fail_reason"] if row["status"] != "completed" else ""
-        req = self._requests.get(rid)
+        req = self.sim.request(rid)  # None: the front end still holds it
         if req is None:
-            req = self.sim.request(rid)  # it reached the engine after the front end's delay
-            if req is None:
-                return 0, False, ""
-            self._requests[rid] = req
+            return 0, False, ""
         if not req.in_decode or req.replica < 0:
             return req.num_generated, False, ""
         rep = self.replicas[req.replica] if req.replica < len(self.replicas) else None
