@@ -1,7 +1,7 @@
 """``simsrv serve`` as clients see it: the ``openai`` client against an idle endpoint, and a
 load test through the endpoint (issue 41's acceptance; figures in bench/README.md).
 
-    python bench/serve_clients.py idle [--requests 12]
+    python bench/serve_clients.py idle [--requests 12] [--client openai|raw]
     python bench/serve_clients.py load [--speed 0.5] [--rates 4,8,12,16] [--seconds 30]
 
 ``idle``: one request at a time (each after the previous ended, with a pause), prompts from
@@ -51,24 +51,56 @@ def words(n: int) -> str:
     return " ".join(f"w{i % 1000}" for i in range(n))
 
 
+async def _raw_ask(url: str, model: str, n_prompt: int, n_out: int) -> list[float]:
+    """One streamed chat completion over plain asyncio streams (no HTTP library): the times of
+    its content chunks from the send."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": words(n_prompt)}],
+                       "max_tokens": n_out, "stream": True}).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    t0 = time.perf_counter()
+    writer.write(head + body)
+    await writer.drain()
+    buf, times = b"", []
+    while b"[DONE]" not in buf:
+        data = await reader.read(65536)
+        if not data:
+            break
+        now = time.perf_counter()
+        buf += data
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if b'"content": " ' in event:  # a token (not the role chunk)
+                times.append(now - t0)
+    writer.close()
+    return times
+
+
 def idle(args) -> None:
-    import openai
     import polars as pl
 
     out = Path(tempfile.mkdtemp()) / "idle"
     proc, url = start(out, 1.0)
-    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-    model = client.models.list().data[0].id
     lengths = [64 * 2 ** (i % 7) for i in range(args.requests)]  # 64 .. 4,096
+    if args.client == "openai":
+        import openai
 
-    def ask(n_prompt: int, n_out: int) -> list[float]:
-        t0 = time.perf_counter()
-        times = []
-        for ch in client.chat.completions.create(model=model, messages=[{"role": "user", "content": words(n_prompt)}],
-                                                 max_tokens=n_out, stream=True):
-            if ch.choices and ch.choices[0].delta.content:
-                times.append(time.perf_counter() - t0)
-        return times
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        model = client.models.list().data[0].id
+
+        def ask(n_prompt: int, n_out: int) -> list[float]:
+            t0 = time.perf_counter()
+            times = []
+            for ch in client.chat.completions.create(model=model, max_tokens=n_out, stream=True,
+                                                     messages=[{"role": "user", "content": words(n_prompt)}]):
+                if ch.choices and ch.choices[0].delta.content:
+                    times.append(time.perf_counter() - t0)
+            return times
+    else:  # raw: the server's own share of the client's TTFT, without an HTTP library's
+        def ask(n_prompt: int, n_out: int) -> list[float]:
+            return asyncio.run(_raw_ask(url, "llama-3-8b", n_prompt, n_out))
 
     ask(16, 4)  # the client's own first call (its connection, its imports)
     client_rows = []
@@ -150,6 +182,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     a = sub.add_parser("idle")
     a.add_argument("--requests", type=int, default=12)
+    a.add_argument("--client", choices=("openai", "raw"), default="openai",
+                   help="the openai package, or plain asyncio streams (no HTTP library)")
     b = sub.add_parser("load")
     b.add_argument("--speed", type=float, default=0.5)
     b.add_argument("--rates", default="4,8,12,16")
