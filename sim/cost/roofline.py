@@ -29,6 +29,8 @@ from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
 from sim.cost.collectives import hierarchical_allreduce_s
+from sim.cost.nccl_tuning import LINK_NVLINK, LINK_PCI
+from sim.cost.nccl_tuning import allreduce_s as nccl_allreduce_within_node_s
 from sim.spec.hardware import GPUSpec
 from sim.spec.nodes import NodeLinks
 from sim.spec.model_spec import ModelSpec
@@ -64,7 +66,12 @@ class Efficiencies:
     attn_compute: float = 0.6
     memory: float = 0.8
     link: float = 0.8
-    allreduce_latency_s: float = 10e-6  # aiconfigurator p2p_latency, NCCL launch + sync
+    # one NCCL call's latency where a collective spans nodes (sim/cost/collectives.py) and an
+    # expert all-to-all's synchronisation: aiconfigurator p2p_latency, NCCL launch + sync
+    allreduce_latency_s: float = 10e-6
+    # an NCCL all-reduce within a node without a measured table: NCCL's own tuning model
+    # (sim/cost/nccl_tuning.py); off, the ring's bytes plus ``allreduce_latency_s`` (``ideal``: 0)
+    nccl_tuning: bool = True
     # vLLM custom all-reduce under CUDA graphs: the measured small-buffer floor at 8 GPUs is
     # 5.7 us on A100, 4.7 us on H100 (aiconfigurator custom_allreduce_perf, kernels_profile/)
     custom_allreduce_latency_s: float = 5e-6
@@ -225,6 +232,9 @@ class RooflineCostModel:
         # decodes in place of ``run_cost_values``; None: off
         self.spec_run: Callable[[BatchValues], RunCostValues] | None = None
         self.eff = eff or Efficiencies()
+        # the GPU-to-GPU link's kind in NCCL's tuning model: NVLink (or another direct GPU link)
+        # where it is faster than the GPU's PCIe, else PCI (sim/cost/nccl_tuning.py)
+        self._nccl_link: int = LINK_NVLINK if gpu.nvlink_bw_bytes_per_s > gpu.pcie_bw_bytes_per_s else LINK_PCI
         m, e = model, self.eff
         self.dtype_bytes = weight_dtype_bytes or m.dtype_bytes
         self.kv_dtype_bytes = kv_dtype_bytes or m.dtype_bytes
@@ -363,7 +373,7 @@ class RooflineCostModel:
             gpu = _replace(gpu, bf16_flops_per_s=inf, fp8_flops_per_s=inf, int8_ops_per_s=inf, fp4_flops_per_s=inf,
                            nvlink_bw_bytes_per_s=inf)
         eff = Efficiencies(gemm_compute=1.0, attn_compute=1.0, memory=1.0, link=1.0, allreduce_latency_s=0.0,
-                           custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
+                           nccl_tuning=False, custom_allreduce_latency_s=0.0, kernel_floor_s=0.0)
         nodes = kwargs.get("nodes")
         if nodes is not None:  # the network as the GPU's own links: no latency; unlimited off the "both" bound
             kwargs["nodes"] = _replace(nodes, inter_latency_s=0.0,
@@ -574,10 +584,12 @@ class RooflineCostModel:
                                      self.gpu.full_nvlink)
 
     def _allreduce_s(self, tokens: int, allow_custom: bool = True) -> float:
-        """Two all-reduces of T x hidden activations per layer under TP. A ring all-reduce moves
-        2 (tp-1)/tp of the buffer over each GPU's link (Patarasuk & Yuan 2009; NCCL bus bandwidth);
-        small buffers take vLLM's custom one-/two-shot kernel instead (sim/cost/fit.py) unless
-        ``allow_custom`` is off (NCCL alone, as nccl-tests or torch.distributed measure it)."""
+        """Two all-reduces of T x hidden activations per layer under TP. NCCL within a node costs
+        what NCCL's own tuning model gives for the algorithm x protocol it picks (sim/cost/nccl_tuning.py:
+        a ring moves 2 (tp-1)/tp of the buffer over each GPU's link, Patarasuk & Yuan 2009, after a
+        latency that grows with its 2 (tp-1) steps); small buffers take vLLM's custom one-/two-shot
+        kernel instead (sim/cost/fit.py) unless ``allow_custom`` is off (NCCL alone, as nccl-tests or
+        torch.distributed measure it)."""
         if self.tp == 1:
             return 0.0
         size = tokens * self.model.hidden_size * self.dtype_bytes
@@ -588,6 +600,8 @@ class RooflineCostModel:
                                            nodes.inter_bytes_per_s * self.eff.link, nodes.inter_latency_s)
         elif allow_custom and self._uses_custom_ar(tokens):
             one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
+        elif self.eff.nccl_tuning:
+            one = nccl_allreduce_within_node_s(float(size), self.tp, link, self._nccl_link)
         else:
             one = self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * size / link
         return 2 * self.model.num_layers * one
