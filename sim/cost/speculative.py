@@ -43,9 +43,11 @@ A step's cost (``SpeculativeCost``):
   NOTE: a layer of the draft head is priced as the target's average layer (its GEMMs,
   attention and all-reduce over num_layers) at the draft's context; its weights are not taken
   out of the KV cache, nor the draft model's; the draft passes' host work is not charged.
-  NOTE: KV blocks are held for the accepted tokens (sim/policies/decode_set.py); vLLM V1 also
-  holds the slots of the k drafts and k lookahead slots (vllm/v1/core/sched/scheduler.py
-  num_lookahead_tokens, EAGLE and draft models), up to ceil(2k / block_size) blocks a sequence.
+KV: each decoding sequence holds the blocks of its context plus the slots of the k drafts and
+the drafter's lookahead (``lookahead_tokens``) less its accepted drafts: sim/policies/base.py
+``spec_slots``, held in the decode set's block counts, so KV pressure and preemption see them;
+rejected drafts' slots are written over by the next step's tokens (vLLM never shrinks a running
+request's blocks).
 """
 
 from __future__ import annotations
@@ -77,6 +79,17 @@ def tokens_per_step(cfg) -> float:
 def tokens_per_step_milli(cfg) -> int:
     """E x 1000 as an int (what the decode set counts with: exact integer arithmetic)."""
     return int(round(tokens_per_step(cfg) * 1000))
+
+
+def lookahead_tokens(method: str, num_speculative_tokens: int) -> int:
+    """KV slots vLLM reserves per request past the scheduled tokens, where the drafter writes
+    the KV of its drafts (``VllmConfig.num_lookahead_tokens``): k for the drafters with a KV
+    cache of their own (eagle, eagle3, mtp: vllm 0.11 scheduler.py ``if
+    speculative_config.use_eagle(): self.num_lookahead_tokens = self.num_spec_tokens``; and
+    draft_model: vllm 0.34 v1/worker/gpu/spec_decode/standalone_ar/config.py
+    ``num_lookahead_tokens``), 0 for ngram (speculator_config.py ``SpeculatorConfig``: the
+    n-gram proposer writes no KV)."""
+    return 0 if method == "ngram" else num_speculative_tokens
 
 
 def _gpu_s(ops: dict[str, float], names: tuple[str, ...]) -> float:
