@@ -155,7 +155,8 @@ def offload_lines(dep: Deployment) -> list[str]:
 def speculative_figures(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float]:
     """A decode step of ``batch`` sequences at ``context_tokens`` each, as the run costs it: the
     tokens a step emits per sequence (E), the step without speculative decoding, the target's
-    step verifying k + 1 tokens per sequence, the draft's GPU seconds, and (verify + draft) / E:
+    step verifying k + 1 tokens per sequence, the draft's seconds (GPU passes; ngram: the host
+    scan, ``SpeculativeCost.host_s``), and (verify + draft) / E:
     the time per output token it comes to."""
     spec = getattr(dep.cost, "spec_run", None)
     values = (batch, batch * context_tokens, (), batch, 1, 0, batch)
@@ -166,7 +167,8 @@ def speculative_figures(dep: Deployment, context_tokens: int, batch: int) -> dic
     e = dep.limits.spec_tokens_per_step_milli / 1000
     off = spec.target.run_cost_values(values)[0]
     verify = spec.verify_values(values)[0]
-    draft = spec.draft_s(batch, batch * context_tokens, ())
+    # the proposer: its GPU passes, or (ngram) its host scan of the contexts
+    draft = spec.draft_s(batch, batch * context_tokens, ()) + spec.host_s(batch * context_tokens)
     return {"spec_tokens_per_step": e, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": verify * 1e3,
             "spec_draft_ms": draft * 1e3, "spec_ms_per_token": (verify + draft) / e * 1e3}
 

@@ -38,14 +38,27 @@ A step's cost (``SpeculativeCost``):
   mtp: k passes of the model's multi-token-prediction module, one transformer block and the
   shared output head (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 2.2): priced as
   EAGLE's one layer of the target.
-  ngram: no GPU work (vllm/v1/spec_decode/ngram_proposer.py matches n-grams of the prompt on
-  the host, numba-compiled). NOTE: its host seconds are not charged (no measurement at hand).
+  ngram: no GPU work; host work on the step's critical path (``ngram_host_s``).
   NOTE: a layer of the draft head is priced as the target's average layer (its GEMMs,
   attention and all-reduce over num_layers) at the draft's context; its weights are not taken
-  out of the KV cache, nor the draft model's; the draft passes' host work is not charged.
-  NOTE: KV blocks are held for the accepted tokens (sim/policies/decode_set.py); vLLM V1 also
-  holds the slots of the k drafts and k lookahead slots (vllm/v1/core/sched/scheduler.py
-  num_lookahead_tokens, EAGLE and draft models), up to ceil(2k / block_size) blocks a sequence.
+  out of the KV cache, nor the draft model's; the draft passes' host work (kernel launches) is
+  not charged.
+- the n-gram proposer (ngram): vllm/v1/spec_decode/ngram_proposer.py ``batch_propose_numba``
+  scans each sequence's context once (a KMP over the reversed tokens,
+  ``_find_longest_matched_ngram_and_propose_tokens``) on the host, one numba thread (its
+  ``num_numba_thread_available = min(1, cpu_count // 2) // tp``, at least 1), after the
+  step's sampled tokens reach the host and before the next step can be scheduled with its
+  drafts: serial with the GPU whatever the engine overlaps. Measured: 70.28 ms for 512
+  sequences of 129,536 tokens (66.3M tokens scanned per step; 4x H100 host, 120 vCPU, vLLM
+  main, one thread per rank: github.com/vllm-project/vllm/pull/56732, "Microbenchmark"),
+  1.06 ns per context token; charged as that per token of the decodes' contexts.
+  NOTE: one host's figure, taken as the same on every host (as the engine profiles' CPU
+  terms); the prompts completing in the step propose too and are not counted.
+KV: each decoding sequence holds the blocks of its context plus the slots of the k drafts and
+the drafter's lookahead (``lookahead_tokens``) less its accepted drafts: sim/policies/base.py
+``spec_slots``, held in the decode set's block counts, so KV pressure and preemption see them;
+rejected drafts' slots are written over by the next step's tokens (vLLM never shrinks a running
+request's blocks).
 """
 
 from __future__ import annotations
@@ -77,6 +90,28 @@ def tokens_per_step(cfg) -> float:
 def tokens_per_step_milli(cfg) -> int:
     """E x 1000 as an int (what the decode set counts with: exact integer arithmetic)."""
     return int(round(tokens_per_step(cfg) * 1000))
+
+
+def lookahead_tokens(method: str, num_speculative_tokens: int) -> int:
+    """KV slots vLLM reserves per request past the scheduled tokens, where the drafter writes
+    the KV of its drafts (``VllmConfig.num_lookahead_tokens``): k for the drafters with a KV
+    cache of their own (eagle, eagle3, mtp: vllm 0.11 scheduler.py ``if
+    speculative_config.use_eagle(): self.num_lookahead_tokens = self.num_spec_tokens``; and
+    draft_model: vllm 0.34 v1/worker/gpu/spec_decode/standalone_ar/config.py
+    ``num_lookahead_tokens``), 0 for ngram (speculator_config.py ``SpeculatorConfig``: the
+    n-gram proposer writes no KV)."""
+    return 0 if method == "ngram" else num_speculative_tokens
+
+
+# seconds of the n-gram proposer per context token scanned: 70.28 ms / (512 x 129,536 tokens)
+# (github.com/vllm-project/vllm/pull/56732, vLLM main, one numba thread; module docstring)
+NGRAM_S_PER_CONTEXT_TOKEN = 70.28e-3 / (512 * 129_536)
+
+
+def ngram_host_s(context_tokens: int) -> float:
+    """Host seconds of the n-gram proposer over decodes holding ``context_tokens`` in all: one
+    scan of each context (module docstring)."""
+    return NGRAM_S_PER_CONTEXT_TOKEN * context_tokens
 
 
 def _gpu_s(ops: dict[str, float], names: tuple[str, ...]) -> float:
@@ -119,8 +154,13 @@ class SpeculativeCost:
         return (_gpu_s(first, _LAYER_OPS) / L + _gpu_s(first, _HEAD_OPS)
                 + (k - 1) * (_gpu_s(rest, _LAYER_OPS) / L + _gpu_s(rest, _HEAD_OPS)))
 
+    def host_s(self, ctx: int) -> float:
+        """Host seconds of the proposer on the step's critical path, ``ctx`` the decodes'
+        total context (ngram's scan; the other methods draft on the GPU: ``draft_s``)."""
+        return ngram_host_s(ctx) if self.method == "ngram" else 0.0
+
     def __call__(self, b):
         """``RunCostValues`` of one speculative step of batch values ``b``."""
         v = self.verify_values(b)
-        s = v[0] + self.draft_s(b[0], b[1], b[2])
+        s = v[0] + self.draft_s(b[0], b[1], b[2]) + self.host_s(b[1])
         return s, s, 1, v[3], v[4], 0.0, v[6]

@@ -113,13 +113,14 @@ def _spec_limits(e, model: ModelSpec) -> dict[str, int]:
     sc = e.speculative_config
     if sc is None:
         return {}
-    from sim.cost.speculative import tokens_per_step_milli
+    from sim.cost.speculative import lookahead_tokens, tokens_per_step_milli
 
     if model.num_sliding_layers:
         raise UserError(f"engine.speculative_config: {model.name} has sliding-window layers; speculative decoding "
                         "is modelled for full-attention KV only")
     return {"num_speculative_tokens": sc.num_speculative_tokens,
-            "spec_tokens_per_step_milli": tokens_per_step_milli(sc)}
+            "spec_tokens_per_step_milli": tokens_per_step_milli(sc),
+            "num_lookahead_tokens": lookahead_tokens(sc.method, sc.num_speculative_tokens)}
 
 
 def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = None,

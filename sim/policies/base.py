@@ -59,6 +59,28 @@ def settle_max_tokens(req: Request, max_model_len: int) -> str:
     return ""
 
 
+def spec_slots(limits: EngineLimits) -> int:
+    """KV slots a decoding sequence holds past its context (the tokens whose KV is computed)
+    under speculative decoding: the k draft slots and the drafter's lookahead L, less the
+    accepted drafts that become context.
+
+    vLLM V1 schedules a decode at context m with 1 + k new tokens and reserves L lookahead slots
+    past them (vllm/v1/core/sched/scheduler.py ``schedule``: ``allocate_slots(request,
+    num_new_tokens, num_lookahead_tokens=self.num_lookahead_tokens)``; kv_cache_manager.py
+    ``allocate_slots``: blocks for ``num_computed + num_new + num_lookahead`` slots), so in that
+    step the sequence holds blocks for m + 1 + k + L slots. Blocks are never shrunk while it
+    runs: the slots of rejected drafts and the lookahead are written over by the next step's
+    tokens (the scheduler rolls ``num_computed_tokens`` back by the rejected count,
+    ``update_from_output``), so what a sequence holds grows only with its accepted tokens. A step
+    here emits t in {floor(E), ceil(E)} tokens and opens the blocks of its positions m .. m + t - 1
+    shifted by this count D; D = k + L + 1 - ceil(E) gives m + 1 + k + L on the steps that
+    emit ceil(E) tokens (exact) and one slot fewer on those emitting floor(E).
+    NOTE: the one-slot shortfall on floor(E) steps is the price of one phase per sequence
+    (sim/policies/decode_set.py keeps the set's KV as aggregates over phases)."""
+    ceil_e = -(-limits.spec_tokens_per_step_milli // 1000)
+    return limits.num_speculative_tokens + limits.num_lookahead_tokens + 1 - ceil_e
+
+
 def stop_at_max_tokens(req: Request) -> None:
     """An end of sequence past ``max_tokens`` is never reached: the request stops there,
     completed with ``fail_reason`` ``length``."""
@@ -102,6 +124,10 @@ class EngineLimits:
     # verified per decode step (0: off) and the expected tokens emitted per step x 1000
     num_speculative_tokens: int = 0
     spec_tokens_per_step_milli: int = 0
+    # KV slots reserved past the scheduled tokens for the drafter (vLLM
+    # ``VllmConfig.num_lookahead_tokens``: k for eagle, eagle3, mtp and draft_model, 0 for ngram;
+    # sim/engine/deployment.py ``_spec_limits``)
+    num_lookahead_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -258,6 +284,7 @@ class Scheduler:
         self.prefilling: dict[int, Request] = {}  # running requests still in (re)prefill
         self.decode = DecodeSet(kv)
         self.decode.spec_milli = limits.spec_tokens_per_step_milli  # (0: one token a step)
+        self.decode.spec_slots = self._spec_slots  # (the limits setter ran above)
         self._kv_windows = not kv.groups.plain  # sliding-window (or several) KV groups
         self.incoming = 0  # requests routed here whose KV is still in transit
         self.num_preemptions = 0
@@ -327,6 +354,8 @@ class Scheduler:
         # a sequence's last step may compute up to ceil(E) - 1 tokens past its end (its KV held
         # until it leaves the set): what a request may hold at its longest grows by that
         self._spec_overshoot = -(-limits.spec_tokens_per_step_milli // 1000) - 1 if self._spec else 0
+        # KV slots a sequence holds past its context under speculative decoding (``spec_slots``)
+        self._spec_slots = spec_slots(limits) if self._spec else 0
 
     # -- queue ----------------------------------------------------------------------------------
     def admission_error(self, req: Request) -> str:
@@ -359,7 +388,7 @@ class Scheduler:
         """KV blocks a request of ``total`` tokens holds at its longest (its last token's KV is
         never computed)."""
         kv = self.kv
-        need = kv.blocks_for(total - 1 + self._spec_overshoot)
+        need = kv.blocks_for(total - 1 + self._spec_overshoot + self._spec_slots)
         if not kv.groups.plain:  # a chunk holds its blocks and the sliding window's before it
             longest = min(total - 1, self._limits.max_num_batched_tokens + kv.groups.window + kv.block_size)
             need = max(need, kv.blocks_for(longest, 0))
@@ -618,7 +647,7 @@ class Scheduler:
                 n = left
             if n <= 0:
                 break
-            new = kv.chunk_blocks(req, computed + n, computed)
+            new = kv.chunk_blocks(req, self._slots_to(req, computed + n), computed)
             chunks.append((req, n, new))
             left -= n
             if new > 0:
@@ -635,13 +664,25 @@ class Scheduler:
         thr = self._threshold
         return thr if 0 < thr < n else n
 
+    def _slots_to(self, req: Request, end: int) -> int:
+        """The KV slots a prompt's chunk ending at token ``end`` allocates: ``end``, and under
+        speculative decoding for the chunk that completes the prompt the ``spec_slots`` its
+        first decode step holds past its context.
+        NOTE: vLLM reserves the lookahead L on every chunk and the k draft slots at the first
+        decode step (``spec_slots``); here the last chunk takes both, at most one block a
+        request one step early, so that a sequence joins the decode set holding them
+        (``DecodeSet.add``)."""
+        if self._spec_slots and end >= req.prefill_target:
+            return end + self._spec_slots
+        return end
+
     def _run_chunk(self, plan: StepPlan, req: Request, n: int, new: int | None = None) -> None:
         """Give running prompt ``req`` a chunk of ``n`` tokens this step: its KV blocks (published
         to the prefix cache as computed) and its place in the plan. ``new``: the blocks it
         gains, when known (``kv.chunk_blocks``)."""
         computed = req.num_computed
         if new is None:
-            self.kv.allocate(req, computed + n, computed=computed)
+            self.kv.allocate(req, self._slots_to(req, computed + n), computed=computed)
         else:
             self.kv.grow(req, new)
         self.kv.cache(req, computed + n)
@@ -670,7 +711,7 @@ class Scheduler:
                     need = ds.blocks_at_next_step(req)  # its blocks are full
             elif req.key in self.prefilling:
                 n = min(self._chunk_tokens(req.prefill_target - req.num_computed), budget)
-                need = kv.chunk_blocks(req, req.num_computed + n, req.num_computed)  # may be < 0
+                need = kv.chunk_blocks(req, self._slots_to(req, req.num_computed + n), req.num_computed)  # may be < 0
             else:
                 i += 1
                 continue
@@ -771,10 +812,11 @@ class Scheduler:
         n = req.prompt_tokens + req.num_generated - 1
         # the tokens its first decode step computes (speculative decoding: the step's accepted)
         d = ds.spec_step_tokens() if self._spec else 1
-        if kv.blocks_of(req, n + d) > kv.num_free:
+        slots = n + self._spec_slots  # what it holds in the decode set (``spec_slots``)
+        if kv.blocks_of(req, slots + d) > kv.num_free:
             plan.kv_blocked = True
             return False
-        kv.allocate(req, n)
+        kv.allocate(req, slots)
         kv.cache(req, n)
         self.waiting.popleft()
         req.kv_ready = False
@@ -785,7 +827,7 @@ class Scheduler:
         self._on_kv_admitted(req, now)
         self.running[req.key] = req
         ds.add(req)
-        opened = kv.blocks_of(req, n + d) - kv.blocks_of(req, n)
+        opened = kv.blocks_of(req, slots + d) - kv.blocks_of(req, slots)
         if opened:  # its first decode step opens a block (or more)
             kv.allocate_blocks(opened)
             plan.decode_blocks += opened
@@ -830,7 +872,7 @@ class Scheduler:
         if self._v034 and not kv.fits_whole(req, req.prefill_target, hits, own):
             plan.kv_blocked = True  # vLLM 0.34: its whole sequence's blocks must be free
             return 0
-        if not kv.allocate(req, start + n, hits, own, computed=start):
+        if not kv.allocate(req, self._slots_to(req, start + n), hits, own, computed=start):
             plan.kv_blocked = True
             return 0
         if no_evict:

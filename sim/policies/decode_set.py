@@ -90,16 +90,22 @@ class DecodeSet:
         # everything above, kept per token, holds unchanged.
         self.spec_milli = 0
         self.engine_steps = 0
+        # KV slots each sequence holds past its context: the draft slots and the drafter's
+        # lookahead (sim/policies/base.py ``spec_slots``; 0 without speculative decoding). A
+        # sequence's blocks are those of context + spec_slots tokens, so its phase, and every
+        # block count from it, is taken at that position.
+        self.spec_slots = 0
         if kv.prefix_caching:
             kv.before_lookup = self.publish_between_steps
 
     # -- membership ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
-        """``req`` just emitted token ``num_generated`` at the end of a prefill."""
+        """``req`` just emitted token ``num_generated`` at the end of a prefill, holding the
+        blocks of its context and ``spec_slots`` more (the scheduler allocated them)."""
         n = req.prompt_tokens + req.num_generated - 1
         req.g_join = req.num_generated
         req.step_join = self.steps
-        req.phase = (n - self.steps) % self.block_size
+        req.phase = (n + self.spec_slots - self.steps) % self.block_size
         req.in_decode = True
         self.num_seqs += 1
         self.context_tokens += n
@@ -123,7 +129,7 @@ class DecodeSet:
         g = req.g_join + (self.steps - req.step_join)
         n = req.prompt_tokens + g - 1
         req.num_generated = g
-        self.kv.from_decode(req, n)
+        self.kv.from_decode(req, n + self.spec_slots)
         if self.pub_heap and req.prefix_keys:
             # its blocks full by its last step (n tokens: V1 cached them when it scheduled it)
             self.kv.cache(req, n)
