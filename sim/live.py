@@ -64,6 +64,7 @@ class LiveSimulation:
         self._at_frontend: dict[int, tuple[float, int, int, int, int]] = {}
         # id -> abort time of those aborted while the front end held them (``abort``)
         self._frontend_aborts: dict[int, float] = {}
+        self._aborts_sent: set[int] = set()  # ids aborted (``abort``), ended or not yet
         self._next_id = 0
         self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
                                on_end=self._ended, admission=AdmissionControl.of(scenario.admission_control))
@@ -173,15 +174,16 @@ class LiveSimulation:
         if t_s < self.now_s:
             raise ValueError(f"abort at {t_s} s, before the simulated clock's {self.now_s} s")
         self.run_until(t_s)
-        if request_id in self._at_frontend:
-            if request_id in self._frontend_aborts:
-                return False
-            self._frontend_aborts[request_id] = t_s
-            return True
-        req = self._in_flight.get(request_id)
-        if req is None:
+        if request_id in self._aborts_sent:
             return False
-        self._sim.abort(req)
+        if request_id in self._at_frontend:
+            self._frontend_aborts[request_id] = t_s
+        else:
+            req = self._in_flight.get(request_id)
+            if req is None:
+                return False
+            self._sim.abort(req)
+        self._aborts_sent.add(request_id)
         return True
 
     @property
