@@ -162,6 +162,12 @@ class LiveSimulation:
         if req.status not in ("completed", "failed", "rejected", ABORTED):  # (ended at the door already)
             self._in_flight[req.request_id] = req
 
+    @property
+    def can_abort(self) -> bool:
+        """Whether ``abort`` is modelled for this deployment's topology (colocated replicas; not
+        disaggregated prefill/decode pools nor data-parallel groups)."""
+        return hasattr(self._sim.topology, "abort")
+
     def abort(self, request_id: int, t_s: float) -> bool:
         """Request ``request_id``'s client aborts it at simulated time ``t_s`` (not before the
         clock: the run goes on to ``t_s`` first). Held by the API server still, it ends as

@@ -353,3 +353,18 @@ def test_serve_aborts_a_request_whose_client_goes_away(tmp_path):
                     "-q"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert pl.read_parquet(replay / "requests.parquet").equals(served)
     assert pl.read_parquet(replay / "steps.parquet").equals(pl.read_parquet(out / "steps.parquet"))
+
+
+def test_aborts_under_disaggregation_are_refused_in_one_line(tmp_path):
+    """Not modelled there yet: a trace's abort_s is an error (not silently ignored), and a
+    live server serves the request to its end (``LiveSimulation.can_abort``)."""
+    path = _write_trace(tmp_path / "t.parquet", [0.0, 0.5], [500, 500], [50, 50], [np.nan, 0.6])
+    s = scenario_from_dict({
+        "name": "pd", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}, "cluster": {"replicas": 2},
+        "engine": {"policy": "disaggregated"},
+        "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                           "kv_transfer": {"bandwidth_gb_per_s": 50, "latency_ms": 0.05}},
+        "workload": {"trace": {"path": str(path), "format": "normalized"}}})
+    with pytest.raises(UserError, match="colocated replicas only"):
+        run_scenario(s)
+    assert not LiveSimulation(s).can_abort

@@ -19,7 +19,7 @@ as ``_send`` sends one whose time has come.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from sim.core.request import ABORT_REASON, ABORTED, Request
 from sim.engine.calls import Call
@@ -27,7 +27,7 @@ from sim.engine.clock import URGENT, Clock
 from sim.engine.simpy_clock import ClockEnvironment
 from sim.workload.arrays import RequestArrays
 
-NO_ABORT = float("nan")  # a request's abort time when its client does not abort it
+NO_ABORT: Final = float("nan")  # a request's abort time when its client does not abort it
 ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a whole chunk)
 
 # a wait for a free client (max_concurrency): none, waiting, woken (the wake-up is queued)

@@ -65,8 +65,10 @@ class LiveView:
     def abort(self, rid: int, t_s: float) -> None:
         """Request ``rid``'s client went away at simulated time ``t_s`` (the simulation's
         present or later): the simulation aborts it (``LiveSimulation.abort``) and the time is
-        recorded with its arrival, so that ``simsrv run`` replays the abort."""
-        if self.sim.abort(rid, t_s):
+        recorded with its arrival, so that ``simsrv run`` replays the abort. Where aborts are not
+        modelled (``LiveSimulation.can_abort``: disaggregated or data-parallel deployments) the
+        request is served to its end, as before aborts were modelled (README, "simsrv serve")."""
+        if self.sim.can_abort and self.sim.abort(rid, t_s):
             self._abort_s[rid] = t_s
 
     def recorded(self) -> tuple[list[float], list[int], list[int], list[int], list[int], list[float]]:
