@@ -201,7 +201,8 @@ class LiveSimulation:
 
     def finish(self, reason: str = IN_FLIGHT_AT_FINISH) -> RunResult:
         """End the run now: each request still in flight is counted failed (with ``reason``) at
-        the clock's time; the result of the run so far."""
+        the clock's time, or aborted if its client aborted it (``abort``); the result of the run
+        so far."""
         self._check_open()
         self._finished = True
         now = self.now_s
@@ -213,6 +214,9 @@ class LiveSimulation:
             aborted_s = self._frontend_aborts.get(req.request_id)
             if aborted_s is not None:  # aborted while the front end held it: as it would end (``_enter``)
                 req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, aborted_s
+                continue
+            if req.request_id in self._aborts_sent:  # aborted, its replica's next step boundary not yet come
+                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, now
                 continue
             req.status, req.fail_reason, req.finish_s = "failed", reason, now
         self._frontend_aborts.clear()

@@ -368,3 +368,22 @@ def test_aborts_under_disaggregation_are_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match="colocated replicas only"):
         run_scenario(s)
     assert not LiveSimulation(s).can_abort
+
+
+def test_an_abort_pending_at_finish_ends_aborted(trace):
+    """Aborted during a step that the run's finish cuts short: aborted, not failed."""
+    live = LiveSimulation(_scenario(trace))
+    live.inject(2000, 50)
+    live.run_until(1e-4)  # (its first chunk is in flight)
+    live.abort(0, live.now_s)
+    assert live.finish().requests["status"].to_list() == [ABORTED]
+
+
+def test_csv_trace_abort_column_with_empty_fields(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens,abort_s\n0,100,500,0.3\n0.1,100,20,\n")
+    result = run_scenario(_scenario(path))
+    assert result.requests["status"].to_list() == [ABORTED, "completed"]
+    path.write_text("arrival_s,input_tokens,output_tokens,abort_s\n0,100,500,0.3\n0.2,100,20,0.1\n")
+    with pytest.raises(UserError, match=r"t.csv: line 3: column abort_s"):
+        run_scenario(_scenario(path))
