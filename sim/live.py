@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.request import Request
+from sim.core.request import ABORT_REASON, ABORTED, Request
 from sim.engine.admission_control import AdmissionControl
+from sim.engine.arrivals import NO_ABORT
 from sim.engine.calls import Call
 from sim.engine.cluster import Replica, Simulation
 from sim.engine.columns import ColumnBuffer
@@ -61,6 +62,9 @@ class LiveSimulation:
         self._spent_in = ColumnBuffer(("frontend_in_s",)) if self._frontend is not None else None
         # id -> (entry time, prompt, output, max_tokens, priority) of those the front end still holds
         self._at_frontend: dict[int, tuple[float, int, int, int, int]] = {}
+        # id -> abort time of those aborted while the front end held them (``abort``)
+        self._frontend_aborts: dict[int, float] = {}
+        self._aborts_sent: set[int] = set()  # ids aborted (``abort``), ended or not yet
         self._next_id = 0
         self._sim = Simulation([], topology=self._layout.build(max_run_steps), results=self._results,
                                on_end=self._ended, admission=AdmissionControl.of(scenario.admission_control))
@@ -88,8 +92,8 @@ class LiveSimulation:
 
     @property
     def num_at_frontend(self) -> int:
-        """Requests injected that the API server has not yet handed to the engine."""
-        return len(self._at_frontend)
+        """Requests injected that the API server has not yet handed to the engine (nor aborted)."""
+        return len(self._at_frontend) - len(self._frontend_aborts)
 
     def request(self, request_id: int) -> Request | None:
         """The request with this id while it is in flight (None once it has ended)."""
@@ -147,12 +151,46 @@ class LiveSimulation:
 
     def _enter(self, input_tokens: int, output_tokens: int, hash_ids: Any, hash_block_size: int,
                max_tokens: int, priority: int) -> None:
-        """A request reaches the engine now (through admission control, where configured)."""
-        req = self._sim.arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
-                                        priority)
+        """A request reaches the engine now (through admission control, where configured); one
+        aborted while the API server held it ends as aborted here instead (``abort``), as a
+        replayed one does (sim/engine/arrivals.py)."""
+        arrivals = self._sim.arrivals
+        aborted_s = self._frontend_aborts.pop(arrivals.sent, NO_ABORT)  # (the front end keeps their order)
+        req = arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens, priority,
+                              aborted_s)
         self._at_frontend.pop(req.request_id, None)
-        if req.status not in ("completed", "failed", "rejected"):  # (failed or rejected at the door: ended already)
+        if req.status not in ("completed", "failed", "rejected", ABORTED):  # (ended at the door already)
             self._in_flight[req.request_id] = req
+
+    @property
+    def can_abort(self) -> bool:
+        """Whether ``abort`` is modelled for this deployment's topology (colocated replicas; not
+        disaggregated prefill/decode pools nor data-parallel groups)."""
+        return hasattr(self._sim.topology, "abort")
+
+    def abort(self, request_id: int, t_s: float) -> bool:
+        """Request ``request_id``'s client aborts it at simulated time ``t_s`` (not before the
+        clock: the run goes on to ``t_s`` first). Held by the API server still, it ends as
+        aborted when the front end would have handed it over (its abort time its finish); in
+        the engine, it ends at the replica's next step boundary (sim/engine/cluster.py
+        ``Replica.abort``: vLLM's engine core takes aborts between steps), its KV freed.
+        A trace's ``abort_s`` column replays it (``simsrv run``) to the same results. False if
+        the request has ended already (or was aborted before)."""
+        self._check_open()
+        if t_s < self.now_s:
+            raise ValueError(f"abort at {t_s} s, before the simulated clock's {self.now_s} s")
+        self.run_until(t_s)
+        if request_id in self._aborts_sent:
+            return False
+        if request_id in self._at_frontend:
+            self._frontend_aborts[request_id] = t_s
+        else:
+            req = self._in_flight.get(request_id)
+            if req is None:
+                return False
+            self._sim.abort(req)
+        self._aborts_sent.add(request_id)
+        return True
 
     @property
     def frontend_out_s(self) -> float:
@@ -163,7 +201,8 @@ class LiveSimulation:
 
     def finish(self, reason: str = IN_FLIGHT_AT_FINISH) -> RunResult:
         """End the run now: each request still in flight is counted failed (with ``reason``) at
-        the clock's time; the result of the run so far."""
+        the clock's time, or aborted if its client aborted it (``abort``); the result of the run
+        so far."""
         self._check_open()
         self._finished = True
         now = self.now_s
@@ -172,7 +211,15 @@ class LiveSimulation:
         self._at_frontend.clear()
         left = [self._in_flight[k] for k in sorted(self._in_flight)]
         for req in left:
+            aborted_s = self._frontend_aborts.get(req.request_id)
+            if aborted_s is not None:  # aborted while the front end held it: as it would end (``_enter``)
+                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, aborted_s
+                continue
+            if req.request_id in self._aborts_sent:  # aborted, its replica's next step boundary not yet come
+                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, now
+                continue
             req.status, req.fail_reason, req.finish_s = "failed", reason, now
+        self._frontend_aborts.clear()
         self._in_flight.clear()
         if left:
             self._results.add(left)

@@ -20,7 +20,7 @@ from sim.workload.arrays import RequestArrays
 class ProcessArrivals:
     """The arrival process as a SimPy generator process (the code before the callbacks)."""
 
-    def __init__(self, env, chunks, submit, requests, max_concurrency=None):
+    def __init__(self, env, chunks, submit, requests, max_concurrency=None, abort=None, aborted_unsent=None):
         self.env, self.requests, self.sent = env, requests, 0
         self.free = max_concurrency if max_concurrency is not None else -1
         self._gated = max_concurrency is not None

@@ -114,7 +114,8 @@ def run_command(scenario: Path, policy: Optional[str], chunk: Optional[int], set
     out_console.print(_summary_table(summary))
     out_console.print(
         f"completed {summary['completed']:,} / {summary['num_prompts']:,} (failed {summary['failed']:,}"
-        + (f", rejected {summary['simsrv_rejected']:,}" if summary.get("simsrv_rejected") else "") + ")  "
+        + (f", rejected {summary['simsrv_rejected']:,}" if summary.get("simsrv_rejected") else "")
+        + (f", aborted {summary['simsrv_aborted']:,}" if summary.get("simsrv_aborted") else "") + ")  "
         f"duration {summary['duration']:,.1f} s  throughput {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:,.0f} output tok/s, {summary['total_token_throughput']:,.0f} tok/s"
     )

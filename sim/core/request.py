@@ -14,6 +14,11 @@ from typing import Any, Final
 
 NAN: Final = math.nan  # (Final: compiled, a constant, not a look-up in the module's dict)
 
+# an aborted request's status and reason (its client disconnected or gave up: vLLM's
+# RequestStatus.FINISHED_ABORTED, finish reason "abort"): counted apart from failures
+ABORTED: Final = "aborted"
+ABORT_REASON: Final = "abort"
+
 
 class Request:
     """One request. Times are simulated seconds; ``nan`` means "not yet"."""
@@ -57,7 +62,7 @@ class Request:
         self.max_tokens = max_tokens
         self.priority = priority
         # lifecycle
-        self.status = "waiting"     # waiting | running | completed | failed | rejected
+        self.status = "waiting"     # waiting | running | completed | failed | rejected | aborted
         self.fail_reason = ""
         self.replica = -1
         self.num_preemptions = 0

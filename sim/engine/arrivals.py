@@ -19,14 +19,15 @@ as ``_send`` sends one whose time has come.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
-from sim.core.request import Request
+from sim.core.request import ABORT_REASON, ABORTED, Request
 from sim.engine.calls import Call
-from sim.engine.clock import URGENT
+from sim.engine.clock import URGENT, Clock
 from sim.engine.simpy_clock import ClockEnvironment
 from sim.workload.arrays import RequestArrays
 
+NO_ABORT: Final = float("nan")  # a request's abort time when its client does not abort it
 ARRIVAL_SLICE = 1 << 16  # arrivals turned into Python numbers at a time (not a whole chunk)
 
 # a wait for a free client (max_concurrency): none, waiting, woken (the wake-up is queued)
@@ -34,15 +35,16 @@ _NO_WAIT, _WAITING, _WOKEN = 0, 1, 2
 
 
 # a slice: (arrival seconds, prompt tokens, output tokens, hash ids or None, offset, hash block
-# size, max_tokens or None: none sent, priorities or None: all 0); typed: compiled
-# (sim/compiled_core.py), its lists' items are read natively, not by a generic subscript of an object
-_Slice = tuple[list[float], list[int], list[int], Any, int, int, Any, Any]
+# size, max_tokens or None: none sent, priorities or None: all 0, abort times or None: none
+# aborted); typed: compiled (sim/compiled_core.py), its lists' items are read natively, not by a
+# generic subscript of an object
+_Slice = tuple[list[float], list[int], list[int], Any, int, int, Any, Any, Any]
 
 
 def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
     """Consecutive slices of the workload as Python lists: (arrival seconds, prompt tokens,
     output tokens, the chunk's hash ids or None, the slice's offset in its chunk, hash block size,
-    max_tokens or None, priorities or None).
+    max_tokens or None, priorities or None, abort times or None).
     A stream is read only when the previous chunk's last request has been sent."""
     for chunk in chunks:
         for lo in range(0, len(chunk), ARRIVAL_SLICE):
@@ -51,19 +53,28 @@ def _slices(chunks: Iterable[RequestArrays]) -> Iterator[_Slice]:
                    chunk.output_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
                    chunk.hash_ids, lo, chunk.hash_block_size,
                    None if chunk.max_tokens is None else chunk.max_tokens[lo:lo + ARRIVAL_SLICE].tolist(),
-                   None if chunk.priority is None else chunk.priority[lo:lo + ARRIVAL_SLICE].tolist())
+                   None if chunk.priority is None else chunk.priority[lo:lo + ARRIVAL_SLICE].tolist(),
+                   None if chunk.abort_s is None else chunk.abort_s[lo:lo + ARRIVAL_SLICE].tolist())
 
 
 class Arrivals:
     """Sends the workload's requests to ``submit`` at their times, numbered from 0 in order;
     each one sent is appended to ``requests`` (unless None). ``sent`` counts them. With
-    ``max_concurrency``, ``release(n)`` returns n clients (their requests ended)."""
+    ``max_concurrency``, ``release(n)`` returns n clients (their requests ended).
+    A request with an abort time (``RequestArrays.abort_s``: its client gives up then) is
+    aborted at that time (``abort(req)``, an event at that time to the bit); one whose abort
+    time is before its own arrival here (aborted while the API server held it, sim/engine/
+    frontend.py) is numbered, ended as aborted and handed to ``aborted_unsent``, not sent."""
 
     def __init__(self, env: ClockEnvironment, chunks: Iterable[RequestArrays], submit: Callable[[Request], None],
-                 requests: list[Request] | None, max_concurrency: int | None = None):
+                 requests: list[Request] | None, max_concurrency: int | None = None,
+                 abort: Callable[[Request], None] | None = None,
+                 aborted_unsent: Callable[[Request], None] | None = None):
         self.env = env
         self.clock = clock = env.clock
         self._submit = submit
+        self._abort = abort
+        self._aborted_unsent = aborted_unsent
         self.requests = requests
         self.sent = 0
         self.free = max_concurrency if max_concurrency is not None else -1  # -1: open loop
@@ -71,7 +82,7 @@ class Arrivals:
         self._wait = _NO_WAIT
         self._slices = _slices(chunks)
         # the slice being sent (``_slices``) and the index in it of the next request
-        self._slice: _Slice = ([], [], [], None, 0, 16, None, None)
+        self._slice: _Slice = ([], [], [], None, 0, 16, None, None, None)
         self._j = 0
         self._timer = Call(clock, self._time_reached)  # the wait for the next arrival time (one at a time)
         Call(clock, self._start).at(0.0, URGENT)  # as a process starts (Initialize)
@@ -98,7 +109,7 @@ class Arrivals:
         with ``max_concurrency``, a free client) or the workload ends. ``reached``: the next
         one's arrival time has come (the wait for it just ended: its time is not compared
         with the clock again, as the process went on after its timeout). ``now``: the clock."""
-        arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority = self._slice
+        arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority, abort = self._slice
         j = self._j
         t: float  # (typed: compiled, sim/compiled_core.py, the clock's comparisons are native)
         while True:
@@ -107,7 +118,7 @@ class Arrivals:
                 if nxt is None:
                     return  # every request sent (the process's end)
                 self._slice = nxt
-                arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority = nxt
+                arrival, inp, out, hash_ids, lo, block_size, max_tokens, priority, abort = nxt
                 j = 0
             t = arrival[j]
             if not reached:
@@ -124,19 +135,23 @@ class Arrivals:
                 self.free -= 1
                 t = now  # sent now
             self._emit(t, inp[j], out[j], None if hash_ids is None else hash_ids[lo + j], block_size,
-                       0 if max_tokens is None else max_tokens[j], 0 if priority is None else priority[j])
+                       0 if max_tokens is None else max_tokens[j], 0 if priority is None else priority[j],
+                       NO_ABORT if abort is None else abort[j])
             j += 1
 
     def inject(self, prompt_tokens: int, output_tokens: int, hash_ids: Any = None,
-               hash_block_size: int = 16, max_tokens: int = 0, priority: int = 0) -> Request:
+               hash_block_size: int = 16, max_tokens: int = 0, priority: int = 0,
+               aborted_s: float = NO_ABORT) -> Request:
         """Send one request now (the clock's time), numbered next: a live run's arrival
-        (``max_tokens`` 0: the client sent none)."""
+        (``max_tokens`` 0: the client sent none). ``aborted_s``: when its client aborted it,
+        before now (the API server held it meanwhile: sim/live.py), or ``NO_ABORT``."""
         return self._emit(self.clock.now_s, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
-                          priority)
+                          priority, aborted_s)
 
     def _emit(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
-              hash_block_size: int, max_tokens: int, priority: int) -> Request:
-        """Send a request arriving at ``t`` (now) to the topology."""
+              hash_block_size: int, max_tokens: int, priority: int, abort_s: float) -> Request:
+        """Send a request arriving at ``t`` (now) to the topology; its abort at ``abort_s``
+        (``NO_ABORT``: none) is due then, or it ended before it came here."""
         req = Request(self.sent, t, prompt_tokens, output_tokens, max_tokens, priority)
         if hash_ids is not None:
             req.hash_ids = hash_ids
@@ -144,5 +159,27 @@ class Arrivals:
         if self.requests is not None:
             self.requests.append(req)
         self.sent += 1
+        if abort_s == abort_s:  # (NaN: no abort)
+            if abort_s < t:  # aborted while the API server held it: never sent on
+                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, abort_s
+                if self._aborted_unsent is not None:
+                    self._aborted_unsent(req)
+                return req
+            self._submit(req)
+            if self._abort is not None:
+                _AbortAt(self.clock, req, self._abort).at_time(abort_s)
+            return req
         self._submit(req)
         return req
+
+
+class _AbortAt(Call):
+    """The event of a request's abort by its client, at its time: calls ``abort(req)``."""
+
+    def __init__(self, clock: Clock, req: Request, abort: Callable[[Request], None]):
+        super().__init__(clock, self._fire_abort)
+        self.req = req
+        self.abort = abort
+
+    def _fire_abort(self, _event: Call) -> None:
+        self.abort(self.req)

@@ -44,6 +44,18 @@ class Call(Scheduled):
         self.clock.schedule(self, now + delay_s, priority)
         return self
 
+    def at_time(self, t_s: float, priority: int = NORMAL) -> Call:
+        """Schedule it at the absolute time ``t_s`` (not before the clock's time): a time
+        given to the bit (a recorded abort, sim/engine/arrivals.py), which ``now + (t_s - now)``
+        may miss by a rounding."""
+        if t_s < self.clock.now_s:
+            raise ValueError(f"a Call scheduled at {t_s}, before the clock's {self.clock.now_s}")
+        if self.pending:
+            raise RuntimeError("a Call scheduled again while pending")
+        self.pending = True
+        self.clock.schedule(self, t_s, priority)
+        return self
+
     def fire(self) -> None:
         self.pending = False
         if not self.abandoned:

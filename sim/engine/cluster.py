@@ -24,7 +24,7 @@ from sim.engine.clock import URGENT
 from sim.core.batch import Batch, BatchValues
 from sim.cost.roofline import RooflineCostModel, RunCostValues
 from sim.cost.runs import RunCost, run_sum_s
-from sim.errors import SimulationStalled
+from sim.errors import SimulationStalled, UserError
 from sim.policies.base import Scheduler, StepPlan
 from sim.engine.admission_control import REJECTED, reject
 from sim.engine.arrivals import Arrivals
@@ -32,7 +32,7 @@ from sim.engine.calls import Call
 from sim.engine.simpy_clock import ClockEnvironment
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
-from sim.core.request import Request
+from sim.core.request import ABORTED, Request
 from sim.engine.router import RouterFn, least_outstanding
 from sim.core.ttft import SoloPrefill, TTFTAccounting
 from sim.workload.arrays import RequestArrays
@@ -149,6 +149,7 @@ class Replica:
         self._in_step = False  # a step (or run) planned by ``_plan_at`` is in flight
         self._block: _BlockState | None = None
         self.last_step_s = 0.0  # duration of the step (or run) that ended last
+        self._aborts: list[Request] = []  # aborted by their clients, ended at the next boundary (``abort``)
         Call(clock, self._plan).at(0.0, URGENT)  # the loop starts as a process would (Initialize)
 
     def submit(self, req: Request) -> None:
@@ -159,6 +160,28 @@ class Replica:
             return
         self.ttft.on_arrival(req, now)
         self._notify_at(now)
+
+    def abort(self, req: Request) -> None:
+        """``req``'s client aborted it now: it ends (``Scheduler.abort``) at the next step
+        boundary, before the next plan, as vLLM's engine core handles an abort between two
+        steps (vllm/v1/engine/core.py ``run_busy_loop``: ``_process_input_queue``, then
+        ``_process_engine_step``). An idle replica plans again now; a fast-forwarded run is cut
+        at the boundary of the step running now, as an arrival cuts it; a single step (or a
+        multi-step block) runs to its end."""
+        self._aborts.append(req)
+        self._notify_at(self.clock.now_s)
+
+    def _end_aborted(self, now: float) -> None:
+        """The aborts received since the last boundary: their requests end now (those that
+        ended meanwhile are left as they ended)."""
+        aborts = self._aborts
+        self._aborts = []
+        ended: list[Request] = []
+        for req in aborts:
+            if self.scheduler.abort(req, now):
+                ended.append(req)
+        if ended:
+            self.on_finish(ended)
 
     def notify(self) -> None:
         """Something changed (a request arrived, KV was freed): re-plan at the next boundary."""
@@ -182,6 +205,8 @@ class Replica:
     def _plan_at(self, now: float) -> None:
         """The loop's top: plan a step at ``now`` (the clock's time) and start it, or stay idle
         until ``notify``."""
+        if self._aborts:
+            self._end_aborted(now)
         sched = self.scheduler
         plan = sched.schedule(now)
         self.ttft.on_schedule(plan, now)
@@ -391,8 +416,16 @@ class Colocated:
             i = self.router(req, self.schedulers)
         self.replicas[i].submit(req)
 
+    def abort(self, req: Request) -> None:
+        """``req`` (sent to a replica: ``submit``) is aborted by its client now."""
+        self.replicas[req.replica].abort(req)
+
 
 TopologyFactory = Callable[[ClockEnvironment, Recorder, Callable[[list[Request]], None]], object]
+
+# the statuses of a request that has ended (Request.status; ABORTED, REJECTED beside)
+COMPLETED = "completed"
+FAILED = "failed"
 
 # A list to log (time, priority) of the events a run processes that call something, or None
 # (tests compare two event loops' events: tests/test_arrivals.py)
@@ -437,7 +470,7 @@ class Simulation:
         submit = topo.submit if admission is None else self._admit
         # (made after the topology, as the arrival process was started after the replicas')
         self.arrivals = arrivals = Arrivals(env, chunks, submit, self.requests if results is None else None,
-                                            max_concurrency)
+                                            max_concurrency, self.abort, self._aborted_unsent)
         clock.num_requests = lambda: arrivals.sent
 
     def _release_later(self, n: int):
@@ -453,6 +486,32 @@ class Simulation:
             self._on_finish([req])
             return
         self._topology_submit(req)
+
+    def abort(self, req: Request) -> None:
+        """``req``'s client aborts it now (a live server's disconnect, a trace's ``abort_s``):
+        it ends as aborted at its replica's next step boundary (``Replica.abort``); nothing if it
+        has ended already (completed, failed, rejected)."""
+        if req.status in (COMPLETED, FAILED, REJECTED, ABORTED):
+            return
+        abort = getattr(self.topology, "abort", None)
+        if abort is None:
+            raise UserError("abort_s: requests aborted by their clients are modelled for colocated replicas "
+                            "only, not with cluster.disaggregation or cluster.data_parallel_size > 1")
+        abort(req)
+
+    def _aborted_unsent(self, req: Request) -> None:
+        """``req`` was aborted while the API server still held it (sim/engine/frontend.py): it
+        never reached admission control or an engine, and ends as it is handed over."""
+        if self.results is not None:
+            self.results.add([req])
+        if self._on_end is not None:
+            self._on_end([req])
+        self.ended += 1
+        if self._max_concurrency is not None:  # (its client is free again, as in ``_on_finish``)
+            if self._think_time_s > 0:
+                self.env.process(self._release_later(1))
+            else:
+                self.arrivals.release(1)
 
     def _on_finish(self, finished: list[Request]) -> None:
         admission = self.admission

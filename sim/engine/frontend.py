@@ -42,7 +42,7 @@ instead (``sim.cost.engine_profile.in_process_frontend``); nothing is added here
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -149,7 +149,8 @@ def shifted(arrays: RequestArrays | Iterable[RequestArrays], frontend: Frontend,
     def one(chunk: RequestArrays) -> RequestArrays:
         entry = queue.entries(chunk.arrival_s, frontend.input_s(chunk.input_tokens))
         record.add_block((entry - chunk.arrival_s).reshape(-1, 1))
-        return chunk.with_arrivals(entry)
+        # (abort times stay as they are: a client aborts on its own clock, the front end's wait or not)
+        return replace(chunk, arrival_s=entry)
 
     if isinstance(arrays, RequestArrays):
         return one(arrays)

@@ -19,6 +19,7 @@ from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_no
 from sim.run import frontend_status
 from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
 from sim.policies.base import FINISH_LENGTH
+from sim.core.request import ABORTED
 from sim.engine.admission_control import REJECTED
 
 
@@ -126,9 +127,10 @@ def admission_limits(s) -> list | None:
     return None if ac is None else [c.model_dump() for c in ac.limits]
 
 
-def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | None, per_s) -> dict:
+def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | None, per_s,
+                  aborted: np.ndarray | None = None) -> dict:
     """Per request priority (result.json ``simsrv_classes``, keyed by the priority as text): its
-    requests, completed, failed and rejected, TTFT and TPOT p50 / p99 of its completed requests,
+    requests, completed, failed (not counting those ``aborted`` by their clients) and rejected, TTFT and TPOT p50 / p99 of its completed requests,
     and its goodput (requests per second meeting every SLO; null without an SLO)."""
     priority = col("priority")
     ttft, tpot = col("ttft_s"), col("tpot_s")
@@ -138,8 +140,9 @@ def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | 
         done = mine & ok
         t, d = plain_stats(ttft[done]), plain_stats(tpot[done])
         n_rejected = int((mine & rejected).sum())
+        n_aborted = int((mine & aborted).sum()) if aborted is not None else 0
         figures: dict = {"requests": int(mine.sum()), "completed": int(done.sum()),
-                         "failed": int(mine.sum()) - int(done.sum()) - n_rejected, "rejected": n_rejected}
+                         "failed": int(mine.sum()) - int(done.sum()) - n_rejected - n_aborted, "rejected": n_rejected}
         figures.update(_class_ms(t, "ttft"))
         figures.update(_class_ms(d, "tpot"))
         figures["request_goodput"] = per_s(int((good & mine).sum())) if good is not None else None
@@ -191,7 +194,11 @@ def summarize(result) -> dict:
     # rejected by admission control (sim/engine/admission_control.py): counted apart from failures
     rejected_codes = [c for c, (status, _) in enumerate(labels) if status == REJECTED]
     rejected = np.isin(label_col, rejected_codes) if rejected_codes else np.zeros(len(label_col), dtype=bool)
-    reasons = failure_kinds([labels[c][1] for c in label_col[~ok & ~rejected].tolist()])
+    # aborted by their clients (sim/engine/cluster.py ``Replica.abort``): counted apart from failures too
+    aborted_codes = [c for c, (status, _) in enumerate(labels) if status == ABORTED]
+    aborted = np.isin(label_col, aborted_codes) if aborted_codes else np.zeros(len(label_col), dtype=bool)
+    n_aborted = int(aborted.sum())
+    reasons = failure_kinds([labels[c][1] for c in label_col[~ok & ~rejected & ~aborted].tolist()])
     rejected_reasons = failure_kinds([labels[c][1] for c in label_col[rejected].tolist()])
     # completed at their max_tokens before their end of sequence (sim/policies/base.py settle_max_tokens)
     stopped = [c for c, (status, reason) in enumerate(labels) if status == "completed" and reason == FINISH_LENGTH]
@@ -208,7 +215,7 @@ def summarize(result) -> dict:
         "max_concurrency": s.workload.synthetic.max_concurrency if s.workload.synthetic is not None else None,
         "duration": duration,
         "completed": completed,
-        "failed": n - completed - int(rejected.sum()),
+        "failed": n - completed - int(rejected.sum()) - n_aborted,
         "total_input_tokens": tin,
         "total_output_tokens": tout,
         "request_throughput": per_s(completed),
@@ -242,6 +249,8 @@ def summarize(result) -> dict:
         # rejected by admission_control, never served: in no latency figure, not failed
         "simsrv_rejected": int(rejected.sum()),
         "simsrv_rejected_reasons": rejected_reasons,
+        # aborted by their clients (a disconnect in simsrv serve, a trace's abort_s): not failed
+        "simsrv_aborted": n_aborted,
         "simsrv_admission_control": admission_limits(s),
         "simsrv_truncated_requests": truncated,
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
@@ -274,7 +283,7 @@ def summarize(result) -> dict:
     tiers = [x.kv.offload for x in result.schedulers if x.kv.offload is not None]
     if tiers:  # engine.kv_offloading_size: the CPU tier's figures (keys only then: off is unchanged)
         out.update(_offload_keys(tiers, dep))
-    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s)
+    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s, aborted)
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")

@@ -28,7 +28,7 @@ from sim.core.kv import Block, KVBlockManager
 from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
-from sim.core.request import Request
+from sim.core.request import ABORT_REASON, ABORTED, Request
 
 
 # A completed request's ``fail_reason`` when it stopped at its max_tokens before its end of
@@ -1043,6 +1043,40 @@ class Scheduler:
         kv.free(req, forget=True)
         del self.running[req.key]
         finished.append(req)
+
+    def abort(self, req: Request, now: float) -> bool:
+        """End ``req`` as aborted now, wherever it is here (waiting, preempted, prefilling,
+        decoding): out of the queues, its KV blocks freed as a finished request's are (the
+        cached ones stay resident, evictable, for prefix hits), its host copy after a swap
+        dropped. False (nothing changed) if it is not here: ended already. Called between steps
+        only (sim/engine/cluster.py ``Replica``), as vLLM's engine core takes an abort from its
+        input queue between two steps (vllm/v1/engine/core.py ``run_busy_loop``,
+        ``_handle_client_request`` ABORT -> ``abort_requests``) and
+        vllm/v1/core/sched/scheduler.py ``finish_requests(ids, RequestStatus.FINISHED_ABORTED)``
+        takes it out of ``running`` or ``waiting`` and ``_free_request`` frees its blocks."""
+        key = req.key
+        kv = self.kv
+        if key in self.running:
+            del self.running[key]
+            if self._no_evict:
+                self.reserved_blocks -= self._full_blocks(req)
+            if req.in_decode:
+                self.decode.remove(req)
+                kv.cache(req, req.prompt_tokens + req.num_generated - 1)  # as ``_finish``
+            else:  # its chunks' blocks were published as they were computed (``_run_chunk``)
+                del self.prefilling[key]
+        else:
+            if req not in self.waiting:
+                return False
+            self.waiting.remove(req)
+            kv.swap_in(req)  # (a copy in host memory after a swap: dropped)
+        if key in self._pause_s:
+            del self._pause_s[key]
+        kv.free(req, forget=True)
+        req.status = ABORTED
+        req.fail_reason = ABORT_REASON
+        req.finish_s = now
+        return True
 
     def _preempt(self, req: Request, now: float) -> None:
         """Preempt ``req``, the most recently admitted running request (vLLM V1

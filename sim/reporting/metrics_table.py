@@ -179,8 +179,9 @@ def limits_differ(runs: list) -> bool:
 
 
 def _failed(summary: dict) -> int:
-    """Requests not served: failed, and rejected by admission control (both leave the latencies)."""
-    return (summary.get("failed") or 0) + (summary.get("simsrv_rejected") or 0)
+    """Requests not served: failed, rejected by admission control, aborted by their clients (all
+    leave the latencies)."""
+    return (summary.get("failed") or 0) + (summary.get("simsrv_rejected") or 0) + (summary.get("simsrv_aborted") or 0)
 
 
 def eligible_for_latency(members: list[tuple[int, float, object]]) -> list[tuple[int, float, object]]:

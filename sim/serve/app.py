@@ -11,6 +11,7 @@ driver.py), so a request's arrival, its tokens and ``/metrics`` see one consiste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -92,15 +93,22 @@ class Endpoint:
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
         if not stream.decided.is_set():  # the API server still holds it: admission control answers later
-            await stream.decided.wait()
+            if not await _unless_gone(stream.decided.wait(), request):
+                self.driver.abort(stream)
+                return Response(status_code=499)  # (nobody reads it: the client has gone)
         if stream.rejected:
             err = ApiError(429, stream.rejected, "RateLimitError")
             return JSONResponse(err.body(), status_code=err.status)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.request_id}"
         created = int(time.time())
         if asked.stream:
-            return StreamingResponse(self._events(stream, rid, created), media_type="text/event-stream")
-        return await self._whole(stream, rid, created)
+            return AbortingStream(self._events(stream, rid, created), lambda: self.driver.abort(stream),
+                                  media_type="text/event-stream")
+        answer = await _unless_gone(self._whole(stream, rid, created), request)
+        if answer is None:
+            self.driver.abort(stream)
+            return Response(status_code=499)
+        return answer
 
     def _finish_reason(self, stream: Stream) -> str:
         return "length" if stream.output_tokens >= stream.asked.max_tokens else "stop"
@@ -134,3 +142,61 @@ class Endpoint:
             return JSONResponse(err.body(), status_code=err.status)
         text = "".join(token_text(i) for i in range(stream.sent))
         return JSONResponse(whole(stream.asked, rid, created, text, self._finish_reason(stream), stream.sent))
+
+
+# -- a client that goes away aborts its request ------------------------------------------------------
+# vLLM aborts a request whose client disconnected: a stream's generator is cancelled
+# (vllm/v1/engine/async_llm.py ``generate``: ``CancelledError`` -> ``abort``), and a whole answer is
+# awaited beside a listener for the ASGI ``http.disconnect`` message
+# (vllm/entrypoints/serve/utils/api_utils.py ``with_cancellation``, ``listen_for_disconnect``).
+
+async def _gone(receive) -> None:
+    """Returns once the ASGI server reports the client's disconnect."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(work, request: Request):
+    """``work``'s result, or None if the client disconnects first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_gone(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    return None
+
+
+class AbortingStream(StreamingResponse):
+    """A ``StreamingResponse`` that calls ``on_gone()`` when its client goes away before the
+    stream ends: an ``http.disconnect`` while it waits for the next token, or a send that fails.
+    (Starlette 1.x listens for the disconnect only under ASGI spec < 2.4; uvicorn says 2.4, and
+    then only a failed send tells, which a request queued in the simulation would not make
+    until its first token.)"""
+
+    def __init__(self, content, on_gone, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_gone = on_gone
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = asyncio.ensure_future(self.stream_response(send))
+        gone = asyncio.ensure_future(_gone(receive))
+        try:
+            await asyncio.wait({body, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (body, gone):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError):
+                        await t
+        if body.done() and not body.cancelled():
+            error = body.exception()
+            if error is None:
+                return  # the stream ended
+            if not isinstance(error, OSError):  # (OSError: a send to a closed connection)
+                raise error
+        self.on_gone()

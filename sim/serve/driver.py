@@ -104,6 +104,20 @@ class Driver:
             raise ApiError(429, stream.rejected, "RateLimitError")
         return stream
 
+    def abort(self, stream: Stream) -> None:
+        """``stream``'s client went away (a closed connection: sim/serve/app.py): its request
+        is aborted at the simulated present, as vLLM's server aborts a request whose client
+        disconnected (vllm/v1/engine/async_llm.py ``generate``: on ``CancelledError`` it calls
+        ``abort``). Nothing if it ended already or the server is stopping."""
+        if stream.done or self.stopping or stream.request_id not in self.streams:
+            return
+        t = self.catch_up()
+        if stream.done:  # (it ended by now)
+            return
+        self.live.abort(stream.request_id, t)
+        self._hand_out(t)
+        self._poke.set()
+
     def _hand_out(self, t_s: float) -> None:
         """Each stream's tokens emitted by ``t_s``; the end of those that finished."""
         ended = []

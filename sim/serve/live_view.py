@@ -35,6 +35,7 @@ class LiveView:
         self._output: list[int] = []
         self._max_tokens: list[int] = []
         self._priority: list[int] = []
+        self._abort_s: list[float] = []  # when a client aborted its request (NaN: never)
 
     # -- the simulation ----------------------------------------------------------------------
     @property
@@ -55,15 +56,25 @@ class LiveView:
         self._output.append(output_tokens)
         self._max_tokens.append(max_tokens)
         self._priority.append(priority)
+        self._abort_s.append(math.nan)
         rid = len(self._arrival_s) - 1
         got = self.sim.inject(input_tokens, output_tokens, max_tokens=max_tokens, priority=priority)
         assert got == rid, "request ids are given in the order injected"
         return rid
 
-    def recorded(self) -> tuple[list[float], list[int], list[int], list[int], list[int]]:
+    def abort(self, rid: int, t_s: float) -> None:
+        """Request ``rid``'s client went away at simulated time ``t_s`` (the simulation's
+        present or later): the simulation aborts it (``LiveSimulation.abort``) and the time is
+        recorded with its arrival, so that ``simsrv run`` replays the abort. Where aborts are not
+        modelled (``LiveSimulation.can_abort``: disaggregated or data-parallel deployments) the
+        request is served to its end, as before aborts were modelled (README, "simsrv serve")."""
+        if self.sim.can_abort and self.sim.abort(rid, t_s):
+            self._abort_s[rid] = t_s
+
+    def recorded(self) -> tuple[list[float], list[int], list[int], list[int], list[int], list[float]]:
         """Every arrival sent: (simulated time, prompt tokens, tokens it generates, max_tokens,
-        priority)."""
-        return self._arrival_s, self._input, self._output, self._max_tokens, self._priority
+        priority, abort time or NaN)."""
+        return self._arrival_s, self._input, self._output, self._max_tokens, self._priority, self._abort_s
 
     def rejection(self, rid: int) -> str | None:
         """Admission control's answer to request ``rid``: its reason if it rejected it, '' once

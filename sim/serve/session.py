@@ -78,10 +78,12 @@ def replay_scenario(s: Scenario, arrivals_path: Path) -> Scenario:
 
 
 def write_arrivals(path: Path, arrival_s: list[float], input_tokens: list[int], output_tokens: list[int],
-                   max_tokens: list[int], priority: list[int] | None = None) -> None:
+                   max_tokens: list[int], priority: list[int] | None = None,
+                   abort_s: list[float] | None = None) -> None:
     """The recorded arrivals as a normalized trace (Parquet: the times' float64 bits kept), with
-    each request's ``max_tokens`` (what its client sent) beside the tokens it generated, and its
-    priority where any request sent one."""
+    each request's ``max_tokens`` (what its client sent) beside the tokens it generated, its
+    priority where any request sent one, and ``abort_s`` (when its client went away; null: it
+    did not) where any client went away."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -89,7 +91,9 @@ def write_arrivals(path: Path, arrival_s: list[float], input_tokens: list[int], 
                       "input_tokens": pa.array(input_tokens, pa.int64()),
                       "output_tokens": pa.array(output_tokens, pa.int64()),
                       "max_tokens": pa.array(max_tokens, pa.int64()),
-                      **({"priority": pa.array(priority, pa.int64())} if priority and any(priority) else {})})
+                      **({"priority": pa.array(priority, pa.int64())} if priority and any(priority) else {}),
+                      **({"abort_s": pa.array(abort_s, pa.float64(), from_pandas=True)}
+                         if abort_s and any(t == t for t in abort_s) else {})})
     pq.write_table(table, path)
 
 
@@ -263,5 +267,6 @@ def _write(live: "LiveView", driver: Driver, out: Path, stage: Path) -> None:
     write_run(result, summary, stage)
     print(f"simsrv serve: {summary['completed']:,} requests completed, {summary['failed']:,} failed"
           + (f", {summary['simsrv_rejected']:,} rejected (429)" if summary.get("simsrv_rejected") else "")
+          + (f", {summary['simsrv_aborted']:,} aborted (client gone)" if summary.get("simsrv_aborted") else "")
           + f"; wrote {out}/",
           flush=True)

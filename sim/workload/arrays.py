@@ -19,6 +19,9 @@ class RequestArrays:
     left: sim/policies/base.py ``Scheduler.add_request``). Never derived from ``output_tokens``
     unless the workload says its client sends each request's output length (``workload.max_tokens:
     output``: benchmark clients with ignore_eos).
+    ``abort_s`` per request — when its client aborts it (a disconnect, a client timeout), on
+    ``arrival_s``'s clock (NaN: never); it follows every change of the arrival times
+    (``retimed``), and an abort after the request's end changes nothing.
     ``measured`` — columns measured by a real benchmark run of the same requests (for example
     ``measured_ttft_s``, ``measured_e2el_s``, ``measured_itl_s``), kept for comparison.
     """
@@ -32,6 +35,7 @@ class RequestArrays:
     priority: np.ndarray | None = None
     measured: dict | None = None
     max_tokens: np.ndarray | None = None
+    abort_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -52,10 +56,21 @@ class RequestArrays:
             priority=None if self.priority is None else self.priority[idx],
             measured=None if self.measured is None else {k: _take(v, idx) for k, v in self.measured.items()},
             max_tokens=None if self.max_tokens is None else self.max_tokens[idx],
+            abort_s=None if self.abort_s is None else self.abort_s[idx],
         )
 
     def with_arrivals(self, arrival_s: np.ndarray) -> "RequestArrays":
-        return replace(self, arrival_s=arrival_s)
+        """The same requests arriving at ``arrival_s``; each abort time keeps its delay after
+        its arrival (``retimed`` maps both exactly where the change is a shift and a scale)."""
+        if self.abort_s is None:
+            return replace(self, arrival_s=arrival_s)
+        return replace(self, arrival_s=arrival_s, abort_s=arrival_s + (self.abort_s - self.arrival_s))
+
+    def retimed(self, t0_s: float, scale: float) -> "RequestArrays":
+        """Every arrival and abort time t as (t - t0_s) * scale: the clock moved to start at
+        ``t0_s`` and its gaps scaled (t0 0 and scale 1 keep the times to the bit)."""
+        abort = None if self.abort_s is None else (self.abort_s - t0_s) * scale
+        return replace(self, arrival_s=(self.arrival_s - t0_s) * scale, abort_s=abort)
 
 
 def mean_rate_per_s(arrival_s: np.ndarray) -> float:
@@ -88,5 +103,5 @@ def concat(chunks: list[RequestArrays]) -> RequestArrays:
         cat(lambda c: c.arrival_s), cat(lambda c: c.input_tokens), cat(lambda c: c.output_tokens),
         hash_ids=cat(lambda c: c.hash_ids), hash_block_size=first.hash_block_size,
         session_id=cat(lambda c: c.session_id), priority=cat(lambda c: c.priority), measured=measured,
-        max_tokens=cat(lambda c: c.max_tokens),
+        max_tokens=cat(lambda c: c.max_tokens), abort_s=cat(lambda c: c.abort_s),
     )

@@ -32,6 +32,8 @@ def _table(arrays: RequestArrays, first_id: int):
         cols["priority"] = arrays.priority.astype(np.int64)
     if arrays.max_tokens is not None:
         cols["max_tokens"] = arrays.max_tokens.astype(np.int64)
+    if arrays.abort_s is not None:  # (null where a request is not aborted)
+        cols["abort_s"] = pa.array(arrays.abort_s.astype(np.float64), from_pandas=True)
     for k, v in (arrays.measured or {}).items():
         cols[k] = pa.array([x.tolist() for x in v], type=pa.list_(pa.float64())) if isinstance(v, list) else v
     return pa.table(cols)

@@ -18,7 +18,8 @@ from sim.limits import MAX_TIME_S
 from sim.workload.arrays import RequestArrays
 from sim.workload.formats import TRACE_FORMATS
 from sim.workload.sources import Batch, NumericColumns, arrow_list_lengths, arrow_list_values, shown
-from sim.workload.validate import datetimes_s, floats, present, seconds, text_equals, tokens, truncated_ints
+from sim.workload.validate import (abort_times, datetimes_s, floats, present, seconds, text_equals, tokens,
+                                  truncated_ints)
 
 if TYPE_CHECKING:
     import polars as pl
@@ -153,14 +154,16 @@ def normalized(b: Batch, path: Path, o: ReadOptions, st: ReadState) -> RequestAr
     inp = tokens(b, "input_tokens", path)
     block = o.hash_block_size or 16
     measured = {c: _measured(b.frame[c]) for c in cols if c.startswith("measured_")}
+    arrival = seconds(b, "arrival_s", path)
     return RequestArrays(
-        seconds(b, "arrival_s", path), inp, tokens(b, "output_tokens", path),
+        arrival, inp, tokens(b, "output_tokens", path),
         hash_ids=hash_lists(b, "hash_ids", path, inp, block) if "hash_ids" in cols else None,
         hash_block_size=block,
         session_id=_ints(b.frame["session_id"], -1) if "session_id" in cols else None,
         priority=_ints(b.frame["priority"], 0) if "priority" in cols else None,
         measured=measured or None,
         max_tokens=tokens(b, "max_tokens", path) if "max_tokens" in cols else None,
+        abort_s=abort_times(b, path, arrival) if "abort_s" in cols else None,
     )
 
 
@@ -294,4 +297,4 @@ def flattener(fmt: str):
     return None if name is None else globals()[name]
 
 
-OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority", "max_tokens"]
+OPTIONAL_NORMALIZED = ["hash_ids", "session_id", "priority", "max_tokens", "abort_s"]

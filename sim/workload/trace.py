@@ -137,7 +137,7 @@ def _table_columns(path: Path, fmt: str, opts: ReadOptions) -> list[str]:
         raise UserError(f"{path}: line 1: format {fmt} expects a CSV header, found a JSON object")
     _refuse_json_array(path, line)
     header = csv_header(path) if fmt == "normalized" else []
-    return need + [c for c in header if c in ("session_id", "priority", "max_tokens") or c.startswith("measured_")]
+    return need + [c for c in header if c in ("session_id", "priority", "max_tokens", "abort_s") or c.startswith("measured_")]
 
 
 def _numeric_columns(path: Path, fmt: str, opts: ReadOptions) -> tuple[list[str], tuple[str, ...]] | None:
@@ -313,7 +313,7 @@ def read_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     if opts.spread_grid_s:
         arr = spread_in_grid(arr, opts.spread_grid_s, np.random.default_rng(opts.seed))
     emit_notes(path, state)
-    out = arr.with_arrivals((arr.arrival_s - arr.arrival_s[0]) * time_scale)
+    out = arr.retimed(float(arr.arrival_s[0]), time_scale)
     check_scaled_span(out, time_scale)
     return out
 
@@ -361,13 +361,13 @@ def stream_trace(path: str | Path, opts: ReadOptions | None = None, time_scale: 
         if t0 is None:
             t0 = float(chunk.arrival_s[0])
         n_out += len(chunk)
-        chunk = chunk.with_arrivals((chunk.arrival_s - t0) * time_scale)
+        chunk = chunk.retimed(t0, time_scale)
         check_scaled_span(chunk, time_scale)
         yield chunk
     if carry is not None and len(carry):
         t0 = float(carry.arrival_s[0]) if t0 is None else t0
         n_out += len(carry)
-        carry = carry.with_arrivals((carry.arrival_s - t0) * time_scale)
+        carry = carry.retimed(t0, time_scale)
         check_scaled_span(carry, time_scale)
         yield carry
     if n_out == 0:

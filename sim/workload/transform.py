@@ -29,7 +29,7 @@ def window(arr: RequestArrays, start_s: float | None, duration_s: float | None, 
         raise UserError(f"{where}: no request arrives in [{lo:g}, {hi:g}) s; the trace spans "
                         f"0 to {arr.arrival_s[-1]:.3f} s")
     out = arr.take(keep)
-    return out.with_arrivals(out.arrival_s - out.arrival_s[0])
+    return out.retimed(float(out.arrival_s[0]), 1.0)
 
 
 def sample(arr: RequestArrays, n: int | None, seed: int, where: str) -> RequestArrays:
@@ -43,7 +43,7 @@ def sample(arr: RequestArrays, n: int | None, seed: int, where: str) -> RequestA
         raise UserError(f"{where}: sample must be >= 1 (got {n})")
     idx = np.sort(np.random.default_rng(seed).choice(len(arr), size=n, replace=False))
     out = arr.take(idx)
-    return out.with_arrivals(out.arrival_s - out.arrival_s[0])
+    return out.retimed(float(out.arrival_s[0]), 1.0)
 
 
 def rescale(arr: RequestArrays, time_scale: float | None, target_rate_per_s: float | None, where: str) -> RequestArrays:
@@ -62,7 +62,7 @@ def rescale(arr: RequestArrays, time_scale: float | None, target_rate_per_s: flo
         return arr
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise UserError(f"{where}: time scale must be a finite number > 0 (got {time_scale})")
-    out = arr.with_arrivals(arr.arrival_s * time_scale)
+    out = arr.retimed(0.0, time_scale)
     scenario = where.startswith("workload.trace")  # else a command line's flags (trace convert)
     if target_rate_per_s is not None:
         check_last_arrival_s(float(out.arrival_s[-1]), "workload.trace.target_rate" if scenario else f"{where} --target-rate",

@@ -101,6 +101,23 @@ def seconds(batch: Batch, col: str, path: Path, unit: str = "s") -> np.ndarray:
     return x * TIME_UNITS_S[unit]
 
 
+def abort_times(batch: Batch, path: Path, arrival_s: np.ndarray, col: str = "abort_s") -> np.ndarray:
+    """The optional abort-time column (when each request's client aborts it, on the arrival
+    column's clock, in seconds): NaN where a row has none; a value before its row's arrival, or
+    not a time, is an error naming the line."""
+    x, raw = _floats(batch, col)
+    if raw is None:
+        null = np.isnan(x)
+    else:  # (an empty CSV field: null, or '' where the column is read as text)
+        import polars as pl
+
+        null = (raw.is_null() | (raw == "")).fill_null(True).to_numpy() if raw.dtype == pl.String \
+            else raw.is_null().to_numpy()
+    ok = null | ((x >= arrival_s) & (x <= MAX_TIME_S))
+    _check(batch, path, col, ok, raw, f"empty or a time in seconds from the row's arrival_s to {MAX_TIME_S:.3g}")
+    return np.where(null, np.nan, x)
+
+
 # The date-time text the numeric reader converts with pyarrow, once ASCII spaces are trimmed:
 # the canonical form, where polars (the general reader) gives the same microsecond (the test:
 # tests/test_trace_numeric.py). Anything else (one-digit fields, leap second 60, other offsets,
