@@ -25,7 +25,8 @@ class CalibratedOps:
                  nvfp4: bool = False,
                  heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
-                 dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float):
+                 dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float,
+                 fp8_peak_flops_per_s: float = 0.0, fp4_peak_flops_per_s: float = 0.0):
         self.cal = cal
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
@@ -36,11 +37,14 @@ class CalibratedOps:
             self.gemm_curves = {name: cal.gemm.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.fp8_curves = None
         if fp8 and cal.gemm_fp8 is not None:  # the model's GEMMs run in fp8 (curves: start-up)
-            self.fp8_peak = cal.raw["peaks"]["fp8_flops_per_s"]
+            # the bound at this GPU's own FP8 peak (capped, or a sibling's table inherited:
+            # sim/cost/calibration.py ``inherited_calibration``); the table's axis keeps the
+            # measured GPU's peaks, so the efficiency at a shape is the one measured there
+            self.fp8_peak = fp8_peak_flops_per_s
             self.fp8_curves = {name: cal.gemm_fp8.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.nvfp4_curves = None
         if nvfp4 and cal.gemm_nvfp4 is not None:  # NVFP4 W4A4 GEMMs on their own measured table
-            self.fp4_peak = cal.raw["peaks"]["fp4_flops_per_s"]
+            self.fp4_peak = fp4_peak_flops_per_s  # this GPU's own FP4 peak (as fp8 above)
             self.nvfp4_curves = {name: cal.gemm_nvfp4.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
         self.decode_split = cal.decode_split

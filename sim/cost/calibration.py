@@ -277,6 +277,10 @@ class Calibration:
     def __init__(self, d: dict):
         self.raw = d
         self.gpu = d["gpu"]
+        # the GPU whose kernels were measured: this one, or its same-architecture sibling
+        # (``inherited_calibration``)
+        self.measured_on: str = d.get("measured_on", self.gpu)
+        self.architecture: str | None = d.get("architecture")
         peaks = d["peaks"]
         self.gemm = GemmTable(d["gemm"], peaks) if "gemm" in d else None
         # fp8 W8A8 GEMMs (CUTLASS scaled_mm), measured where the GPU has FP8 tensor cores
@@ -331,11 +335,78 @@ def _load(path: str) -> Calibration:
 
 
 def load_calibration(gpu_key: str, path: Path | None = None) -> Calibration | None:
-    """The default calibration of ``gpu_key`` (or the file ``path``); None when none exists."""
+    """The default calibration of ``gpu_key`` (or the file ``path``): its own measured profile,
+    else its same-architecture sibling's, inherited (``inherited_calibration``); None when
+    neither exists."""
     p = Path(path) if path is not None else calibration_dir() / f"{gpu_key}.json"
-    if not p.is_file():
-        return None
-    return _load(str(p.resolve()))
+    if p.is_file():
+        return _load(str(p.resolve()))
+    sibling = calibration_sibling(gpu_key) if path is None else None
+    return None if sibling is None else inherited_calibration(gpu_key, sibling)
+
+
+def calibration_sibling(gpu_key: str) -> str | None:
+    """The catalogue GPU whose measured profile ``gpu_key`` inherits (``catalog/gpus.yaml``
+    ``calibration_sibling``); None for a GPU with its own profile, none declared, or a part
+    outside the catalogue (``hardware.custom``: roofline)."""
+    from sim.spec.hardware import catalogue
+    entry = catalogue().get(gpu_key)
+    return None if entry is None else entry.get("calibration_sibling")
+
+
+# Peaks a calibration file holds (``sim.cost.fit``), by the GPUSpec field of the same name.
+PEAK_KEYS = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "nvlink_bw_bytes_per_s", "fp8_flops_per_s", "fp4_flops_per_s")
+# Tables dropped when the inheriting GPU lacks the peak they are measured against.
+_TABLE_PEAK = {"gemm_fp8": "fp8_flops_per_s", "gemm_nvfp4": "fp4_flops_per_s"}
+# Collective tables: measured over the sibling's GPU-GPU fabric.
+COLLECTIVE_OPS = ("allreduce", "custom_allreduce")
+
+
+@lru_cache(maxsize=16)
+def inherited_calibration(gpu_key: str, sibling: str) -> Calibration:
+    """``sibling``'s measured efficiencies priced at ``gpu_key``'s own peaks.
+
+    Why: a GPU of the same architecture (the same CUDA compute capability: the same SM, tensor
+    cores and compiled kernels; NVIDIA "CUDA GPUs" compute capability list,
+    developer.nvidia.com/cuda-gpus) reaches the same fraction of its roofline bound at the same
+    shape: GB200's GPU is the B200 die (sm_100, 148 SMs) at a higher power cap (1,200 vs
+    1,000 W, NVIDIA GB200 NVL72 and HGX B200 datasheets; kernels_profile/hardware.md). Every
+    efficiency is a fraction of ``max(FLOPs / peak, bytes / bandwidth)`` (module docstring), so
+    the sibling's fractions apply to this GPU's peaks: the cost model prices each bound at the
+    GPU's own peaks (``RooflineCostModel``, ``CalibratedOps``) and looks the efficiency up at the
+    step's shape. The tables keep the measured GPU's ``peaks``, the axes they interpolate along
+    between measured shapes, so the efficiency at a shape is the sibling's at that shape (on this
+    GPU's peaks the axes' kinks would move and lookups between measured token counts drift by a
+    few per cent either way); the wave and split-KV terms count this GPU's SMs. Without it such a GPU ran the roofline
+    with default efficiencies: GB200 simulated 24-87% faster than TensorRT-LLM measured, B200
+    at its measured profile within 12% (validation/VC-24.yaml, issue 40).
+    NOTE: collective curves are kept only where both GPUs' GPU-GPU links are of one kind (an
+    NVLink/NVSwitch fabric, or PCIe: ``GPUSpec.full_nvlink``): NCCL's efficiency is a property of
+    the fabric, not of the SM; otherwise those operators stay roofline.
+    """
+    from sim.spec.hardware import catalogue, get_gpu
+    cat = catalogue()
+    own, sib = cat[gpu_key], cat[sibling]
+    if own.get("architecture") is None or own.get("architecture") != sib.get("architecture"):
+        raise ValueError(f"catalog/gpus.yaml:{gpu_key}: calibration_sibling {sibling!r} is not of its architecture "
+                         f"({own.get('architecture')!r} vs {sib.get('architecture')!r})")
+    path = calibration_dir() / f"{sibling}.json"
+    if not path.is_file():
+        raise ValueError(f"catalog/gpus.yaml:{gpu_key}: calibration_sibling {sibling!r} has no measured profile")
+    d = json.loads(path.read_text())
+    gpu, sib_gpu = get_gpu(gpu_key), get_gpu(sibling)
+    d["gpu"], d["measured_on"], d["architecture"] = gpu_key, sibling, own["architecture"]
+    for op, peak in _TABLE_PEAK.items():
+        if op in d and getattr(gpu, peak) is None:
+            del d[op]
+    if gpu.full_nvlink != sib_gpu.full_nvlink:
+        for op in COLLECTIVE_OPS:
+            d.pop(op, None)
+    if gpu.num_sms is not None:
+        for term in (d.get("gemm", {}).get("wave"), d.get("attn_decode", {}).get("split_kv")):
+            if term:
+                term["sms"] = gpu.num_sms
+    return Calibration(d)
 
 
 # Calibrated GPUs that lend an operator's table to a GPU whose profile lacks it, in order of
@@ -372,6 +443,9 @@ def describe(cal: Calibration | None, carried: dict[str, str] | None = None) -> 
     rest = [op for op in CALIBRATED_OPS if op not in cal.calibrated_ops and op not in carried
             and op not in ("overhead", "gemm_nvfp4")]
     s = f"calibrated ({cal.gpu}): {', '.join(cal.calibrated_ops)}"
+    if cal.measured_on != cal.gpu:
+        s = (f"calibrated ({cal.gpu}: {cal.measured_on}'s measured efficiencies, same architecture "
+             f"{cal.architecture}, at {cal.gpu}'s own peaks): {', '.join(cal.calibrated_ops)}")
     if carried:
         s += "; carried: " + ", ".join(f"{op} from {g} (bandwidth ratio)" for op, g in carried.items())
     return s + (f"; roofline only: {', '.join(rest)}" if rest else "")

@@ -309,7 +309,8 @@ class RooflineCostModel:
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
-            link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s)
+            link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s, fp8_peak_flops_per_s=gpu.fp8_flops_per_s or 0.0,
+            fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
