@@ -48,6 +48,8 @@ class Case:
     max_model_len: int = 65536      # continuous: vLLM requires max_num_batched_tokens >= max_model_len
     # (arrival step, prompt tokens, output tokens, hash ids or None), by request id
     requests: list = field(default_factory=list)
+    scheduling_policy: str = "fcfs"  # fcfs | priority (vLLM's --scheduling-policy)
+    priorities: list = field(default_factory=list)  # by request id, under "priority" (lower first)
 
 
 def _poisson_steps(rng: random.Random, n: int, per_step: float) -> list[int]:
@@ -108,6 +110,25 @@ def _prefix_cap(seed: int, name: str, num_blocks: int) -> Case:
         ids = [doc * 1000 + j for j in range(-(-length // BLOCK_SIZE))]
         reqs.append((s, length, rng.randint(10, 100), ids))
     return Case(name, num_blocks=num_blocks, max_num_seqs=64, max_num_batched_tokens=2048, requests=reqs)
+
+
+def _arrival_time(case: Case, rid: int) -> float:
+    """A request's arrival time on both sides: its step, plus a sub-step offset by request id so
+    that no two requests tie (live requests never tie on ``time.time()``; vLLM breaks a tie by the
+    request id's string order, simsrv by its integer order)."""
+    return case.requests[rid][0] + rid * 1e-6
+
+
+def _priority_case(seed: int, name: str, num_blocks: int, policy: str = "chunked", **kw) -> Case:
+    """Three priority classes (0, 1, 2: a lower value first) under KV pressure: the waiting queue
+    in (priority, arrival) order, the lowest-priority running request preempted first (vLLM V1
+    ``Scheduler.schedule`` under ``--scheduling-policy priority``)."""
+    rng = random.Random(seed)
+    steps = _poisson_steps(rng, 300, 0.3)
+    reqs = [(s, rng.randint(100, 1200), rng.randint(50, 400), None) for s in steps]
+    prios = [rng.choice((0, 1, 1, 2, 2, 2)) for _ in reqs]
+    return Case(name, num_blocks=num_blocks, max_num_seqs=64, max_num_batched_tokens=2048, requests=reqs,
+                scheduling_policy="priority", priorities=prios, policy=policy, **kw)
 
 
 def _u(lo: int, hi: int):
@@ -171,6 +192,12 @@ CASES = {  # name -> builder (built on demand)
         "continuous_chat": lambda: _simple("continuous_chat", 1, 400, 0.08, u(50, 1500), u(20, 300),
                                            num_blocks=4000, max_num_seqs=128, max_num_batched_tokens=2048,
                                            policy="continuous", max_model_len=2048),
+        # --scheduling-policy priority: the waiting heap, prepending skipped requests and the
+        # preemption victim by (priority, arrival)
+        "priority_kv_pressure": lambda: _priority_case(17, "priority_kv_pressure", num_blocks=500),
+        "priority_no_pressure": lambda: _priority_case(18, "priority_no_pressure", num_blocks=6000),
+        "priority_continuous": lambda: _priority_case(19, "priority_continuous", num_blocks=500,
+                                                      policy="continuous", max_model_len=2048),
 }
 # seeded families: NAME@SEED builds the case NAME with another seed (--seeds runs several)
 FAMILIES = {
@@ -258,7 +285,8 @@ class VllmSide:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=case.max_model_len)
         sc_args = dict(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
                        max_model_len=case.max_model_len, enable_chunked_prefill=chunked,
-                       long_prefill_token_threshold=case.long_prefill_token_threshold)
+                       long_prefill_token_threshold=case.long_prefill_token_threshold,
+                       policy=case.scheduling_policy)
         if not _legacy():  # 0.34: async scheduling is on by default; this harness plays the synchronous loop
             sc_args.update(async_scheduling=False, is_encoder_decoder=False)
         sc = SchedulerConfig(**sc_args)
@@ -289,7 +317,8 @@ class VllmSide:
         kw = {"eos_token_id": None} if _legacy() else {}
         r = Request(request_id=str(rid), prompt_token_ids=[_token(rid, hashes, p, _described(prompt, out, hashes)) for p in range(prompt)],
                     sampling_params=SamplingParams(max_tokens=out, ignore_eos=True), pooling_params=None,
-                    block_hasher=self.hasher, **kw)
+                    block_hasher=self.hasher, arrival_time=_arrival_time(self.case, rid),
+                    priority=self.case.priorities[rid] if self.case.priorities else 0, **kw)
         self.reqs[rid] = r
         self.sched.add_request(r)
 
@@ -335,7 +364,7 @@ class SimSide:
         limits = EngineLimits(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
                               max_model_len=case.max_model_len,
                               long_prefill_token_threshold=case.long_prefill_token_threshold, max_run_steps=1,
-                              **_profile_limits(profile))
+                              scheduling_policy=case.scheduling_policy, **_profile_limits(profile))
         cls = get_policy(case.policy).scheduler
         kv = KVBlockManager(case.num_blocks, BLOCK_SIZE, case.prefix_caching,
                             uncached_to_head=limits.vllm_release == "0.34")
@@ -348,7 +377,8 @@ class SimSide:
         from sim.core.request import Request
 
         _, prompt, out, hashes = self.case.requests[rid]
-        r = Request(rid, float(step), prompt, out)
+        r = Request(rid, _arrival_time(self.case, rid), prompt, out,
+                    priority=self.case.priorities[rid] if self.case.priorities else 0)
         if hashes is not None:
             r.hash_ids, r.hash_block_size = np.asarray(hashes), BLOCK_SIZE
         if not self.sched.add_request(r, float(step)):

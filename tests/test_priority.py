@@ -195,3 +195,19 @@ def test_priority_runs_fast_forward_exactly():
 def test_priority_needs_vllm_v1s_scheduler(sets, needle):
     with pytest.raises(UserError, match=needle):
         load_scenario(ROOT / "scenarios" / "priority.yaml", sets)
+
+
+@pytest.mark.parametrize("release, tokens", [("0.11", {0: 1}), ("0.34", {0: 1, 2: 1})])
+def test_a_request_that_preempts_itself_lets_the_ones_after_it_run_on_034(release, tokens):
+    # 4 blocks of 16 tokens; x (priority 0) and y (priority 2) run, z (priority 0) joins later,
+    # behind y in the running list. y, the lowest priority, needs a new block with none free
+    # and preempts itself. vLLM 0.11 stops the running loop there; 0.34 goes on to z, which
+    # ranks higher and needs no block (Scheduler.schedule: "continue" when the request is
+    # PREEMPTED under the priority policy; bench/conformance.py priority_* cases).
+    s = ChunkedScheduler(EngineLimits(max_num_batched_tokens=4096, scheduling_policy="priority",
+                                      vllm_release=release, max_run_steps=1), KVBlockManager(4, 16))
+    x, y, z = Request(0, 0.0, 8, 500, priority=0), Request(1, 0.001, 8, 500, priority=2), \
+        Request(2, 0.03, 8, 500, priority=0)
+    plan = _until_preemption(s, [(0.0, x), (0.0, y), (0.03, z)])
+    assert plan.preempted == [y]
+    assert s.scheduled_tokens(plan) == tokens

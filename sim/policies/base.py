@@ -740,6 +740,11 @@ class Scheduler:
                 budget -= n
                 i += 1
                 continue
+            if prio and self._v034:
+                # it preempted itself, the lowest priority running: the ones after it rank higher
+                # and may fit in the blocks it freed (vLLM 0.34 V1 Scheduler.schedule: "continue"
+                # when the request is PREEMPTED under the priority policy; 0.11 stopped here)
+                continue
             break  # it preempted itself: nothing runs after it
         for req in order[i:]:
             if req.in_decode:  # out of budget: no token this step
