@@ -20,8 +20,7 @@ from sim.workload.arrays import RequestArrays
 class ProcessArrivals:
     """The arrival process as a SimPy generator process (the code before the callbacks)."""
 
-    def __init__(self, env, chunks, submit, requests, max_concurrency=None, client=None):
-        assert client is None  # (a closed loop's front end: not in the process version)
+    def __init__(self, env, chunks, submit, requests, max_concurrency=None):
         self.env, self.requests, self.sent = env, requests, 0
         self.free = max_concurrency if max_concurrency is not None else -1
         self._gated = max_concurrency is not None
@@ -146,9 +145,8 @@ def test_a_stream_of_chunks(monkeypatch):
 @pytest.mark.parametrize("rate", [float("inf"), 30.0])
 def test_a_client_limit(rate, think_s, monkeypatch):
     """max_concurrency: a request waits for a free client (woken as one frees), then is sent."""
-    # (offline: a closed loop's front end, tests/test_online_ttft.py, is not in the process version)
     raw = _raw(workload={"synthetic": {"num_requests": 150, "request_rate": rate, "max_concurrency": 5,
-                                       "think_time_s": think_s}}, engine={"api_server": False})
+                                       "think_time_s": think_s}})
     new, old = _run_both(monkeypatch, lambda: run_scenario(scenario_from_dict(raw)))
     _same(new, old)
     assert new.requests.height == 150

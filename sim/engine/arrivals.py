@@ -18,7 +18,6 @@ as ``_send`` sends one whose time has come.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -61,7 +60,7 @@ class Arrivals:
     ``max_concurrency``, ``release(n)`` returns n clients (their requests ended)."""
 
     def __init__(self, env: ClockEnvironment, chunks: Iterable[RequestArrays], submit: Callable[[Request], None],
-                 requests: list[Request] | None, max_concurrency: int | None = None, client: Any = None):
+                 requests: list[Request] | None, max_concurrency: int | None = None):
         self.env = env
         self.clock = clock = env.clock
         self._submit = submit
@@ -69,11 +68,6 @@ class Arrivals:
         self.sent = 0
         self.free = max_concurrency if max_concurrency is not None else -1  # -1: open loop
         self._gated = max_concurrency is not None
-        # a closed loop's front end (sim/engine/frontend.py ``ClosedLoopFrontend``) or None: a
-        # request sent by a client reaches the engine at its entry time, in the order sent
-        self._client = client
-        self._entering: deque[Request] = deque()
-        self._enter = Call(clock, self._entered)
         self._wait = _NO_WAIT
         self._slices = _slices(chunks)
         # the slice being sent (``_slices``) and the index in it of the next request
@@ -129,12 +123,6 @@ class Arrivals:
                     return
                 self.free -= 1
                 t = now  # sent now
-                if self._client is not None:
-                    self._send_through_client(now, inp[j], out[j], None if hash_ids is None else hash_ids[lo + j],
-                                              block_size, 0 if max_tokens is None else max_tokens[j],
-                                              0 if priority is None else priority[j])
-                    j += 1
-                    continue
             self._emit(t, inp[j], out[j], None if hash_ids is None else hash_ids[lo + j], block_size,
                        0 if max_tokens is None else max_tokens[j], 0 if priority is None else priority[j])
             j += 1
@@ -149,13 +137,6 @@ class Arrivals:
     def _emit(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
               hash_block_size: int, max_tokens: int, priority: int) -> Request:
         """Send a request arriving at ``t`` (now) to the topology."""
-        req = self._numbered(t, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens, priority)
-        self._submit(req)
-        return req
-
-    def _numbered(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
-                  hash_block_size: int, max_tokens: int, priority: int) -> Request:
-        """The next request (numbered in the order sent), arriving at the engine at ``t``."""
         req = Request(self.sent, t, prompt_tokens, output_tokens, max_tokens, priority)
         if hash_ids is not None:
             req.hash_ids = hash_ids
@@ -163,25 +144,5 @@ class Arrivals:
         if self.requests is not None:
             self.requests.append(req)
         self.sent += 1
+        self._submit(req)
         return req
-
-    def _send_through_client(self, now: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
-                             hash_block_size: int, max_tokens: int, priority: int) -> None:
-        """A closed loop's request sent now through the front end: it reaches the topology at
-        its entry time (``ClosedLoopFrontend.entry``; entries are in the order sent)."""
-        entry_s: float = self._client.entry(now, prompt_tokens)
-        req = self._numbered(entry_s, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
-                             priority)
-        self._entering.append(req)
-        if not self._enter.pending:
-            self._enter.at_from(now, entry_s - now)
-
-    def _entered(self, event: Call) -> None:
-        """The front end hands over every request whose entry time has come, in order."""
-        entering = self._entering
-        now = event.time_s
-        self._submit(entering.popleft())  # the one this wait was for
-        while entering and entering[0].arrival_s <= now:
-            self._submit(entering.popleft())
-        if entering:
-            self._enter.at_from(now, entering[0].arrival_s - now)

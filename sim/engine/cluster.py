@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -430,6 +431,8 @@ class Simulation:
         self._progress, self._report_every, self._on_end = progress, max(1, total // 200), on_end
         self._max_concurrency, self._think_time_s = max_concurrency, think_time_s
         self._client = client if max_concurrency is not None else None
+        self._entering: deque[Request] = deque()  # sent, not yet handed over by the API server
+        self._entered_call = Call(clock, self._entered)
         topo: Any  # Colocated, or what a topology builds (sim/engine/topology.py)
         if topology is None:
             topo = Colocated(env, schedulers, costs, router, self.recorder, self._on_finish, swap_s_per_block)
@@ -440,9 +443,12 @@ class Simulation:
         self.admission = admission
         self._topology_submit = topo.submit
         submit = topo.submit if admission is None else self._admit
+        self._engine_submit = submit
+        if self._client is not None:  # a closed loop's requests pass the API server first (``_enter``)
+            submit = self._enter
         # (made after the topology, as the arrival process was started after the replicas')
         self.arrivals = arrivals = Arrivals(env, chunks, submit, self.requests if results is None else None,
-                                            max_concurrency, self._client)
+                                            max_concurrency)
         clock.num_requests = lambda: arrivals.sent
 
     def _release_later(self, n: int):
@@ -452,6 +458,26 @@ class Simulation:
     def _release_after(self, delay_s: float):
         yield self.env.timeout(delay_s)
         self.arrivals.release(1)
+
+    def _enter(self, req: Request) -> None:
+        """A closed loop's request, sent by its client now: it reaches the engine (admission
+        control, then the topology) when the API server hands it over, its arrival there
+        (``ClosedLoopFrontend.entry``: in the order sent)."""
+        now = self.clock.now_s
+        req.arrival_s = entry_s = float(self._client.entry(now, req.prompt_tokens))
+        self._entering.append(req)
+        if not self._entered_call.pending:
+            self._entered_call.at_from(now, entry_s - now)
+
+    def _entered(self, event: Call) -> None:
+        """The API server hands over the request this wait was for, and any other due now."""
+        entering = self._entering
+        now = event.time_s
+        self._engine_submit(entering.popleft())
+        while entering and entering[0].arrival_s <= now:
+            self._engine_submit(entering.popleft())
+        if entering:
+            self._entered_call.at_from(now, entering[0].arrival_s - now)
 
     def _admit(self, req: Request) -> None:
         """An arrival through admission control: on to the topology, or ended as rejected."""
