@@ -14,7 +14,7 @@ import numpy as np
 from sim.engine.admission_control import AdmissionControl
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment, engine_profile
-from sim.engine.frontend import CLIENT_COLUMNS, Frontend, client_times, shifted
+from sim.engine.frontend import CLIENT_COLUMNS, ClosedLoopFrontend, Frontend, client_times, shifted
 from sim.engine.columns import ColumnBuffer
 from sim.engine.recorder import Recorder
 from sim.engine.results import RequestResults
@@ -66,8 +66,8 @@ class RunResult:
     # profile's measured batch range, per replica index (sim/engine/recorder.py)
     overhead_outside_seqs: dict[int, tuple[int, int]] = field(default_factory=dict)
     layout: object = None                            # sim.engine.topology layout: pools, GPUs, replicas
-    # the serving front end (sim/engine/frontend.py; None: offline, in-process, no terms or a
-    # closed loop) and each request's seconds in it before the engine saw it (column
+    # the serving front end (sim/engine/frontend.py; None: offline, in-process or no terms)
+    # and each request's seconds in it before the engine saw it (column
     # frontend_in_s, by request id)
     frontend: Frontend | None = None
     frontend_in: ColumnBuffer | None = None
@@ -164,16 +164,11 @@ class RunResult:
         return self.step_frame()
 
 
-FRONTEND_NOT_IN_CLOSED_LOOP = "not applied: closed loop (workload.synthetic.max_concurrency)"
-
-
 def frontend_status(scenario: Scenario) -> str:
     """How the run treats the serving front end (result.json ``simsrv_frontend``): ``offline``
     (``engine.api_server: false``), ``in the engine's steps`` (an in-process front end:
-    ``frontend_overlap`` false), ``no front-end terms`` (all 0), ``own process`` (delays on
-    requests: sim/engine/frontend.py), or not applied under a closed loop."""
-    from sim.workload.build import closed_loop
-
+    ``frontend_overlap`` false), ``no front-end terms`` (all 0) or ``own process`` (delays on
+    requests, open or closed loop: sim/engine/frontend.py)."""
     e = scenario.engine
     if not e.api_server:
         return "offline"
@@ -182,7 +177,7 @@ def frontend_status(scenario: Scenario) -> str:
         return "in the engine's steps"
     if Frontend.of(p, e.stream_interval) is None:
         return "no front-end terms"
-    return FRONTEND_NOT_IN_CLOSED_LOOP if closed_loop(scenario)[0] is not None else "own process"
+    return "own process"
 
 
 def run_scenario(scenario: Scenario, progress: Callable[[int, int], None] | None = None,
@@ -215,16 +210,20 @@ def _run(scenario: Scenario, progress, workload: RequestArrays | None, max_run_s
     layout = layout_for(scenario)
     results = RequestResults()
     # the serving front end (sim/engine/frontend.py): the engine sees each request when the API
-    # server hands it over. Not under a closed loop: its clients send from inside the simulation
-    # (sim/engine/arrivals.py), on the engine's finish times, so client-side delays would have
-    # them send before they received (``frontend_status`` says so in the summary)
+    # server hands it over. Under a closed loop its clients send from inside the simulation
+    # (sim/engine/arrivals.py) when their last chunk reached them, through the same API server
+    # (``ClosedLoopFrontend``); otherwise the workload's arrivals are shifted before the run
     frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
-    if concurrency is not None:
-        frontend = None
-    spent_in = ColumnBuffer(("frontend_in_s",)) if frontend is not None else None
-    sent = shifted(arrays, frontend, spent_in) if spent_in is not None else arrays
+    client = ClosedLoopFrontend(frontend) if frontend is not None and concurrency is not None else None
+    spent_in: ColumnBuffer | None = None
+    sent = arrays
+    if client is not None:
+        spent_in = client.spent_in
+    elif frontend is not None:
+        spent_in = ColumnBuffer(("frontend_in_s",))
+        sent = shifted(arrays, frontend, spent_in)
     _, rec = simulate(sent, progress=cb, topology=layout.build(max_run_steps), results=results,
-                      admission=AdmissionControl.of(scenario.admission_control), **loop)
+                      admission=AdmissionControl.of(scenario.admission_control), client=client, **loop)
     return run_result(scenario, layout, results, rec,
                       None if streamed or concurrency is not None else arrays,  # else: the requests as sent
                       time.perf_counter() - t0, frontend, spent_in)

@@ -193,17 +193,18 @@ def test_engine_side_prompt_host_work_is_step_cpu_and_engine_overhead():
     assert _col(setup, "tpot_s")[0] == pytest.approx(_col(base, "tpot_s")[0], rel=1e-12)  # decode steps: no prompts
 
 
-def test_closed_loop_runs_without_the_frontend_and_says_so():
+def test_closed_loop_applies_the_frontend_inside_the_simulation():
+    # (issue 37, closed-loop phase-locking: was "not applied"; tests/test_online_ttft.py has the rest)
     raw = _one_request(overhead=FE)
     raw["workload"]["synthetic"].update(num_requests=3, max_concurrency=1)
     off = dict(raw, engine={**raw["engine"], "api_server": False})
     on, offr = _run(raw), _run(off)
-    # its clients send on the engine's finish times (inside the simulation): no client-side delays
-    assert on.frontend is None and on.frontend_in is None
-    assert np.array_equal(_col(on, "ttft_s"), _col(offr, "ttft_s"))
+    # one client: each request pays the input side (3 + 1.28 ms) and the first chunk (0.7 ms)
+    assert on.frontend is not None and on.frontend_in is not None
+    assert _col(on, "ttft_s") == pytest.approx(_col(offr, "ttft_s") + 4.98 * MS)
     s = summarize(on)
-    assert s["simsrv_frontend"].startswith("not applied")
-    assert any("front end" in n for n in s["simsrv_uncertainty"])
+    assert s["simsrv_frontend"] == "own process"
+    assert not any("front end" in n for n in s["simsrv_uncertainty"])
     assert summarize(offr)["simsrv_frontend"] == "offline"
     assert not any("front end" in n for n in summarize(offr)["simsrv_uncertainty"])
     # a front end in the engine's thread is step time: it applies under a closed loop too

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -441,14 +442,18 @@ class Simulation:
     time and for a free client; a client is free ``think_time_s`` after its previous request
     ended, and the request's arrival time is when it is sent. With ``results``, each request is
     written there as it ends and not kept (``requests`` stays empty): memory then grows with
-    the requests in flight. ``on_end`` (if given) sees every request that ends."""
+    the requests in flight. ``on_end`` (if given) sees every request that ends. ``client`` (a
+    closed loop's front end, sim/engine/frontend.py ``ClosedLoopFrontend``, or None): a client
+    is free when its request's last chunk reached it, and what it sends reaches the engine when
+    the API server hands it over."""
 
     def __init__(self, chunks: Iterable[RequestArrays], schedulers: list[Scheduler] | None = None,
                  costs: list | None = None, router: RouterFn | None = None,
                  progress: Callable[[int], None] | None = None, topology: TopologyFactory | None = None,
                  swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
                  total: int = 0, results: RequestResults | None = None,
-                 on_end: Callable[[list[Request]], None] | None = None, admission: Any = None):
+                 on_end: Callable[[list[Request]], None] | None = None, admission: Any = None,
+                 client: Any = None):
         self.env = env = ClockEnvironment()
         self.clock = clock = env.clock
         clock.log = EVENT_LOG
@@ -458,6 +463,9 @@ class Simulation:
         self.ended = 0
         self._progress, self._report_every, self._on_end = progress, max(1, total // 200), on_end
         self._max_concurrency, self._think_time_s = max_concurrency, think_time_s
+        self._client = client if max_concurrency is not None else None
+        self._entering: deque[Request] = deque()  # sent, not yet handed over by the API server
+        self._entered_call = Call(clock, self._entered)
         topo: Any  # Colocated, or what a topology builds (sim/engine/topology.py)
         if topology is None:
             topo = Colocated(env, schedulers, costs, router, self.recorder, self._on_finish, swap_s_per_block)
@@ -468,6 +476,9 @@ class Simulation:
         self.admission = admission
         self._topology_submit = topo.submit
         submit = topo.submit if admission is None else self._admit
+        self._engine_submit = submit
+        if self._client is not None:  # a closed loop's requests pass the API server first (``_enter``)
+            submit = self._enter
         # (made after the topology, as the arrival process was started after the replicas')
         self.arrivals = arrivals = Arrivals(env, chunks, submit, self.requests if results is None else None,
                                             max_concurrency, self.abort, self._aborted_unsent)
@@ -476,6 +487,30 @@ class Simulation:
     def _release_later(self, n: int):
         yield self.env.timeout(self._think_time_s)
         self.arrivals.release(n)
+
+    def _release_after(self, delay_s: float):
+        yield self.env.timeout(delay_s)
+        self.arrivals.release(1)
+
+    def _enter(self, req: Request) -> None:
+        """A closed loop's request, sent by its client now: it reaches the engine (admission
+        control, then the topology) when the API server hands it over, its arrival there
+        (``ClosedLoopFrontend.entry``: in the order sent)."""
+        now = self.clock.now_s
+        req.arrival_s = entry_s = float(self._client.entry(now, req.prompt_tokens))
+        self._entering.append(req)
+        if not self._entered_call.pending:
+            self._entered_call.at_from(now, entry_s - now)
+
+    def _entered(self, event: Call) -> None:
+        """The API server hands over the request this wait was for, and any other due now."""
+        entering = self._entering
+        now = event.time_s
+        self._engine_submit(entering.popleft())
+        while entering and entering[0].arrival_s <= now:
+            self._engine_submit(entering.popleft())
+        if entering:
+            self._entered_call.at_from(now, entering[0].arrival_s - now)
 
     def _admit(self, req: Request) -> None:
         """An arrival through admission control: on to the topology, or ended as rejected."""
@@ -526,7 +561,12 @@ class Simulation:
         before = self.ended
         self.ended += len(finished)
         if self._max_concurrency is not None:
-            if self._think_time_s > 0:
+            client = self._client
+            if client is not None:  # each client is free when its last chunk reached it
+                for req in finished:
+                    self.env.process(self._release_after(
+                        client.client_free_after_s(req.output_tokens) + self._think_time_s))
+            elif self._think_time_s > 0:
                 self.env.process(self._release_later(len(finished)))
             else:
                 self.arrivals.release(len(finished))
@@ -552,7 +592,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
              topology: TopologyFactory | None = None,
              swap_s_per_block: float = 0.0, max_concurrency: int | None = None, think_time_s: float = 0.0,
              total_hint: int | None = None, results: RequestResults | None = None,
-             admission: Any = None) -> tuple[list[Request], Recorder]:
+             admission: Any = None, client: Any = None) -> tuple[list[Request], Recorder]:
     """Replay ``arrays`` (or consecutive sorted chunks of a workload, fed as simulated time
     reaches them) through a topology (``Simulation``, which says what each argument does) to
     the end; return every request (completed or failed; empty with ``results``) and the step
@@ -560,7 +600,7 @@ def simulate(arrays: RequestArrays | Iterable[RequestArrays], schedulers: list[S
     chunks = [arrays] if isinstance(arrays, RequestArrays) else arrays
     total = len(arrays) if isinstance(arrays, RequestArrays) else (total_hint or 0)
     sim = Simulation(chunks, schedulers, costs, router, progress, topology, swap_s_per_block, max_concurrency,
-                     think_time_s, total, results, admission=admission)
+                     think_time_s, total, results, admission=admission, client=client)
     # The run allocates millions of short-lived objects but creates almost no reference cycles;
     # the cyclic collector would rescan every live request on each pass (28% of the wall time
     # at 100k requests, bench/README.md). Reference counting still frees everything meanwhile.

@@ -31,10 +31,17 @@ engine's + ``first_out``, finish at the engine's + ``last_out``. Client TTFT = e
 NOTE: the output side is taken to keep up with the engine (no queue of chunks in the API
 server): its throughput limit under many concurrent streams is not modelled. NOTE: with
 ``stream_interval`` > 1, ITL is still counted per token (the bursts the chunks make are not).
-Under a closed loop (``max_concurrency``) the front end is not applied (sim/run.py): its clients
-send inside the simulation (sim/engine/arrivals.py) on the engine's finish times, and delays added
-outside it would have them send before they received; result.json says so (``simsrv_frontend``,
-an uncertainty note).
+Under a closed loop (``max_concurrency``: vLLM bench ``--max-concurrency``, genai-perf's
+concurrency mode) the same terms apply inside the simulation (``ClosedLoopFrontend``): a client
+is free when the last chunk reached it (engine finish + ``last_out``), sends its next request at
+once (vllm/benchmarks/serve.py ``limited_request_func``: an ``asyncio.Semaphore`` released when
+the request function returns, no delay between requests), and that request goes through the same
+one-request-at-a-time API server before the engine sees it. Requests released together (a batch
+that finished in one step) therefore reach the engine ``c_i`` apart, one after another, as they do
+from one asyncio server, not all at the same instant. NOTE: that spread (milliseconds of
+tokenisation) is far below a long prompt's prefill, so clients freed one step apart still queue
+their prefills behind each other (validation/VC-43: simulated TTFT about twice the measured at
+5-50 clients while ITL matches; issue 37, "Closed-loop clients phase-lock", left open).
 A front end in the engine's own thread (``frontend_overlap: false``) adds to the engine's steps
 instead (``sim.cost.engine_profile.in_process_frontend``); nothing is added here then.
 """
@@ -178,3 +185,30 @@ def client_times(name: str, frontend: Frontend | None, read: Callable[[str], np.
         first_out = np.where(np.isnan(read("first_token_s")), 0.0, frontend.first_out_s(read("output_tokens")))
         return spent_in_s() + first_out
     raise KeyError(name)
+
+
+class ClosedLoopFrontend:
+    """The front end under a closed loop (the module docstring): each request a client sends goes
+    through the API server's FIFO input side (``entry``: the same recursion as ``EntryQueue``,
+    one request at a time, in the order sent); its client is free again when the request's last
+    chunk reached it (``client_free_after_s``). ``spent_in`` records each request's seconds in
+    the front end before the engine saw it (column ``frontend_in_s``), in the order sent (request
+    id order), for ``client_times``."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+        self.spent_in = ColumnBuffer(("frontend_in_s",))
+        self._last_entry_s = -np.inf
+
+    def entry(self, sent_s: float, prompt_tokens: int) -> float:
+        """When the engine sees a request sent at ``sent_s``: ``e = max(sent, e_prev) + c``."""
+        f = self.frontend
+        c = f.request_s + f.per_prompt_token_s * float(prompt_tokens)  # ``Frontend.input_s``
+        e = max(sent_s, self._last_entry_s) + c
+        self._last_entry_s = e
+        self.spent_in.append((e - sent_s,))
+        return e
+
+    def client_free_after_s(self, output_tokens: int) -> float:
+        """Seconds from the engine's last token of a request to its client's (``last_out_s``)."""
+        return float(self.frontend.last_out_s(np.asarray([output_tokens]))[0])

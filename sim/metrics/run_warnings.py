@@ -170,9 +170,6 @@ def uncertainty_notes(summary: dict) -> list[str]:
         out.append(f"extrapolated: {extrapolated / steps:.0%} of the engine steps ({extrapolated:,} of {steps:,}) "
                    "had kernel shapes outside the measured profile (costed at the nearest measured "
                    "efficiency); their error is larger than simsrv validate's")
-    if str(summary.get("simsrv_frontend", "")).startswith("not applied"):
-        out.append("the serving front end (HTTP, tokenisation, streaming) is not applied under a closed loop: "
-                   "client TTFT and E2EL leave out its figures (engine.api_server; README, Per-request costs)")
     outside = summary.get("simsrv_overhead_outside_batch_range")
     if outside:
         out.append(f"outside the profile's measured batch range: steps of {outside[0]}-{outside[1]} sequences "
