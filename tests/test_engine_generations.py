@@ -107,3 +107,65 @@ def test_read_factor_lies_between_one_read_and_one_per_query_head(backend):
             for kv_bytes in (1, 2):
                 f = b.decode_kv_read_factor(q, kv, kv_bytes, hbm_per_l2)
                 assert 1.0 <= f <= q / kv, (key, q, kv, kv_bytes)
+
+
+# --- the 2023 engine profiles ------------------------------------------------------------------
+
+REREADING_BACKENDS = ("trtllm-mmha", "vllm-paged-v0.2")  # a block per query head (pre-XQA, vLLM 0.2)
+
+
+def test_2023_profiles_select_their_loop_graphs_and_kernels():
+    trt = get_profile("trt-llm-2023")
+    assert trt.attention_backend == "trtllm-mmha"          # before XQA (v0.8)
+    assert not trt.overlap_cpu and not trt.cuda_graph_decode  # GptSession: serial loop, graphs opt-in
+    assert trt.kv_memory_basis == "free"
+    v02 = get_profile("vllm-v0.2")
+    assert v02.attention_backend == "vllm-paged-v0.2"
+    assert not v02.cuda_graph_decode                       # CUDA graphs came in 0.2.6
+    assert not v02.frontend_overlap                        # AsyncLLMEngine in the server's process
+    v0 = get_profile("vllm-v0")                            # the measured CPU terms are vidur's, shared
+    for f in ("prefill_step_s", "decode_step_s", "per_seq_s", "per_extra_tp_rank_s", "output_step_s", "output_per_seq_s"):
+        assert getattr(v02, f) == getattr(v0, f), f
+
+
+@pytest.mark.parametrize("profile", ["vllm-v0.2", "trt-llm-2023"])
+@pytest.mark.parametrize("tp", [2, 8])
+def test_eager_decode_step_is_never_shorter_than_its_launches(profile, tp):
+    """Without CUDA graphs every decode step launches each layer's kernels from the host: no
+    step, at any batch, is shorter than those launches plus (serial engines) the CPU work."""
+    p = get_profile(profile)
+    m, g = get_model("llama-2-70b"), get_gpu("a100-80g")
+    cm = RooflineCostModel(m, g, tp, 2, engine=p, calibration=load_calibration(g.key))
+    launch_s = m.num_layers * p.eager_launch_per_layer_s
+    for n in (1, 8, 64, 256):
+        st = cm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=n * 300, num_logits=n))
+        assert st.total_s >= launch_s + p.cpu_s(n, False, tp) - 1e-12, n
+
+
+def test_vllm_02_rereads_a_16bit_gqa_cache_from_l2():
+    """vLLM 0.2's paged_attention runs a block per (query head, sequence): Llama-2-70B TP4 on A100
+    reads its 16-bit cache 8 x 2.039 / 7.22 = 2.26 times in HBM time (vllm-v0's charge: once)."""
+    a100 = get_gpu("a100-80g")
+    m = get_model("llama-2-70b")
+    cm = RooflineCostModel(m, a100, 4, 2, engine=get_profile("vllm-v0.2"), calibration=load_calibration(a100.key))
+    assert cm.decode_kv_reads == pytest.approx(8 * a100.hbm_bw_bytes_per_s / a100.l2_read_bw_bytes_per_s)
+
+
+def _row_backend(r) -> tuple[str, str]:
+    e = (r.scenario or {}).get("engine") or {}
+    profile = e.get("profile", "vllm-v1")
+    return profile, e.get("attention_backend") or (e.get("overhead") or {}).get("attention_backend") \
+        or get_profile(profile).attention_backend
+
+
+def test_each_validation_row_runs_its_generations_kernels():
+    """A row of a later engine never runs a 2023 kernel; a 2023 TensorRT-LLM row before XQA runs
+    its 2023 profile (whose default kernel is the pre-XQA one)."""
+    for r in load_rows():
+        if r.scenario is None or r.status != "ok":
+            continue
+        profile, backend = _row_backend(r)
+        if r.generation == "2024-26":
+            assert backend not in REREADING_BACKENDS and profile not in ("vllm-v0.2",), r.id
+        if r.generation == "2023" and profile.startswith("trt-llm"):
+            assert profile == "trt-llm-2023", r.id
