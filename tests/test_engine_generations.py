@@ -169,3 +169,19 @@ def test_each_validation_row_runs_its_generations_kernels():
             assert backend not in REREADING_BACKENDS and profile not in ("vllm-v0.2",), r.id
         if r.generation == "2023" and profile.startswith("trt-llm"):
             assert profile == "trt-llm-2023", r.id
+
+
+def test_explain_shows_the_generations_kernels_and_launches():
+    from sim.analysis.explain import explain
+    from sim.engine.deployment import build_deployment
+    from sim.scenario import scenario_from_dict
+    from tests.conftest import small_scenario
+
+    def figures(profile: str) -> dict:
+        s = scenario_from_dict(small_scenario(model="llama-2-70b", hardware={"gpu": "a100-80g"},
+                                              cluster={"tensor_parallel_size": 4}, engine={"profile": profile}))
+        return explain(build_deployment(s), 1024, 8)
+
+    old, new = figures("vllm-v0.2"), figures("vllm-v0")
+    assert old["decode_kv_reads"] == pytest.approx(8 * 2.039 / 7.2192, rel=1e-3) and new["decode_kv_reads"] == 1.0
+    assert old["decode_launch_ms"] == pytest.approx(80 * 0.1) and new["decode_launch_ms"] == 0.0  # eager vs graphed
