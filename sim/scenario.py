@@ -137,6 +137,7 @@ class CustomGPU(_Strict):
     tdp_w: Optional[float] = Field(None, gt=0)
     num_sms: Optional[int] = Field(None, ge=1)
     driver_reserved_bytes: Optional[int] = Field(None, ge=0)  # nvidia-smi -q Reserved (default 551 MiB)
+    l2_read_bw_bytes_per_s: Optional[float] = Field(None, gt=0)  # L2 read bandwidth (sim/spec/hardware.py)
 
 
 class Hardware(_Strict):

@@ -42,11 +42,11 @@ def test_every_profile_names_a_known_backend():
 def test_mmha_reads_an_8bit_gqa_cache_once_per_query_head(calibrated):
     """Llama-2-70B at TP2: 32 query heads on 4 KV heads per GPU. With an fp8 cache the masked
     MHA kernel streams each KV head 8 times: at a long context, where the read is bandwidth
-    bound, decode attention costs about 8x XQA's; with a 16-bit cache it costs the same."""
+    bound, decode attention costs about 8x XQA's. (A 16-bit cache's re-reads come from L2:
+    tests/test_engine_generations.py.)"""
     xqa, mmha = _cm("trtllm", 1, calibrated=calibrated), _cm("trtllm-mmha", 1, calibrated=calibrated)
     assert mmha.decode_kv_reads == 8 and xqa.decode_kv_reads == 1
     assert 6.0 < _attn_s(mmha) / _attn_s(xqa) < 9.0
-    assert _attn_s(_cm("trtllm-mmha", 2, calibrated=calibrated)) == _attn_s(_cm("trtllm", 2, calibrated=calibrated))
     # MHA (Llama-2-7B): a group of one head, nothing re-read
     assert _cm("trtllm-mmha", 1, model="llama-2-7b", tp=1).decode_kv_reads == 1
 

@@ -34,11 +34,13 @@ def test_cli_json_of_one_row_has_exactly_the_documented_keys():
     d = json.loads(p.stdout)
     assert set(d) == {"cases", "summary"}
     (c,) = d["cases"]
-    assert set(c) == {"id", "level", "metric", "measured", "simulated", "err"}
+    assert set(c) == {"id", "level", "metric", "measured", "simulated", "err", "generation"}
+    assert c["generation"] == "2023"  # TensorRT-LLM v0.5
     assert c["measured"] == 133 and c["level"] == "step"
     assert c["err"] == pytest.approx(c["simulated"] / c["measured"] - 1)
     assert 60 < c["simulated"] < 300  # a 7B prompt of 2048 tokens on one A100: tens of ms of GEMMs
-    assert set(d["summary"]) == {"step", "request", "ordering"}
+    assert set(d["summary"]) == {"step", "request", "ordering", "by_generation"}
+    assert d["summary"]["by_generation"]["2023"]["step"] == d["summary"]["step"]
     assert d["summary"]["step"]["median_abs_err"] == pytest.approx(abs(c["err"]))
     assert d["summary"]["ordering"] == {"correct": 0, "total": 0}
 

@@ -52,6 +52,10 @@ EXPLAIN_KEYS = (
     # bits per weight with the block scales (16 unquantized), and the tensor-core peak the
     # quantized GEMMs run at (the bf16 peak for weight-only kernels)
     "quantized_params", "quantized_bits_per_weight", "quantized_gemm_peak_flops_per_s",
+    # issue 37 item 5: the engine generation's kernels and launches (engine profile; sim/cost/
+    # attention_backend.py): how many times a decode step reads each cached K/V byte, in HBM
+    # time, and the host's kernel launches of a decode step of --batch sequences (0 under a CUDA graph)
+    "decode_kv_reads", "decode_launch_ms",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -107,7 +111,19 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **offload_figures(dep),
         **speculative_figures(dep, n, b),
         **quantization_figures(dep),
+        **kernel_figures(dep, b),
     }
+
+
+def kernel_figures(dep: Deployment, batch: int) -> dict[str, float]:
+    """The engine's attention kernels and launches: each cached K/V byte's reads per decode step
+    in HBM time (1; a GQA group per query head under pre-XQA TensorRT-LLM or vLLM 0.2's kernels,
+    a 16-bit cache's re-reads priced at the L2's bandwidth), and the host time launching a decode
+    step's kernels when it is not a CUDA graph replay (overlapped with the GPU's work)."""
+    cm = _tp_model(dep)
+    e = cm.engine
+    launch_s = 0.0 if e.graphed(batch, False) else dep.model.num_layers * e.eager_launch_per_layer_s
+    return {"decode_kv_reads": float(cm.decode_kv_reads), "decode_launch_ms": launch_s * 1e3}
 
 
 def quantization_figures(dep: Deployment) -> dict[str, float | int]:

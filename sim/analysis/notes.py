@@ -45,7 +45,7 @@ class RunFacts:
     moe: bool = False
     mha: bool = False
     calibrated: bool = True
-    trt_llm_kernels: bool = False   # TensorRT-LLM's profile or an attention backend named in the scenario
+    trt_llm_kernels: bool = False   # a profile whose kernels re-read KV per query head, or a backend named
     partial_prefills: bool = False
     timestamp_grid: bool = False    # arrivals on a grid (many at the same instant), not spread
 
@@ -75,7 +75,7 @@ CONDITIONS: dict[tuple[str, str], Callable[[list[RunFacts]], bool]] = {
     ("cost.roofline", "applied per kernel to operators without"): _never,   # a fragment: "applied" to what?
     ("cost.roofline", "fp8/int8 GEMM kernels are assumed"): _any(lambda f: f.quantized),
     ("cost.roofline", "the model is pure"): _never,                          # about the code, not the model
-    ("cost.roofline", "the re-reads are charged at HBM bandwidth"): _any(lambda f: f.trt_llm_kernels),
+    ("cost.roofline", "re-reads are charged at HBM bandwidth"): _any(lambda f: f.trt_llm_kernels),
     ("cost.roofline", "the quantized kernel is assumed"): _any(lambda f: f.quantized),
     ("cost.roofline", "an MoE expert GEMM"): _any(lambda f: f.moe),
     ("cost.roofline", "the vocabulary-wide LM-head GEMM"): _any(lambda f: f.calibrated),
@@ -245,7 +245,7 @@ def run_facts(scenario: dict, arrival_s=None) -> RunFacts:
         moe=model is None or model.num_experts > 1,
         mha=model is None or model.num_kv_heads == model.num_heads,
         calibrated=hardware.get("cost_model", "calibrated") == "calibrated",
-        trt_llm_kernels=engine.get("profile") == "trt-llm" or bool(engine.get("attention_backend")
+        trt_llm_kernels=engine.get("profile") in ("trt-llm", "trt-llm-2023", "vllm-v0.2") or bool(engine.get("attention_backend")
                                                                     or overhead.get("attention_backend")),
         partial_prefills=int(engine.get("max_num_partial_prefills", 0)) > 0,
         timestamp_grid=bool(workload.get("trace")) and not (workload.get("trace") or {}).get("spread_grid_s")

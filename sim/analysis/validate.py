@@ -28,6 +28,12 @@ from sim.errors import UserError
 
 LEVELS = ("step", "request", "ordering")
 DEFAULT_TOLERANCE = {"step": 0.20, "request": 0.25, "ordering": 0.0}
+# Engine generations (issue 37's targets are judged per generation): "2023" = vLLM <= 0.3,
+# TensorRT-LLM before its XQA kernel (< v0.8), research prototypes of that time (Sarathi-Serve,
+# DeepSpeed-FastGen and their baselines); "2024-26" = vLLM V1 and 0.4+, TensorRT-LLM >= 0.9,
+# SGLang >= 0.3 and later engines. A case file's ``generation`` (a row's may override it);
+# a row measuring no engine (an NCCL all-reduce) has none.
+GENERATIONS = ("2023", "2024-26")
 
 
 def validation_dir() -> Path:
@@ -54,6 +60,7 @@ class Row:
     reason: str = ""
     simulated: float | None = None
     file: str = ""  # the case file (its directory resolves the scenario's relative paths)
+    generation: str | None = None  # engine generation (GENERATIONS), None: no engine measured
 
     @property
     def err(self) -> float | None:
@@ -107,6 +114,7 @@ def load_case_files(files: list[Path], where: str) -> list[Row]:
                 scen = _merge(c.get("base") or {}, r.get("scenario") or {})
                 scen.setdefault("name", r["id"].replace("/", "_"))
             status, reason = r.get("status", "ok"), r.get("reason", "")
+            generation = _generation(f, r, c)
             missing = [k for k in (r.get("requires") or c.get("requires") or []) if not scenario_key_exists(k)]
             if status == "ok" and missing:
                 status, reason = "not-reproducible", f"needs scenario key {', '.join(missing)} (not on this version)"
@@ -116,7 +124,8 @@ def load_case_files(files: list[Path], where: str) -> list[Row]:
                             tolerance=float(tol), role=r.get("role", "held-out"), source=c.get("source", ""),
                             scenario=None if r.get("ratio") else scen, allreduce=r.get("allreduce"),
                             order=list(r.get("order") or []), capacity=r.get("capacity"),
-                            ratio=list(r.get("ratio") or []), status=status, reason=reason, file=str(f)))
+                            ratio=list(r.get("ratio") or []), status=status, reason=reason, file=str(f),
+                            generation=generation))
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
@@ -133,6 +142,15 @@ def load_case_files(files: list[Path], where: str) -> list[Row]:
         if r.ratio and len(r.ratio) != 2:
             raise UserError(f"{d}: row {r.id}: ratio names two rows [numerator, denominator]")
     return rows
+
+
+def _generation(f: Path, row: dict, case: dict) -> str | None:
+    """The row's engine generation: its own ``generation``, else its case's (None where neither
+    gives one); any other value than GENERATIONS is one error line naming the file and row."""
+    g = row.get("generation", case.get("generation"))
+    if g is not None and g not in GENERATIONS:
+        raise UserError(f"{f}: row {row.get('id')}: generation {g!r} is not one of {', '.join(GENERATIONS)}")
+    return g
 
 
 def scenario_key_exists(dotted: str) -> bool:
@@ -282,7 +300,7 @@ def _stats(errs: list[float]) -> dict:
     return {"median_abs_err": float(np.median(a)), "p90_abs_err": float(np.percentile(a, 90))}
 
 
-def summarize_rows(rows: list[Row]) -> dict:
+def _level_stats(rows: list[Row]) -> dict:
     ran = [r for r in rows if r.simulated is not None]
     out = {lvl: _stats([r.err for r in ran if r.level == lvl and r.err is not None]) for lvl in ("step", "request")}
     orders = [r for r in ran if r.level == "ordering"]
@@ -290,11 +308,19 @@ def summarize_rows(rows: list[Row]) -> dict:
     return out
 
 
+def summarize_rows(rows: list[Row]) -> dict:
+    """Median and p90 |err| per level and the orderings right, over all rows and (``by_generation``)
+    over each engine generation's rows alone (issue 37 judges its targets per generation)."""
+    out = _level_stats(rows)
+    out["by_generation"] = {g: _level_stats([r for r in rows if r.generation == g]) for g in GENERATIONS}
+    return out
+
+
 def to_json(rows: list[Row]) -> dict:
     """The documented ``--json`` document (rows that ran only; see ``not_reproduced``)."""
     ran = [r for r in rows if r.simulated is not None]
     return {"cases": [{"id": r.id, "level": r.level, "metric": r.metric, "measured": r.measured,
-                       "simulated": r.simulated, "err": r.err} for r in ran],
+                       "simulated": r.simulated, "err": r.err, "generation": r.generation} for r in ran],
             "summary": summarize_rows(rows)}
 
 

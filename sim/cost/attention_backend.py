@@ -5,8 +5,11 @@ reads each KV head's cache once when the kernel serves a whole query-head group 
 block (FlashAttention-2, FlashInfer, TensorRT-LLM's XQA), but once per query head when it
 launches one block per (sequence, query head) and each block converts an 8-bit cache itself
 (TensorRT-LLM's masked multi-head attention before XQA): group-size times the KV bytes, which
-the XQA blog measures as a 2.4x throughput gap on Llama-70B with an fp8 cache. The figures live in ``sim/catalog/attention_backends.yaml``, each with its
-source; ``engine.attention_backend`` names one (default: the engine profile's).
+the XQA blog measures as a 2.4x throughput gap on Llama-70B with an fp8 cache. With a 16-bit
+cache the same blocks load the same lines without converting them: the first load brings them
+from HBM and the group's others find them in L2, so the re-reads cost the L2's read bandwidth,
+not HBM's (``per_query_head_l2``). The figures live in ``sim/catalog/attention_backends.yaml``,
+each with its source; ``engine.attention_backend`` names one (default: the engine profile's).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from functools import lru_cache
 from sim.errors import UserError
 from sim.catalog.packed import load_catalog
 
-KV_LOADS = ("per_kv_head", "per_query_head", "per_query_head_8bit_kv")
+KV_LOADS = ("per_kv_head", "per_query_head", "per_query_head_8bit_kv", "per_query_head_l2")
 
 
 @dataclass(frozen=True)
@@ -27,14 +30,22 @@ class AttentionBackend:
     description: str = ""
     sources: tuple[str, ...] = ()
 
-    def decode_kv_read_factor(self, q_heads: float, kv_heads: float, kv_dtype_bytes: float) -> float:
-        """How many times a decode step streams each cached K/V byte: once, or once per
-        query head of its group (``q_heads / kv_heads`` per GPU; for ``per_query_head_8bit_kv``
-        only with a 1-byte KV cache)."""
-        per_q = self.decode_kv_loads == "per_query_head" or (
-            self.decode_kv_loads == "per_query_head_8bit_kv" and kv_dtype_bytes <= 1)
-        if per_q and kv_heads > 0:
-            return max(1.0, q_heads / kv_heads)
+    def decode_kv_read_factor(self, q_heads: float, kv_heads: float, kv_dtype_bytes: float,
+                              hbm_per_l2: float = 1.0) -> float:
+        """How many times a decode step streams each cached K/V byte, in HBM-equivalent bytes:
+        once, or once per query head of its group (``q_heads / kv_heads`` per GPU; for
+        ``per_query_head_8bit_kv`` only with a 1-byte KV cache). ``per_query_head_l2``: an 8-bit
+        cache's loads each convert in their own block (per query head, at HBM bandwidth, as the
+        XQA blog's measured gap implies); a 16-bit cache's group reads its lines ``group`` times
+        from L2, ``hbm_per_l2`` (HBM over L2 read bandwidth, 1 where the GPU's L2 figure is not
+        published) pricing each L2 read in HBM time, and never less than the one load from HBM."""
+        group = q_heads / kv_heads if kv_heads > 0 else 1.0
+        loads = self.decode_kv_loads
+        if loads == "per_query_head" or (loads in ("per_query_head_8bit_kv", "per_query_head_l2")
+                                         and kv_dtype_bytes <= 1):
+            return max(1.0, group)
+        if loads == "per_query_head_l2":
+            return max(1.0, group * hbm_per_l2)
         return 1.0
 
 

@@ -44,7 +44,7 @@ from sim.cost.attention_backend import get_backend
 from sim.errors import UserError
 from sim.catalog.packed import load_catalog
 
-PROFILE_NAMES = ("vllm-v1", "vllm-v1-0.34", "vllm-v0", "sglang", "trt-llm", "custom")
+PROFILE_NAMES = ("vllm-v1", "vllm-v1-0.34", "vllm-v0", "vllm-v0.2", "sglang", "trt-llm", "trt-llm-2023", "custom")
 DEFAULT_PROFILE = "vllm-v1"
 
 

@@ -324,10 +324,13 @@ class RooflineCostModel:
         self._lm_flag = False   # the LM head's does (reported once per run, not per step)
         # How many times a decode step streams each cached K/V byte under the engine's attention
         # kernels (sim/cost/attention_backend.py): once, or once per query head of a GQA group
-        # (TensorRT-LLM's pre-XQA masked multi-head attention). NOTE: the re-reads are charged
-        # at HBM bandwidth, as the XQA blog's measured 2.4x gap on Llama-70B / H200 implies.
+        # (TensorRT-LLM's pre-XQA masked multi-head attention). NOTE: an 8-bit cache's re-reads
+        # are charged at HBM bandwidth, as the XQA blog's measured 2.4x gap on Llama-70B / H200
+        # implies; a 16-bit cache's at the L2's read bandwidth where the GPU's is published.
+        l2_bw = gpu.l2_read_bw_bytes_per_s
+        hbm_per_l2 = 1.0 if l2_bw is None else gpu.hbm_bw_bytes_per_s / l2_bw
         self.decode_kv_reads = get_backend(self.engine.attention_backend).decode_kv_read_factor(
-            self.heads, self.kv_dim / m.head_dim, self.kv_dtype_bytes)
+            self.heads, self.kv_dim / m.head_dim, self.kv_dtype_bytes, hbm_per_l2)
         # Decode attention is looked up at the context of equal bytes in the tables' KV dtype
         # (and of equal bytes read, when the kernel re-reads the cache per query head).
         self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads

@@ -45,7 +45,22 @@ def summary_lines(rows: list[Row]) -> list[str]:
                        f" (target {target})")
     o = s["ordering"]
     out.append(f"ordering: {o['correct']} of {o['total']} right (target: all)")
+    for g, gs in s["by_generation"].items():
+        out.append(f"{g} engines: " + "; ".join(_generation_parts(rows, g, gs)))
     return out
+
+
+def _generation_parts(rows: list[Row], generation: str, gs: dict) -> list[str]:
+    """One generation's figures per level (``summarize_rows``' ``by_generation`` entry)."""
+    parts = []
+    for lvl in ("step", "request"):
+        n = sum(1 for r in rows if r.generation == generation and r.level == lvl and r.err is not None)
+        st = gs[lvl]
+        parts.append(f"{lvl} no rows run" if st["median_abs_err"] is None else
+                     f"{lvl} ({n} rows) median |err| {st['median_abs_err']:.1%}, p90 {st['p90_abs_err']:.1%}")
+    o = gs["ordering"]
+    parts.append(f"ordering {o['correct']} of {o['total']} right")
+    return parts
 
 
 def build_validate_page(rows: list[Row]) -> Page:

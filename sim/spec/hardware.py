@@ -45,6 +45,10 @@ class GPUSpec:
     # "nvidia" | "amd": the platform vLLM runs on (CUDA or ROCm), which decides the quantization
     # methods it accepts (sim/spec/quantization.py ``check_gpu``)
     vendor: str = "nvidia"
+    # the L2 cache's read bandwidth where the vendor publishes it (catalog/gpus.yaml); None: not
+    # published. Prices data that many thread blocks load again after one of them brought it
+    # from HBM (sim/cost/attention_backend.py, TensorRT-LLM's pre-XQA decode kernel).
+    l2_read_bw_bytes_per_s: float | None = None
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -62,7 +66,7 @@ class GPUSpec:
 REQUIRED = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "memory_bytes")
 OPTIONAL = ("fp8_flops_per_s", "fp4_flops_per_s", "vendor", "int8_ops_per_s", "nvlink_bw_bytes_per_s", "pcie_bw_bytes_per_s", "tdp_w",
             "num_sms", "driver_reserved_bytes", "full_nvlink", "gpus_per_node", "inter_node_bw_bytes_per_s",
-            "inter_node_latency_s")
+            "inter_node_latency_s", "l2_read_bw_bytes_per_s")
 # NOTE: nvidia-smi -q "FB Memory Usage / Reserved" on H100 80GB is 328-551 MiB across drivers; with
 # 551 MiB, 81,559 - 551 = 81,008 MiB = 79.11 GiB, the total_gpu_memory vLLM logs on that part
 # (kernels_profile/hardware.md). Used for NVIDIA parts without their own figure.
@@ -118,6 +122,7 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
             else DEFAULT_INTER_NODE_LATENCY_S,
             fp4_flops_per_s=_opt(d, "fp4_flops_per_s"),
             vendor=str(d.get("vendor") or "nvidia"),
+            l2_read_bw_bytes_per_s=_opt(d, "l2_read_bw_bytes_per_s"),
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: bad value ({e})") from None
@@ -127,6 +132,8 @@ def _spec(key: str, d: dict, where: str) -> GPUSpec:
               "inter_node_bw_bytes_per_s"):
         if not getattr(spec, k) > 0:
             raise UserError(f"{where}.{k}: must be > 0, got {getattr(spec, k)}")
+    if spec.l2_read_bw_bytes_per_s is not None and not spec.l2_read_bw_bytes_per_s > 0:
+        raise UserError(f"{where}.l2_read_bw_bytes_per_s: must be > 0, got {spec.l2_read_bw_bytes_per_s}")
     return spec
 
 
