@@ -68,7 +68,7 @@ def main() -> None:
     # the vLLM environment's interpreter (beside its vllm executable) has the tokenizers package
     subprocess.run([str(Path(args.vllm).parent / "python"), __file__, "--vllm", args.vllm, "--make-tokenizer",
                     str(tok)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     server = subprocess.Popen([sys.executable, "-m", "sim", "serve", args.scenario, "--port", "0", "--out",
                                str(work / "served")], stdout=subprocess.PIPE, text=True, env=env)
     base = "http://" + server.stdout.readline().split("http://", 1)[1].split()[0].removesuffix("/v1")
