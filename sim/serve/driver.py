@@ -171,8 +171,9 @@ class Driver:
     def _observe_gap(self, rid: int, stream: Stream, t_s: float) -> None:
         """The request's new output at simulated time ``t_s``: its gap since the previous one
         into ``vllm:inter_token_latency_seconds``, one observation per output as vLLM makes it
-        (vllm/v1/metrics/stats.py ``IterationStats.update_from_output``: ``engine_core_timestamp -
-        req_stats.last_token_ts`` for each output after the first; loggers.py observes each)."""
+        (vllm/v1/metrics/stats.py ``IterationStats.update_from_output``, 0.11.0 and 0.34.0:
+        ``engine_core_timestamp - req_stats.last_token_ts`` for each output after the first;
+        loggers.py ``PrometheusStatLogger.record`` observes each)."""
         if stream.last_output_s is not None:
             replica = self.live.replica_of(rid)
             if replica >= 0:
