@@ -3,6 +3,7 @@ load test through the endpoint (issue 41's acceptance; figures in bench/README.m
 
     python bench/serve_clients.py idle [--requests 12] [--client openai|raw]
     python bench/serve_clients.py load [--speed 0.5] [--rates 4,8,12,16] [--seconds 30]
+    python bench/serve_clients.py idle --floor [--client openai|raw]
 
 ``idle``: one request at a time (each after the previous ended, with a pause), prompts from
 64 to 4,096 tokens, 64 output tokens; the client's TTFT (send to first chunk) and TPOT (mean
@@ -13,12 +14,20 @@ gap over the answer's chunks) against the simulation's figures for the same requ
 sends at rate x speed per wall second and its latencies are multiplied by speed), prompts of
 2,000 tokens and 256 output tokens; ``/metrics`` is scraped every wall second for the
 requests waiting and the KV use; the client's TTFT percentiles in simulated ms.
+
+``--floor``: the same client against ``echo`` (``python bench/serve_clients.py echo``), a
+server on the same stack as simsrv serve (uvicorn, uvloop and httptools where installed) that
+answers the first chunk as soon as the request's body is read and then one token every
+``--itl-ms``: no simulation, no waiting. Its client TTFT is the floor any server on this machine
+leaves (the kernel's loopback both ways, the event loops, the client's own HTTP and JSON work);
+simsrv serve's offsets are to be read against it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -33,12 +42,84 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "chat.yaml"
 
 
+def _env() -> dict[str, str]:
+    """This checkout first on the path (and whatever PYTHONPATH held after it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
 def start(out: Path, speed: float) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = _env()
     proc = subprocess.Popen([sys.executable, "-m", "sim", "serve", str(SCENARIO), "--port", "0", "--out", str(out),
                              "--speed", str(speed)], stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     return proc, "http://" + line.split("http://", 1)[1].split()[0].removesuffix("/v1")
+
+
+def start_echo(itl_ms: float) -> tuple[subprocess.Popen, str]:
+    env = _env()
+    proc = subprocess.Popen([sys.executable, __file__, "echo", "--itl-ms", str(itl_ms)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    return proc, "http://" + line.split("http://", 1)[1].split()[0].removesuffix("/v1")
+
+
+def echo(args) -> None:
+    """A streaming OpenAI-style server that does nothing but answer: the floor (module docstring)."""
+    import uvicorn
+
+    from sim.serve.app import event_loop_factory
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                await send({"type": m["type"].replace(".startup", ".startup.complete")
+                            .replace(".shutdown", ".shutdown.complete")})
+                if m["type"] == "lifespan.shutdown":
+                    return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        if scope["method"] == "GET":  # /v1/models
+            data = json.dumps({"object": "list", "data": [{"id": "llama-3-8b", "object": "model"}]}).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": data})
+            return
+        asked = json.loads(body)
+        chat = scope["path"].endswith("/chat/completions")
+        n = int(asked.get("max_tokens") or 16)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+
+        def event(i: int, text: str) -> bytes:
+            if chat:
+                delta = {"content": text} if i else {"role": "assistant", "content": text}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+            return f"data: {json.dumps({'id': 'x', 'object': 'x', 'created': 0, 'model': 'llama-3-8b', 'choices': [choice]})}\n\n".encode()
+
+        for i in range(n):
+            if i:
+                await asyncio.sleep(args.itl_ms / 1e3)
+            await send({"type": "http.response.body", "body": event(i, " w"), "more_body": True})
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        tail = f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
+        await send({"type": "http.response.body", "body": tail})
+
+    async def serve() -> None:
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        print(f"echo: http://{host}:{port}/v1", flush=True)
+        await task
+
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(serve())  # (until SIGINT: uvicorn raises it again once it has stopped)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -82,7 +163,7 @@ def idle(args) -> None:
     import polars as pl
 
     out = Path(tempfile.mkdtemp()) / "idle"
-    proc, url = start(out, 1.0)
+    proc, url = start_echo(7.0) if args.floor else start(out, 1.0)
     lengths = [64 * 2 ** (i % 7) for i in range(args.requests)]  # 64 .. 4,096
     if args.client == "openai":
         import openai
@@ -109,6 +190,11 @@ def idle(args) -> None:
         t = ask(n, 64)
         client_rows.append((t[0], (t[-1] - t[0]) / (len(t) - 1)))
     stop(proc)
+    if args.floor:
+        ttfts = sorted(r[0] * 1e3 for r in client_rows)
+        print(f"floor ({args.client} client, echo server): TTFT ms median {ttfts[len(ttfts) // 2]:.2f} "
+              f"min {ttfts[0]:.2f} max {ttfts[-1]:.2f} over {len(ttfts)} requests")
+        return
     sim = pl.read_parquet(out / "requests.parquet").tail(len(lengths))
     print(f"{'prompt':>7} {'sim TTFT':>9} {'client':>8} {'diff':>7} {'sim TPOT':>9} {'client':>8} {'diff':>7}  within 5 ms + 2%")
     worst = 0.0
@@ -184,12 +270,15 @@ def main() -> None:
     a.add_argument("--requests", type=int, default=12)
     a.add_argument("--client", choices=("openai", "raw"), default="openai",
                    help="the openai package, or plain asyncio streams (no HTTP library)")
+    a.add_argument("--floor", action="store_true", help="against the echo server: the transport floor")
+    e = sub.add_parser("echo", help="(the floor's server: prints its URL, serves until stopped)")
+    e.add_argument("--itl-ms", type=float, default=7.0)
     b = sub.add_parser("load")
     b.add_argument("--speed", type=float, default=0.5)
     b.add_argument("--rates", default="4,8,12,16")
     b.add_argument("--seconds", type=float, default=30.0)
     args = ap.parse_args()
-    idle(args) if args.what == "idle" else load(args)
+    {"idle": idle, "load": load, "echo": echo}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ simsrv serve's count (one token per word, sim/serve/tokens.py) reads back exactl
 (real time). After the client ends, the server is stopped (SIGINT) and its run directory's
 ``scenario.resolved.yaml`` (the recorded arrivals) is run by ``simsrv run``; the table gives
 each percentile from both and their difference.
+
+``--floor``: the same ``vllm bench serve`` run against bench/serve_clients.py's echo server
+(the same HTTP stack, no simulation: the first chunk as soon as the request is read, then one
+token every ``--itl-ms``); the TTFT it reports is the floor that the machine's loopback, the
+event loops and the client's own work leave on any server.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--floor", action="store_true", help="against the echo server instead (module docstring)")
+    ap.add_argument("--itl-ms", type=float, default=7.1, help="--floor: the echo server's gap between tokens")
     ap.add_argument("--make-tokenizer", help=argparse.SUPPRESS)  # (internal: write the tokenizer there)
     args = ap.parse_args()
     if args.make_tokenizer:
@@ -68,9 +75,12 @@ def main() -> None:
     # the vLLM environment's interpreter (beside its vllm executable) has the tokenizers package
     subprocess.run([str(Path(args.vllm).parent / "python"), __file__, "--vllm", args.vllm, "--make-tokenizer",
                     str(tok)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-m", "sim", "serve", args.scenario, "--port", "0", "--out",
-                               str(work / "served")], stdout=subprocess.PIPE, text=True, env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    if args.floor:
+        cmd = [sys.executable, str(ROOT / "bench" / "serve_clients.py"), "echo", "--itl-ms", str(args.itl_ms)]
+    else:
+        cmd = [sys.executable, "-m", "sim", "serve", args.scenario, "--port", "0", "--out", str(work / "served")]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     base = "http://" + server.stdout.readline().split("http://", 1)[1].split()[0].removesuffix("/v1")
     bench_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     subprocess.run([args.vllm, "bench", "serve", "--backend", "openai", "--base-url", base, "--model", "llama-3-8b",
@@ -81,6 +91,13 @@ def main() -> None:
                    check=True, env=bench_env, stdout=subprocess.DEVNULL)
     server.send_signal(signal.SIGINT)
     server.communicate(timeout=120)
+    if args.floor:
+        client = json.loads((work / "bench.json").read_text())
+        print(f"floor: vllm bench serve against the echo server, {args.num_prompts} prompts at {args.rate:g} req/s, "
+              f"{args.output_len} tokens {args.itl_ms:g} ms apart; completed {client['completed']}")
+        for k in KEYS:
+            print(f"{k:<16} {client[k]:>9.2f}")
+        return
     subprocess.run([sys.executable, "-m", "sim", "run", str(work / "served" / "scenario.resolved.yaml"), "--out",
                     str(work / "replay"), "-q"], check=True, env=env)
     client = json.loads((work / "bench.json").read_text())

@@ -14,19 +14,68 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from sim.serve.driver import Driver, Stream
+from sim.serve.driver import Driver, Stream, sleep_until
 from sim.serve.openai_api import ApiError, chunk, parse, sse, token_text, usage_chunk, whole
 from sim.serve.prom import exposition
 
 # the header of the server's own warm-up request (sim/serve/session.py ``_warm_up``): it passes
 # before the doors open, to a throwaway copy of the deployment
 WARM_UP_HEADER = "x-simsrv-warm-up"
+
+# the ASGI scope extension (ASGI spec: servers add theirs under scope["extensions"]) holding the
+# wall time a request's first bytes were received (``arrival_stamping_protocol``)
+ARRIVAL_EXTENSION = "simsrv.arrival_wall"
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where that package is installed (the ``serve`` extra, on CPython
+    outside Windows), else None: asyncio's own. vLLM's API server runs on uvloop
+    (vllm/entrypoints/cli/serve.py ``uvloop.run(run_server(args))``); here it takes ~0.2 ms off
+    the time from a request's bytes reaching the socket to the server reading them (README,
+    "simsrv serve", timing)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def arrival_stamping_protocol(clock: Callable[[], float]) -> type:
+    """uvicorn's HTTP protocol, httptools' where that package is installed and h11's otherwise
+    (what uvicorn's ``http="auto"`` picks), stamping each request with ``clock()`` when its first
+    bytes were received: a request arrives then, not when its handler starts after the HTTP
+    parsing and routing (~0.25 ms here). The simulated front end (sim/engine/frontend.py) models
+    vLLM's API server from that moment, its HTTP parsing included, so simsrv's own parsing runs
+    inside the simulated span instead of before it (README, "simsrv serve", timing)."""
+    try:
+        import httptools  # noqa: F401  (uvicorn's httptools protocol needs it)
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class ArrivalStamping(Base):  # type: ignore[misc,valid-type]
+        _first_bytes_wall: float | None = None
+
+        def data_received(self, data: bytes) -> None:
+            now = clock()
+            cycle = self.cycle
+            if self._first_bytes_wall is None and (cycle is None or cycle.response_complete):
+                self._first_bytes_wall = now  # the first bytes of a new request (not a body's later ones)
+            scope = getattr(self, "scope", None)
+            super().data_received(data)
+            new = getattr(self, "scope", None)
+            if new is not scope and new is not None:  # the parser began a request in this call
+                new.setdefault("extensions", {})[ARRIVAL_EXTENSION] = self._first_bytes_wall or now
+                self._first_bytes_wall = None
+
+    return ArrivalStamping
 
 
 class Endpoint:
@@ -80,7 +129,9 @@ class Endpoint:
     async def _generate(self, request: Request, chat: bool) -> Response:
         if WARM_UP_HEADER not in request.headers:
             await self.open.wait()
-        received_wall = self.driver.clock()  # its arrival: before reading the body and counting tokens
+        # its arrival: when its first bytes came in (``arrival_stamping_protocol``), else now,
+        # before reading the body and counting tokens
+        received_wall = request.scope.get("extensions", {}).get(ARRIVAL_EXTENSION) or self.driver.clock()
         try:
             try:
                 body = json.loads(await request.body())
@@ -120,12 +171,13 @@ class Endpoint:
             if item is None:
                 break
             i, t_s = item
-            wait_s = self.driver.wall_of(t_s) - self.driver.clock()
-            if wait_s > 0:  # the serving front end's time to the client (sim/engine/frontend.py)
-                await asyncio.sleep(wait_s)
+            due_wall = self.driver.wall_of(t_s)
+            if due_wall > self.driver.clock():  # the serving front end's time to the client (sim/engine/frontend.py)
+                await sleep_until(self.driver.clock, due_wall)
+            event = sse(chunk(asked, rid, created, token_text(i), self._finish_reason(stream) if i == last else None))
             if asked.chat and i == 0:  # vLLM's chat stream opens with the role, at the first output
-                yield sse(chunk(asked, rid, created, None, None, role=True))
-            yield sse(chunk(asked, rid, created, token_text(i), self._finish_reason(stream) if i == last else None))
+                event = sse(chunk(asked, rid, created, None, None, role=True)) + event  # (one write, not two)
+            yield event
         if stream.failure:
             yield sse(ApiError(500, f"the simulated engine did not finish the request: {stream.failure}",
                                "InternalServerError").body())

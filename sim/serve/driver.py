@@ -25,6 +25,35 @@ from sim.serve.prom import EngineMetrics
 # over the replicas; beyond it a new request gets 503, as a gateway in front of vLLM answers
 DEFAULT_MAX_WAITING = 4096
 
+# How early the driver's timer is set before a due time. asyncio's selector waits in whole
+# milliseconds rounded up (CPython Lib/selectors.py ``EpollSelector.select``: ``math.ceil(timeout *
+# 1e3) * 1e-3``, epoll_wait(2) takes milliseconds; uvloop's libuv timers count milliseconds too),
+# and the kernel adds its timer slack (prctl(2) PR_SET_TIMERSLACK, 50 us by default): a timer for
+# t fires between t and t + ~1.05 ms. So the driver sleeps to WAKE_EARLY_S before the due time
+# and then yields to the loop (``sleep_until``) until the clock reaches it.
+WAKE_EARLY_S = 0.0012
+
+
+async def sleep_until(clock: Callable[[], float], due_wall: float, poke: asyncio.Event | None = None) -> None:
+    """Return once ``clock()`` reaches ``due_wall`` (or as soon as ``poke`` is set): a timer to
+    ``WAKE_EARLY_S`` before it, then ``asyncio.sleep(0)`` until it is due. Each ``sleep(0)`` is one
+    turn of the event loop: the sockets are polled (a zero timeout while a callback is ready) and
+    every other ready callback runs, so other streams are never held up; the turns last at most
+    ``WAKE_EARLY_S`` plus the timer's lateness. Always yields at least once."""
+    delay = due_wall - clock() - WAKE_EARLY_S
+    if delay > 0:
+        if poke is None:
+            await asyncio.sleep(delay)
+        else:
+            try:
+                await asyncio.wait_for(poke.wait(), timeout=delay)
+                return
+            except asyncio.TimeoutError:
+                pass
+    await asyncio.sleep(0)
+    while clock() < due_wall and not (poke is not None and poke.is_set()):
+        await asyncio.sleep(0)
+
 
 @dataclass
 class Stream:
@@ -41,6 +70,8 @@ class Stream:
     # the request reaches the engines); ``rejected`` its reason if it refused it
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     rejected: str = ""
+    # the simulated time of its latest output (``Driver._observe_gap``)
+    last_output_s: float | None = None
 
 
 class Driver:
@@ -71,6 +102,17 @@ class Driver:
             return self.live.now_s
         wall = self.clock() if wall is None else wall
         t = max((wall - self.start_wall) * self.speed, self.live.now_s)
+        # each token handed out at its own simulated time (an event's, or a step's end inside a
+        # fast-forwarded run), however late this call comes: its chunk's due time and its
+        # inter-token gap are the simulation's, not the wall clock's
+        last = -math.inf
+        while self.streams:
+            wake = self.next_wake_s()
+            if not last < wake <= t:  # (each pass runs what is due by ``wake``: the next comes later)
+                break
+            self.live.run_until(wake)
+            self._hand_out(wake)
+            last = wake
         self.live.run_until(t)
         self._hand_out(t)
         return t
@@ -128,6 +170,8 @@ class Driver:
                     s.rejected = verdict
                     s.decided.set()
             n, finished, reason = self.live.progress(rid, t_s)
+            if n > s.sent:
+                self._observe_gap(rid, s, t_s)
             while s.sent < n:  # each token reaches the client the front end's seconds later
                 s.tokens.put_nowait((s.sent, t_s + self.live.frontend_out_s))
                 s.sent += 1
@@ -137,6 +181,19 @@ class Driver:
                 ended.append(rid)
         for rid in ended:
             self._record(rid, self.streams.pop(rid))
+
+    def _observe_gap(self, rid: int, stream: Stream, t_s: float) -> None:
+        """The request's new output at simulated time ``t_s``: its gap since the previous one
+        into ``vllm:inter_token_latency_seconds``, one observation per output as vLLM makes it
+        (vllm/v1/metrics/stats.py ``IterationStats.update_from_output``, 0.11.0 and 0.34.0:
+        ``engine_core_timestamp - req_stats.last_token_ts`` for each output after the first;
+        loggers.py ``PrometheusStatLogger.record`` observes each)."""
+        if stream.last_output_s is not None:
+            replica = self.live.replica_of(rid)
+            if replica >= 0:
+                self.metrics[replica].histograms["vllm:inter_token_latency_seconds"].observe(
+                    t_s - stream.last_output_s)
+        stream.last_output_s = t_s
 
     def _record(self, rid: int, stream: Stream) -> None:
         """A finished request's latencies into its replica's histograms (vLLM's metric names)."""
@@ -151,9 +208,7 @@ class Driver:
         h["vllm:time_to_first_token_seconds"].observe(r["first_token_s"] - r["arrival_s"])
         h["vllm:e2e_request_latency_seconds"].observe(r["finish_s"] - r["arrival_s"])
         h["vllm:request_queue_time_seconds"].observe(r["first_scheduled_s"] - r["arrival_s"])
-        n = r["output_tokens"]
-        if n > 1:  # vLLM observes each gap; a request's mean gap, n - 1 times, keeps the sum and count
-            h["vllm:inter_token_latency_seconds"].observe((r["finish_s"] - r["first_token_s"]) / (n - 1), n - 1)
+        n = r["output_tokens"]  # (its inter-token gaps were observed as they came: _observe_gap)
         m.counters["vllm:prompt_tokens"] += r["prompt_tokens"]
         m.counters["vllm:generation_tokens"] += n
         m.counters["vllm:num_preemptions"] += r["num_preemptions"]
@@ -177,12 +232,14 @@ class Driver:
             self.catch_up()
             wake = self.next_wake_s()
             self._poke.clear()
-            delay = math.inf if math.isinf(wake) else max(0.0, self.wall_of(wake) - self.clock())
-            try:
-                await asyncio.wait_for(self._poke.wait(), timeout=None if math.isinf(delay) else delay)
-            except asyncio.TimeoutError:
-                pass
-
+            if math.isinf(wake):
+                await self._poke.wait()
+            else:
+                # (woken when the token at ``wake`` is due at the client, the front end's seconds
+                # later: its chunk leaves at once, not after a second, sub-millisecond wait.
+                # Catching up later changes nothing simulated: ``catch_up`` hands each token out at its
+                # own time, and an arrival meanwhile catches the simulation up to itself first)
+                await sleep_until(self.clock, self.wall_of(wake + self.live.frontend_out_s), self._poke)
 
     def stop(self, reason: str) -> None:
         """Shutdown: the simulation stops at the present (``LiveView.finish`` fails what is still

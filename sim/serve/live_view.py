@@ -120,6 +120,14 @@ class LiveView:
             n += rep.steps_ended_by(t_s)
         return min(n, req.output_tokens), False, ""
 
+    def replica_of(self, rid: int) -> int:
+        """The replica request ``rid`` runs (or ran) on; -1 while the front end holds it."""
+        row = self._ended_rows.get(rid)
+        if row is not None:
+            return int(row["replica"])
+        req = self.sim.request(rid)
+        return -1 if req is None else int(req.replica)
+
     def request_times(self, rid: int) -> dict[str, Any] | None:
         """An ended request's figures (for the metrics), read once."""
         return self._ended_rows.pop(rid, None)

@@ -24,7 +24,7 @@ import numpy as np
 
 from sim.errors import UserError
 from sim.scenario import Scenario, TraceSpec, Workload
-from sim.serve.app import WARM_UP_HEADER, Endpoint
+from sim.serve.app import WARM_UP_HEADER, Endpoint, arrival_stamping_protocol, event_loop_factory
 from sim.serve.driver import Driver
 from sim.serve.live_view import LiveView
 
@@ -146,7 +146,8 @@ def serve_scenario(o: ServeOptions) -> Path:
         driver = Driver(live, o.speed, o.max_waiting)
         model = served_model_name(s, o.served_model_name)
         endpoint = Endpoint(driver, model, live.max_model_len, count, lengths, _version())
-        asyncio.run(_serve(endpoint, o, s))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_serve(endpoint, o, s))
         _write(live, driver, out, stage)
     return out
 
@@ -204,7 +205,8 @@ async def _serve(endpoint, o: ServeOptions, scenario: Scenario) -> None:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(endpoint.app(lifespan), host=o.host, port=o.port, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=5, access_log=False)
+                            lifespan="on", timeout_graceful_shutdown=5, access_log=False,
+                            http=arrival_stamping_protocol(driver.clock))
     server = Server(config)
 
     async def open_doors() -> None:
