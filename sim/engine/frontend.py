@@ -38,10 +38,12 @@ once (vllm/benchmarks/serve.py ``limited_request_func``: an ``asyncio.Semaphore`
 the request function returns, no delay between requests), and that request goes through the same
 one-request-at-a-time API server before the engine sees it. Requests released together (a batch
 that finished in one step) therefore reach the engine ``c_i`` apart, one after another, as they do
-from one asyncio server, not all at the same instant. NOTE: that spread (milliseconds of
-tokenisation) is far below a long prompt's prefill, so clients freed one step apart still queue
-their prefills behind each other (validation/VC-43: simulated TTFT about twice the measured at
-5-50 clients while ITL matches; issue 37, "Closed-loop clients phase-lock", left open).
+from one asyncio server, not all at the same instant. NOTE: no spread of that kind unlocks
+clients of identical lengths: each request ends a fixed number of steps after its prefill, so a
+client whose request once arrived during another's prefill step follows it one step behind from
+then on, whatever the client's round trip (shorter than a prefill step); it waits for that
+prefill every time (validation/VC-43: simulated TTFT 1.6-1.8x the measured at 5-50 clients while
+ITL matches; issue 37, "Closed-loop clients phase-lock", left open).
 A front end in the engine's own thread (``frontend_overlap: false``) adds to the engine's steps
 instead (``sim.cost.engine_profile.in_process_frontend``); nothing is added here then.
 """
