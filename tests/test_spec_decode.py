@@ -69,7 +69,9 @@ def test_tpot_at_batch_one_falls_by_e_less_the_draft():
     assert step_on > step_off  # verification and the draft cost something
     expect = off["mean_tpot_ms"] * (step_on / step_off) / 1.89
     assert on["mean_tpot_ms"] == pytest.approx(expect, rel=0.05)
-    assert on["mean_tpot_ms"] < off["mean_tpot_ms"] / 1.89 * 1.25
+    # (verification's extra token and EAGLE-1's two draft passes, each the head's layer, its fc and
+    # the target's LM head: about a quarter of the step at batch 1, sim/cost/speculative.py)
+    assert on["mean_tpot_ms"] < off["mean_tpot_ms"] / 1.89 * 1.3
     # ITL per streamed chunk: one gap per step, carrying E tokens
     assert on["mean_itl_ms"] == pytest.approx(on["mean_tpot_ms"] * 1.89, rel=0.05)
 

@@ -48,6 +48,9 @@ EXPLAIN_KEYS = (
     # issue 40: speculative decoding (engine.speculative_config; sim/cost/speculative.py), a decode
     # step of --batch sequences at --context each as the run costs it (off: 1 token, no draft)
     "spec_tokens_per_step", "spec_decode_step_ms", "spec_verify_step_ms", "spec_draft_ms", "spec_ms_per_token",
+    # the drafter's weights per GPU (sim/cost/speculative.py draft_weight_bytes_per_gpu), taken out
+    # of the KV cache before kv_capacity_tokens (0 when off or ngram)
+    "spec_draft_weight_bytes_per_gpu",
     # issue 40: weight quantization (sim/spec/quantization.py): the weights stored quantized, their
     # bits per weight with the block scales (16 unquantized), and the tensor-core peak the
     # quantized GEMMs run at (the bf16 peak for weight-only kernels)
@@ -173,20 +176,22 @@ def speculative_figures(dep: Deployment, context_tokens: int, batch: int) -> dic
     tokens a step emits per sequence (E), the step without speculative decoding, the target's
     step verifying k + 1 tokens per sequence, the draft's seconds (GPU passes; ngram: the host
     scan, ``SpeculativeCost.host_s``), and (verify + draft) / E:
-    the time per output token it comes to."""
+    the time per output token it comes to; and the drafter's weights per GPU (out of the KV cache)."""
     spec = getattr(dep.cost, "spec_run", None)
     values = (batch, batch * context_tokens, (), batch, 1, 0, batch)
     if spec is None:
         off = dep.cost.run_cost(Batch(batch, batch * context_tokens, (), batch)).first_s
         return {"spec_tokens_per_step": 1.0, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": off * 1e3,
-                "spec_draft_ms": 0.0, "spec_ms_per_token": off * 1e3}
+                "spec_draft_ms": 0.0, "spec_ms_per_token": off * 1e3,
+                "spec_draft_weight_bytes_per_gpu": dep.memory.draft_weight_bytes_per_gpu}
     e = dep.limits.spec_tokens_per_step_milli / 1000
     off = spec.target.run_cost_values(values)[0]
     verify = spec.verify_values(values)[0]
     # the proposer: its GPU passes, or (ngram) its host scan of the contexts
     draft = spec.draft_s(batch, batch * context_tokens, ()) + spec.host_s(batch * context_tokens)
     return {"spec_tokens_per_step": e, "spec_decode_step_ms": off * 1e3, "spec_verify_step_ms": verify * 1e3,
-            "spec_draft_ms": draft * 1e3, "spec_ms_per_token": (verify + draft) / e * 1e3}
+            "spec_draft_ms": draft * 1e3, "spec_ms_per_token": (verify + draft) / e * 1e3,
+            "spec_draft_weight_bytes_per_gpu": dep.memory.draft_weight_bytes_per_gpu}
 
 
 def frontend_figures(dep: Deployment, context_tokens: int) -> dict[str, float | int]:

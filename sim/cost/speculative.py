@@ -29,20 +29,40 @@ A step's cost (``SpeculativeCost``):
   draft_model: k forward passes of the draft model at the batch (its own roofline: the draft
   model from the catalogue on the same GPUs); the first also over the step's prompt chunks
   (vLLM's draft model keeps its own KV of the prompt).
-  eagle / eagle3: k passes of one decoder layer of the target's width plus the LM head (Li et
-  al. 2024, "EAGLE", section 4.1: the draft head is one transformer decoder layer over the
-  target's features; Li et al. 2025, "EAGLE-3", section 3: one layer over fused low, middle and
-  high features); the first pass over the step's tokens (vllm/v1/spec_decode/eagle.py
-  EagleProposer.propose: the first forward over the scheduled tokens, then one token per
-  sequence for each further draft).
-  mtp: k passes of the model's multi-token-prediction module, one transformer block and the
-  shared output head (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 2.2): priced as
-  EAGLE's one layer of the target.
-  ngram: no GPU work; host work on the step's critical path (``ngram_host_s``).
-  NOTE: a layer of the draft head is priced as the target's average layer (its GEMMs,
-  attention and all-reduce over num_layers) at the draft's context; its weights are not taken
-  out of the KV cache, nor the draft model's; the draft passes' host work (kernel launches) is
-  not charged.
+  eagle / eagle3 / mtp: k passes of the draft head (``DraftHead``, from each method's structure
+  in vLLM's model files), one after the other (vllm 0.34 v1/worker/gpu/spec_decode/
+  target_dependent_ar/speculator.py ``propose``: a first "draft prefill" pass over the target
+  step's tokens, each request padded to its k + 1 verified positions plus the step's prompt
+  chunks, then ``_run_multi_step_decode``: k - 1 passes of one token per sequence). A pass is
+  the head's decoder layer (the target's layer GEMMs, attention, norms and all-reduce at the
+  pass's tokens, one layer of the target's average) plus:
+  - eagle (EAGLE-1, Li et al. 2024, "EAGLE", section 4.1; vLLM models/llama_eagle.py
+    ``LlamaModel.forward``): the fc over [token embedding, feature], 2h -> h, in every pass;
+    the target's LM head (shared: v1/worker/gpu/spec_decode/eagle/utils.py
+    ``share_target_lm_head``) over n logits.
+  - eagle3 (EAGLE-3, Li et al. 2025, arXiv 2503.01840, section 3; vLLM
+    models/llama_eagle3.py): the fc over the three target features, 3h -> h, once a step
+    (``combine_hidden_states``, called before the first pass); the layer's QKV projection
+    over [embedding, hidden], 2h wide (``qkv_input_size = 2 * self.hidden_size``); its own LM
+    head over the draft vocabulary (``draft_vocab_size``, ``EAGLE3_DRAFT_VOCAB_TOKENS``),
+    whose logits are scattered into the target vocabulary (``compute_logits``, the d2t map)
+    before the argmax.
+  - mtp (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 2.2; vLLM
+    models/deepseek_mtp.py): the eh_proj over [embedding, hidden], 2h -> h, in every pass,
+    one block of the target's (its last layer) and the MTP layer's own output head
+    (``shared_head.head``, the target's shape).
+  A GEMM whose shape the target does not have (the fc, EAGLE-3's wider QKV and narrower LM
+  head) costs the target GEMM nearest in role (o, qkv, lm head) times the ratio of the two
+  shapes' roofline bounds (max(FLOPs / peak, bytes / bandwidth)), as quantized GEMMs are
+  priced (sim/cost/roofline.py ``_linear_s``). Each pass pays the engine's kernel launches of
+  the head's layers unless it replays a CUDA graph (sim/cost/engine_profile.py ``host_terms``:
+  the target's rule; vLLM captures the draft passes in graphs: the speculator's
+  ``prefill_cudagraph_manager`` and its decode graphs).
+  NOTE: the head's layer is priced as the target's average layer (its GEMMs in the target's
+  kernels, quantized where the target's are; the published heads are bf16/fp16); the first
+  pass's extra queries (k + 1 per sequence) read each context once, as in verification.
+- draft weights: ``draft_weight_bytes_per_gpu``, taken out of the KV cache (sim/spec/memory.py
+  ``plan_memory``): vLLM loads the drafter before it profiles memory and sizes the KV cache.
 - the n-gram proposer (ngram): vllm/v1/spec_decode/ngram_proposer.py ``batch_propose_numba``
   scans each sequence's context once (a KMP over the reversed tokens,
   ``_find_longest_matched_ngram_and_propose_tokens``) on the host, one numba thread (its
@@ -62,6 +82,8 @@ request's blocks).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sim.core.batch import Batch
 
@@ -114,6 +136,77 @@ def ngram_host_s(context_tokens: int) -> float:
     return NGRAM_S_PER_CONTEXT_TOKEN * context_tokens
 
 
+# EAGLE-3's draft vocabulary: the published heads' ``draft_vocab_size`` (32,000 for the Llama-3.1-8B
+# head VC-41 ran, yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, and the reference trainers' default:
+# SpecForge configs/llama3-8B-eagle3.json); never more than the target's vocabulary
+EAGLE3_DRAFT_VOCAB_TOKENS = 32_000
+D2T_ENTRY_BYTES = 8  # the draft-to-target id map, int64 (llama_eagle3.py ``draft_id_to_target_id``)
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """What an EAGLE-1 / EAGLE-3 / MTP drafter is, per vLLM's model files (module docstring):
+    one decoder layer of the target's shape, an fc over ``fc_in_hidden`` hidden states (2h or
+    3h -> h; ``ReplicatedLinear`` / ``nn.Linear``: whole on every TP rank), applied in every
+    pass or once a step, a QKV projection over ``qkv_in_hidden`` hidden states, and an LM head
+    over ``lm_vocab_tokens``, the drafter's own (``own_lm_head``) or the target's."""
+
+    fc_in_hidden: int
+    fc_every_pass: bool
+    qkv_in_hidden: int
+    lm_vocab_tokens: int
+    own_lm_head: bool
+    d2t_entries: int  # EAGLE-3's draft-to-target map, where its vocabulary is the smaller
+
+
+def draft_head(method: str, vocab_size: int) -> DraftHead:
+    """The head of ``method`` (eagle, eagle3, mtp) for a target of ``vocab_size`` tokens."""
+    if method == "eagle3":
+        v = min(EAGLE3_DRAFT_VOCAB_TOKENS, vocab_size)
+        return DraftHead(3, False, 2, v, True, v if v < vocab_size else 0)
+    if method == "mtp":
+        return DraftHead(2, True, 1, vocab_size, True, 0)
+    return DraftHead(2, True, 1, vocab_size, False, 0)  # eagle
+
+
+def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None) -> float:
+    """Bytes of the drafter's weights on each of ``tp`` GPUs (``model`` the target's
+    ModelSpec, ``draft`` the draft model's for method draft_model).
+
+    draft_model: the whole draft model, split over the same TP ranks (its own embedding and
+    LM head). eagle / eagle3 / mtp (``DraftHead``): the decoder layer (TP-sharded; EAGLE-3's
+    QKV over 2h; MTP's block is the target's last layer) and the drafter's own LM head
+    (``ParallelLMHead``: sharded), plus, whole on every GPU, the fc and EAGLE-3's d2t map. The
+    input embedding is the target's (vLLM v1/worker/gpu/spec_decode/eagle/utils.py
+    ``maybe_share_target_embed``: shared unless the checkpoint's differs; EAGLE trains with
+    the target's frozen embedding) and so is EAGLE-1's LM head (``share_target_lm_head``); a
+    shared tensor costs nothing (the drafter's copy is deleted). In the target's dtype
+    (llama_eagle*.py: ``params_dtype=vllm_config.model_config.dtype``). ngram: none.
+    NOTE: the head's norms are counted whole on every GPU; a TP degree past the KV heads
+    replicates K/V projections in vLLM, not counted here (a few MB)."""
+    if method == "ngram":
+        return 0.0
+    if method == "draft_model":
+        return draft.weight_bytes() / tp
+    d = draft_head(method, model.vocab_size)
+    h = model.hidden_size
+    if method == "mtp":
+        layer = model.layer_params(model.num_layers - 1)
+    else:  # one dense Llama decoder layer of the target's shape (llama_eagle*.py LlamaDecoderLayer)
+        layer = (model.attn_params_per_layer + model.norm_params_per_layer
+                 + (3 if model.mlp_gated else 2) * h * model.intermediate_size)
+    qkv_extra = (d.qkv_in_hidden - 1) * h * (model.q_size + 2 * model.kv_size)
+    head = d.lm_vocab_tokens * h if d.own_lm_head else 0
+    whole = d.fc_in_hidden * h * h + (h if d.qkv_in_hidden > 1 else 0)  # fc; EAGLE-3's hidden_norm
+    return ((layer + qkv_extra + head) / tp + whole) * model.dtype_bytes + d.d2t_entries * D2T_ENTRY_BYTES
+
+
+def _bound_s(tokens: float, shape: tuple[float, float], peak: float, bw: float, b: float) -> float:
+    """Roofline bound of a GEMM of ``tokens`` x in -> out at peak FLOP/s and bytes/s."""
+    fin, fout = shape
+    return max(2.0 * tokens * fin * fout / peak, (fin * fout + tokens * (fin + fout)) * b / bw)
+
+
 def _gpu_s(ops: dict[str, float], names: tuple[str, ...]) -> float:
     return sum(ops[o] for o in names)
 
@@ -127,6 +220,7 @@ class SpeculativeCost:
     def __init__(self, target, method: str, num_speculative_tokens: int, draft=None) -> None:
         self.target, self.method, self.k, self.draft = target, method, num_speculative_tokens, draft
         self.num_layers = target.model.num_layers
+        self.head = draft_head(method, target.model.vocab_size) if method in ("eagle", "eagle3", "mtp") else None
 
     def verify_values(self, b):
         """The target's step verifying k + 1 tokens per decode (``RunCostValues``, one step)."""
@@ -134,9 +228,13 @@ class SpeculativeCost:
         extra = n * self.k
         return self.target.run_cost_values((n, ctx, chunks, logits + extra, 1, p, tokens + extra))
 
+    def _launch_s(self, cost, n: int, has_prefill: bool, layers: int) -> float:
+        """Kernel launches of a draft pass of ``layers`` layers (none when it replays a graph)."""
+        return cost.engine.host_terms(n, has_prefill, cost.tp, layers)[1]
+
     def draft_s(self, n: int, ctx: int, chunks: tuple[tuple[int, int], ...]) -> float:
         """GPU seconds of the k draft passes of a step of ``n`` decodes at total context ``ctx``
-        (and the step's prompt ``chunks``, seen by the first pass)."""
+        (and the step's prompt ``chunks``, seen by the first pass), each at least its launches."""
         if self.method == "ngram" or not n:
             return 0.0
         k = self.k
@@ -145,14 +243,35 @@ class SpeculativeCost:
             first = d.step_time(Batch(n, ctx, chunks, n)).ops_s
             rest = d.step_time(Batch(n, ctx, (), n)).ops_s if chunks else first
             names = _LAYER_OPS + _HEAD_OPS
-            return _gpu_s(first, names) + (k - 1) * _gpu_s(rest, names)
-        # eagle, eagle3, mtp: one layer of the target and its LM head per pass
-        t = self.target
-        first = t.step_time(Batch(n, ctx, chunks, n)).ops_s
-        rest = t.step_time(Batch(n, ctx, (), n)).ops_s if chunks else first
-        L = self.num_layers
-        return (_gpu_s(first, _LAYER_OPS) / L + _gpu_s(first, _HEAD_OPS)
-                + (k - 1) * (_gpu_s(rest, _LAYER_OPS) / L + _gpu_s(rest, _HEAD_OPS)))
+            L = d.model.num_layers
+            return (max(_gpu_s(first, names), self._launch_s(d, n, bool(chunks), L))
+                    + (k - 1) * max(_gpu_s(rest, names), self._launch_s(d, n, False, L)))
+        prompt = sum(c for c, _x in chunks)
+        first = self.head_pass_s(n * (k + 1) + prompt, n, ctx, chunks, True)
+        if k == 1:
+            return first
+        return first + (k - 1) * self.head_pass_s(n, n, ctx, (), False)
+
+    def head_pass_s(self, tokens: int, n: int, ctx: int, chunks: tuple[tuple[int, int], ...], first: bool) -> float:
+        """Seconds of one pass of the draft head (``DraftHead``) over ``tokens`` tokens of ``n``
+        sequences at total context ``ctx`` (module docstring)."""
+        t, d, L = self.target, self.head, self.num_layers
+        assert d is not None
+        qkv, o, up, down, elem, ar, _out = t._token_ops(tokens)
+        attn = t._attn_decode_s(n, ctx) + (t._prefill_attn(chunks)[0] if chunks else 0.0)
+        lm, sampling, _lm_out = t._logit_ops(n)
+        peak, bw, b = t.flops_s, t.mem_bw, float(t.dtype_bytes)
+        h = float(t.model.hidden_size)
+        if d.qkv_in_hidden > 1:  # EAGLE-3: QKV over [embedding, hidden]
+            q_in, q_out = t._qkv
+            qkv *= _bound_s(tokens, (d.qkv_in_hidden * q_in, q_out), peak, bw, b) / _bound_s(tokens, t._qkv, peak, bw, b)
+        s = (qkv + o + up + down + attn + elem + ar) / L
+        if first or d.fc_every_pass:  # the fc: whole on every rank, priced from the o projection's kernel
+            s += o / L * _bound_s(tokens, (d.fc_in_hidden * h, h), peak, bw, b) / _bound_s(tokens, t._o, peak, bw, b)
+        if d.lm_vocab_tokens != t.model.vocab_size:  # EAGLE-3's LM head over its draft vocabulary
+            lm *= (_bound_s(n, (h, d.lm_vocab_tokens / t.tp), peak, bw, b) / _bound_s(n, t._lm, peak, bw, b))
+        s += lm + sampling
+        return max(s, self._launch_s(t, n, first and bool(chunks), 1))
 
     def host_s(self, ctx: int) -> float:
         """Host seconds of the proposer on the step's critical path, ``ctx`` the decodes'

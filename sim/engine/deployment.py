@@ -148,13 +148,27 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
     kv_bytes = 1 if e.kv_cache_dtype == "fp8" else model.dtype_bytes
     max_model_len, budget, max_num_seqs = _checked_lengths(s, model, gpu, where)
     engine = engine_profile(e)
+    sc = e.speculative_config
+    draft_spec = None  # the draft model's ModelSpec (method draft_model)
+    draft_bytes = 0.0  # the drafter's weights per GPU, out of the KV cache (sim/cost/speculative.py)
+    if sc is not None:
+        from sim.cost.speculative import draft_weight_bytes_per_gpu
+
+        if sc.model is not None:
+            try:
+                draft_spec = get_model(sc.model, Path(s.base_dir))
+            except UserError as err:  # named by its key (get_model's line says ``model:``)
+                raise UserError(f"engine.speculative_config.model: {str(err).removeprefix('model: ')}") from None
+            draft_spec = with_quantization(draft_spec, e.quantization, "engine.quantization")
+        draft_bytes = draft_weight_bytes_per_gpu(sc.method, model, tp, draft_spec)
     # A disaggregated pool runs with a KV connector; vLLM then disables its hybrid KV cache
     # manager (VllmConfig: "Hybrid KV cache manager is not compatible with KV transfer"; later
     # versions keep it only for connectors marked SupportsHMA), so sliding-window layers are
     # charged in full there. NOTE: the connector is assumed not to support it.
     mem = plan_memory(model, gpu, tp, e.block_size, e.gpu_memory_utilization,
                       budget, max_num_seqs, kv_bytes, where=where, pp=pp, kv_memory_basis=engine.kv_memory_basis,
-                      hybrid_kv=where == "scenario" and e.kv_offloading_size is None, expert_dp=dp)
+                      hybrid_kv=where == "scenario" and e.kv_offloading_size is None, expert_dp=dp,
+                      draft_weight_bytes_per_gpu=draft_bytes)
     # CPU offloading (engine.kv_offloading_size) sets up a KV connector too (vLLM 0.12
     # ``_post_init_kv_transfer_config``), so the hybrid manager is off as above (vLLM 0.11
     # vllm/config/__init__.py ``VllmConfig.__post_init__``: "Hybrid KV cache manager is not
@@ -205,18 +219,10 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
 
     if link is None:
         cost = make_cost(model)
-        sc = e.speculative_config
         if sc is not None:  # (the scenario allows it with one pipeline stage only)
             from sim.cost.speculative import SpeculativeCost
 
-            draft = None
-            if sc.model is not None:
-                try:
-                    draft = get_model(sc.model, Path(s.base_dir))
-                except UserError as err:  # named by its key (get_model's line says ``model:``)
-                    raise UserError(f"engine.speculative_config.model: {str(err).removeprefix('model: ')}") from None
-                draft = with_quantization(draft, e.quantization, "engine.quantization")
-                draft = make_cost(draft)
+            draft = make_cost(draft_spec) if draft_spec is not None else None
             cost.spec_run = SpeculativeCost(make_cost(model), sc.method, sc.num_speculative_tokens, draft)
     else:
         from sim.cost.pipeline import PipelineCostModel

@@ -41,6 +41,9 @@ class MemoryPlan:
     stage_weight_bytes: tuple[float, ...] = field(default=())  # weights per GPU of each stage
     kv_groups: KVGroups = KVGroups()            # vLLM's KV cache groups (sliding-window layers)
     layers_per_group: int = 0                   # layers whose pages make one block id
+    # the speculative drafter's weights per GPU (sim/cost/speculative.py
+    # ``draft_weight_bytes_per_gpu``), loaded before the KV cache is sized
+    draft_weight_bytes_per_gpu: float = 0.0
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -110,7 +113,8 @@ def stage_weight_params(model: ModelSpec, pp: int) -> tuple[int, ...]:
 def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                 kv_dtype_bytes: int | None = None, where: str = "scenario", pp: int = 1,
-                kv_memory_basis: str = "total", hybrid_kv: bool = True, expert_dp: int = 1) -> MemoryPlan:
+                kv_memory_basis: str = "total", hybrid_kv: bool = True, expert_dp: int = 1,
+                draft_weight_bytes_per_gpu: float = 0.0) -> MemoryPlan:
     """Size the KV cache; a model that does not fit is a ``UserError`` naming the numbers.
 
     ``kv_memory_basis`` says what ``gpu_memory_utilization`` is a fraction of: ``"total"``
@@ -121,7 +125,13 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     layers in full, as vLLM does with its hybrid KV cache manager disabled
     (``unify_hybrid_kv_cache_specs``: one group of every layer). ``expert_dp`` > 1: the routed
     experts are spread over ``expert_dp`` x ``tp`` GPUs (data-parallel attention with expert
-    parallelism, sim/cost/dp_ep.py); everything else is split over ``tp`` only."""
+    parallelism, sim/cost/dp_ep.py); everything else is split over ``tp`` only.
+    ``draft_weight_bytes_per_gpu``: a speculative drafter's weights on each GPU (one pipeline
+    stage: the scenario refuses speculative decoding with pp > 1). vLLM loads the drafter with
+    the target (GPUModelRunner.load_model: ``self.drafter.load_model(self.model)``) inside the
+    memory profiler that measures the weights, and sizes the KV cache from what is left
+    (v1/worker/gpu_worker.py ``determine_available_memory``: requested memory less
+    ``non_kv_cache_memory``, the weights included): they come out of the KV cache."""
     b = model.dtype_bytes
     kvb = kv_dtype_bytes or b
     # quantized linear layers at their own width: the model's mean bytes per weight
@@ -151,6 +161,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     best = None
     for s, (w, n) in enumerate(zip(stage_w, layers)):
         block_bytes = int(round(block_size * -(-group_layers * n // model.num_layers) * kv_layer_gpu))
+        w += draft_weight_bytes_per_gpu
         free = usable - w - reserve if kv_memory_basis == "total" else \
             gpu_memory_utilization * (gpu.cuda_total_bytes - w - reserve)
         blocks = int(free // block_bytes) if free > 0 else 0
@@ -161,6 +172,8 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
         usable = weights + free + reserve
     if num_blocks < 1:
         stage = f" (pipeline stage {s} of {pp})" if pp > 1 else ""
+        if draft_weight_bytes_per_gpu:
+            stage += f" (the speculative drafter's {draft_weight_bytes_per_gpu / GIB:.2f} GiB in the weights)"
         if kv_memory_basis == "total":
             budget = (f"{gpu_memory_utilization:g} x {gpu.cuda_total_bytes / GIB:.2f} GiB = {usable / GIB:.1f} GiB usable, "
                       f"weights {weights / GIB:.1f} GiB + reserve {reserve / GIB:.1f} GiB per GPU{stage} leave ")
@@ -173,4 +186,4 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
             f"{max(free, 0) / GIB:.2f} GiB, less than one KV block ({block_bytes / 2**20:.2f} MiB)"
         )
     return MemoryPlan(gpu.cuda_total_bytes, usable, max(stage_w), reserve, block_bytes, num_blocks, block_size,
-                      layers, stage_w, groups, group_layers)
+                      layers, stage_w, groups, group_layers, draft_weight_bytes_per_gpu)
