@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from sim.core.batch import Batch
-from sim.cost.floor import cost_floor_parts_s
+from sim.cost.floor import FloorParts, cost_floor_parts_s
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
 from sim.spec.quantization import get_quantization
@@ -123,8 +123,19 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **speculative_figures(dep, n, b),
         **quantization_figures(dep),
         **kernel_figures(dep, b),
-        **{f"{name}_floor_{part}_ms": getattr(f, f"{part}_s") * 1e3
-           for name, f in floors.items() for part in ("compute", "memory", "communication")},
+        **floor_part_figures(floors["decode_step"], floors["prefill"]),
+    }
+
+
+def floor_part_figures(decode: FloorParts, prefill: FloorParts) -> dict[str, float]:
+    """The two floors' parts (sim/cost/floor.py ``FloorParts``), in ms."""
+    return {
+        "decode_step_floor_compute_ms": decode.compute_s * 1e3,
+        "decode_step_floor_memory_ms": decode.memory_s * 1e3,
+        "decode_step_floor_communication_ms": decode.communication_s * 1e3,
+        "prefill_floor_compute_ms": prefill.compute_s * 1e3,
+        "prefill_floor_memory_ms": prefill.memory_s * 1e3,
+        "prefill_floor_communication_ms": prefill.communication_s * 1e3,
     }
 
 
