@@ -645,6 +645,11 @@ def _capability_error(e: "Engine", spec: PolicySpec) -> str | None:
         # what is modelled: vLLM V1's scheduler (speculative decoding is V1's: vllm/v1/spec_decode)
         return ("engine.speculative_config applies to colocated vLLM V1 scheduling (policy chunked or "
                 "continuous, admission vllm, num_scheduler_steps 1, no separate_prefill_steps, stream_interval 1)")
+    if e.stream_interval > 1 and (spec.pools or e.num_scheduler_steps > 1):
+        # ITL per streamed chunk (sim/metrics/chunk_itl.py) follows a decode through its own
+        # replica's steps; vLLM's --stream-interval is V1's, which has no multi-step scheduling
+        return ("engine.stream_interval > 1 applies to colocated scheduling with num_scheduler_steps 1 "
+                "(ITL per streamed chunk is not modelled across disaggregated pools or multi-step blocks)")
     if e.separate_prefill_steps and not spec.separate_prefill_steps:
         takers = name_list(names_with(lambda p: p.separate_prefill_steps))
         return f"engine.separate_prefill_steps applies to policy {takers} (whole prompts), not {e.policy}"

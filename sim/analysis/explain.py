@@ -1,9 +1,11 @@
 """``simsrv explain``: the roofline and memory arithmetic of a deployment, per GPU.
 
 Why: users should be able to check the simulator's key figures by hand; these are the
-numbers behind every step time (ARCHITECTURE.md section 4). The floors and intensities are read
-from the simulator's own cost model at 100% of peak (``RooflineCostModel.ideal``) and the
-memory figures from its memory plan, so they cannot drift from what a run costs.
+numbers behind every step time (ARCHITECTURE.md section 4). The floors are sim/cost/floor.py's
+(the ones tests/test_physical_floors.py and tests/test_floors_pp.py hold every priced step to),
+the intensities are read from the simulator's own cost model at 100% of peak
+(``RooflineCostModel.ideal``) and the memory figures from its memory plan, so they cannot drift
+from what a run costs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from sim.core.batch import Batch
+from sim.cost.floor import FloorParts, cost_floor_parts_s
 from sim.cost.roofline import RooflineCostModel
 from sim.engine.deployment import Deployment
 from sim.spec.quantization import get_quantization
@@ -59,6 +62,11 @@ EXPLAIN_KEYS = (
     # attention_backend.py): how many times a decode step reads each cached K/V byte, in HBM
     # time, and the host's kernel launches of a decode step of --batch sequences (0 under a CUDA graph)
     "decode_kv_reads", "decode_launch_ms",
+    # issue 37: the two floors above (sim/cost/floor.py, the one the floor tests hold every step
+    # to) in their parts: operators bound by FLOPs over peak, by bytes over HBM bandwidth, and
+    # the collectives and pipeline sends at link peak; each floor is the sum of its parts
+    "decode_step_floor_compute_ms", "decode_step_floor_memory_ms", "decode_step_floor_communication_ms",
+    "prefill_floor_compute_ms", "prefill_floor_memory_ms", "prefill_floor_communication_ms",
 )
 # Operators that are neither FLOPs nor HBM bytes: the all-reduce crosses the GPU link, the
 # engine overhead is host time.
@@ -88,6 +96,9 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
     # peak; the prefill floor runs at the quantized GEMM peak (fp8 / int8 W8A8).
     flops_cm = ideal(replace(m, quantization=None), g, tp, dep.kv_dtype_bytes, "compute", **kw)
     peak = g.bf16_flops_per_s
+    # the floors: sim/cost/floor.py's, of the deployment's own cost model (a pipeline's rounds,
+    # a data-parallel expert group's all-to-all), that no step the run prices goes below
+    floors = {"decode_step": cost_floor_parts_s(dep.cost, decode), "prefill": cost_floor_parts_s(dep.cost, prefill)}
 
     def intensity(bt: Batch) -> float:
         return _floor_s(flops_cm, bt) * peak / (_floor_s(mem, bt) * g.hbm_bw_bytes_per_s)
@@ -101,8 +112,8 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         "ridge_flops_per_byte": g.ridge_flops_per_byte,
         "prefill_intensity_flops_per_byte": intensity(prefill),
         "decode_intensity_flops_per_byte": intensity(decode),
-        "decode_step_floor_ms": _floor_s(mem, decode) * 1e3,
-        "prefill_floor_ms": _floor_s(ideal(m, g, tp, dep.kv_dtype_bytes, "compute", **kw), prefill) * 1e3,
+        "decode_step_floor_ms": floors["decode_step"].total_s * 1e3,
+        "prefill_floor_ms": floors["prefill"].total_s * 1e3,
         **breadth_figures(dep, n),
         # per GPU, per (query, key) pair and layer: 4 x heads x head_dim, MLA 2 x heads x (192 + 128)
         # in prefill and 2 x heads x (576 + 512) in absorbed decode (sim/cost/arch.py)
@@ -115,6 +126,19 @@ def explain(dep: Deployment, context_tokens: int, batch: int) -> dict[str, float
         **speculative_figures(dep, n, b),
         **quantization_figures(dep),
         **kernel_figures(dep, b),
+        **floor_part_figures(floors["decode_step"], floors["prefill"]),
+    }
+
+
+def floor_part_figures(decode: FloorParts, prefill: FloorParts) -> dict[str, float]:
+    """The two floors' parts (sim/cost/floor.py ``FloorParts``), in ms."""
+    return {
+        "decode_step_floor_compute_ms": decode.compute_s * 1e3,
+        "decode_step_floor_memory_ms": decode.memory_s * 1e3,
+        "decode_step_floor_communication_ms": decode.communication_s * 1e3,
+        "prefill_floor_compute_ms": prefill.compute_s * 1e3,
+        "prefill_floor_memory_ms": prefill.memory_s * 1e3,
+        "prefill_floor_communication_ms": prefill.communication_s * 1e3,
     }
 
 

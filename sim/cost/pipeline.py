@@ -27,13 +27,26 @@ from sim.spec.memory import stage_layers
 P2P_LATENCY_S = 10e-6  # NCCL send/recv launch + sync, as the all-reduce latency (aiconfigurator p2p_latency)
 
 
+def sliding_layers_before(model, end: int) -> int:
+    """Sliding-window layers among the first ``end`` layers, the model's count spread evenly
+    over its layers: round(num_sliding x end / num_layers), so the stages' counts (differences
+    of it) add up to the model's and each is within one of its share.
+    NOTE: ``ModelSpec`` holds the count, not the positions (Gemma-2 alternates, Gemma-3 puts one
+    full layer in six, Mistral slides everywhere: HF ``layer_types``); for these periodic
+    patterns the true count of a contiguous range is within one of this too. Rounding each
+    stage's share on its own (as before) could give the stages more sliding layers than the
+    model has: Gemma-3-27B over 3 stages 18 + 18 + 17 = 53 of 52, a full layer's KV reads lost
+    (tests/test_floors_pp.py)."""
+    return (2 * model.num_sliding_layers * end + model.num_layers) // (2 * model.num_layers)
+
+
 def stage_models(model, pp: int) -> list:
     """One ``ModelSpec`` per stage: its layers, its share of sliding-window and dense layers."""
     out, start = [], 0
     for n in stage_layers(model.num_layers, pp):
         idx = range(start, start + n)
         dense = sum(1 for i in idx if i < model.num_dense_layers)
-        sliding = round(model.num_sliding_layers * n / model.num_layers)
+        sliding = sliding_layers_before(model, start + n) - sliding_layers_before(model, start)
         out.append(replace(model, num_layers=n, num_dense_layers=dense, num_sliding_layers=sliding))
         start += n
     return out
@@ -56,10 +69,16 @@ def split_batch(b: Batch, pp: int) -> list[Batch]:
         if completing > 0:
             logits[j] += 1
             completing -= 1
-    out = []
+    # each micro-batch's context in proportion to its sequences, as differences of the rounded
+    # running share (round half up), so that the shares add up to the batch's context exactly
+    # (rounding each share on its own lost or added a token's KV per micro-batch:
+    # tests/test_floors_pp.py)
+    out, before, held = [], 0, 0
     for j in range(pp):
-        share = round(ctx * seqs[j] / n) if n else 0
-        out.append(Batch(seqs[j], share, tuple(chunks[j]), logits[j], b.num_steps))
+        before += seqs[j]
+        upto = (2 * ctx * before + n) // (2 * n) if n else 0
+        out.append(Batch(seqs[j], upto - held, tuple(chunks[j]), logits[j], b.num_steps))
+        held = upto
     return out
 
 
@@ -84,6 +103,7 @@ class PipelineCostModel:
             raise ValueError(f"{len(links)} boundary links for {pp} stages")
         # (achieved bytes/s, latency) per boundary; one entry where every boundary is alike
         self.boundaries = tuple((bw * link_eff, lat) for bw, lat in links)
+        self.boundary_peaks = tuple(bw for bw, _ in links)  # each boundary's link at its peak (sim/cost/floor.py)
         self._uniform = len(set(self.boundaries)) <= 1
         # scratch registers of one synchronous call (reset on entry, returned with the durations)
         self._flag = self._lm_flag = False
@@ -95,13 +115,18 @@ class PipelineCostModel:
     def prompt_overhead_s(self, num_chunks: int, prompt_tokens: int) -> float:
         return self.stages[-1].prompt_overhead_s(num_chunks, prompt_tokens)
 
+    def send_bytes(self, tokens: int) -> float:
+        """Bytes each GPU sends at a boundary for a micro-batch of ``tokens``: hidden states and
+        residual, its 1/tp share."""
+        m = self.model
+        return 2 * tokens * m.hidden_size * m.dtype_bytes / self.tp
+
     def send_s(self, tokens: int, boundary: int = 0) -> float:
         """The send/recv of a micro-batch of ``tokens`` after stage ``boundary``."""
         if not tokens or self.pp == 1:
             return 0.0
-        m = self.model
         bw, latency = self.boundaries[boundary]
-        return latency + 2 * tokens * m.hidden_size * m.dtype_bytes / self.tp / bw
+        return latency + self.send_bytes(tokens) / bw
 
     # -- costs ------------------------------------------------------------------------------------
     def _kernels_s(self, stage, mb: Batch, context: int) -> float:
@@ -112,9 +137,10 @@ class PipelineCostModel:
         self._lm_flag |= stage._lm_flag
         return t
 
-    def _round(self, b: Batch, last_step: bool) -> float:
+    def _round(self, b: Batch, last_step: bool, host: bool = True) -> float:
         """Seconds of one pipelined round, at the run's first step or its last; notes the
-        micro-batches whose engine overhead lies outside the profile's measured batch range."""
+        micro-batches whose engine overhead lies outside the profile's measured batch range.
+        ``host`` False: the GPU's round alone, without the engine's host work."""
         pp = self.pp
         busy = [0.0] * pp
         latency = 0.0
@@ -135,7 +161,9 @@ class PipelineCostModel:
             # micro-batches' GPU work: it lengthens the micro-batch's trip, not a stage's busy time
             n = mb.num_decode_seqs + len(mb.prefill_chunks)
             prompt_cpu = self.engine.prompt_cpu_s(len(mb.prefill_chunks), mb.prefill_tokens)
-            trip += self.engine.overhead_s(trip, n, bool(mb.prefill_chunks), self.tp, self.model.num_layers, prompt_cpu)
+            if host:
+                trip += self.engine.overhead_s(trip, n, bool(mb.prefill_chunks), self.tp, self.model.num_layers,
+                                               prompt_cpu)
             latency = max(latency, trip)
             if self.engine.outside_range(n):
                 outside = (min(outside[0], n), max(outside[1], n)) if outside else (n, n)
@@ -147,6 +175,13 @@ class PipelineCostModel:
         self._outside = None
         first = self._round(batch, False)
         return first, (first if batch.num_steps == 1 else self._round(batch, True))
+
+    def gpu_round_s(self, batch: Batch) -> float:
+        """The first round of ``batch`` without the engine's host work: what its roofline floor
+        (sim/cost/floor.py ``pipeline_floor_s``) bounds from below."""
+        self._flag = self._lm_flag = False
+        self._outside = None
+        return self._round(batch, False, host=False)
 
     def run_cost(self, batch: Batch) -> RunCost:
         """The run as one piece: first and last rounds, all its steps.

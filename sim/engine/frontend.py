@@ -29,8 +29,8 @@ engine's + ``first_out``, finish at the engine's + ``last_out``. Client TTFT = e
 ``(e_i - a_i) + first_out``: that sum is the TTFT part ``ttft_frontend_s``.
 
 NOTE: the output side is taken to keep up with the engine (no queue of chunks in the API
-server): its throughput limit under many concurrent streams is not modelled. NOTE: with
-``stream_interval`` > 1, ITL is still counted per token (the bursts the chunks make are not).
+server): its throughput limit under many concurrent streams is not modelled. With
+``stream_interval`` > 1 the client's ITL is one gap per chunk (sim/metrics/chunk_itl.py).
 Under a closed loop (``max_concurrency``: vLLM bench ``--max-concurrency``, genai-perf's
 concurrency mode) the same terms apply inside the simulation (``ClosedLoopFrontend``): a client
 is free when the last chunk reached it (engine finish + ``last_out``), sends its next request at

@@ -17,6 +17,7 @@ from sim.metrics.vllm_bench import (BEND_STEP_COLUMNS, REQUEST_METRICS, STAT_KEY
                                   pieces_stats, plain_stats)
 from sim.metrics.run_warnings import failure_kinds, run_warnings, uncertainty_notes
 from sim.run import frontend_status
+from sim.metrics.chunk_itl import CHUNK_STEP_COLUMNS, chunk_gaps_s, chunk_itl_pieces
 from sim.metrics.keys import MAX_ITL, P999_ITL, STATS, key, queue_key
 from sim.policies.base import FINISH_LENGTH
 from sim.core.request import ABORTED
@@ -159,6 +160,19 @@ def _class_ms(stats: dict[str, float], metric: str) -> dict[str, float | None]:
     return out
 
 
+def _chunk_gaps_s(result, read_rows, ok: np.ndarray) -> np.ndarray:
+    """The run's gaps between streamed chunks (``engine.stream_interval`` > 1): its completed
+    requests' engine-side token times (the step log's, and the schedulers' breaks), as their
+    clients receive the chunks (``chunk_gaps_s``)."""
+    raw = result.results.read
+    fe = result.frontend
+    breaks = [b for sched in result.schedulers for b in sched.itl_breaks]
+    return chunk_gaps_s(read_rows(0, result.num_step_rows), raw("replica")[ok], raw("first_token_s")[ok],
+                        raw("finish_s")[ok], raw("output_tokens")[ok], result.request_column("request_id")[ok],
+                        breaks, result.scenario.engine.stream_interval,
+                        fe.per_output_token_s if fe is not None else 0.0)
+
+
 def summarize(result) -> dict:
     """Read column by column from the run's stores (``RunResult.request_column``): memory
     holds a few request-sized columns at a time, never the whole requests frame."""
@@ -176,8 +190,11 @@ def summarize(result) -> dict:
     def reader(columns):
         names = [c for c in columns if c in result.step_store.names]
         return lambda a, b: {c: result.step_column(c, a, b) for c in names}
-    itl = itl_pieces(reader(BEND_STEP_COLUMNS), result.num_step_rows, result.resume_gaps_s, result.itl_adjust,
-                     with_bend=True)
+    if s.engine.stream_interval > 1:  # one gap per streamed chunk (sim/metrics/chunk_itl.py)
+        itl = chunk_itl_pieces(_chunk_gaps_s(result, reader(CHUNK_STEP_COLUMNS), ok))
+    else:
+        itl = itl_pieces(reader(BEND_STEP_COLUMNS), result.num_step_rows, result.resume_gaps_s, result.itl_adjust,
+                         with_bend=True)
     if s.workload.synthetic is not None and s.workload.synthetic.rate_profile is None:
         rate, burst = s.workload.synthetic.request_rate, s.workload.synthetic.burstiness
     elif s.workload.synthetic is not None:  # a rate that varies over time: its mean

@@ -292,6 +292,11 @@ class Scheduler:
         self.tokens_emitted = 0  # output tokens produced, recomputed ones not counted twice
         self.resume_gaps_s: list[float] = []  # inter-token gaps that span a recompute
         self.burst_gaps_s: list[float] = []   # multi-step: each sequence's gap to each block's end
+        # A decode's breaks from its replica's decode steps, for ITL per streamed chunk
+        # (sim/metrics/chunk_itl.py): (request id, from_s, to_s, token at to_s): it emitted no
+        # token at the end of any decode step in (from_s, to_s], and (recompute) one at to_s.
+        # One per pause, preemption or swap-in: events the scheduler handles one by one already.
+        self.itl_breaks: list[tuple[int, float, float, bool]] = []
         self._swap_blocks = 0
         self.num_schedules = 0               # scheduling rounds so far
         self._paused: list[Request] = []     # decodes the token budget did not reach this step
@@ -841,6 +846,8 @@ class Scheduler:
         plan.kv_ready.append(req)
         # a request with no token yet (vLLM P/D: the decode side emits the first) has no gap
         plan.ready_gaps_s.append(now - req.last_token_s if req.num_generated else math.nan)
+        if req.num_generated:  # swapped back in: no token since its last, decoding from the next step
+            self.itl_breaks.append((req.request_id, req.last_token_s, now, False))
         return True
 
     def _on_kv_admitted(self, req: Request, now: float) -> None:
@@ -998,6 +1005,7 @@ class Scheduler:
             d = now - plan.planned_s
             for req in self._paused:
                 self._note_paused(req, d)
+                self.itl_breaks.append((req.request_id, plan.planned_s, now, False))
                 ds.add(req)
             self._paused.clear()
         for req, n in plan.chunks:
@@ -1007,6 +1015,7 @@ class Scheduler:
             del self.prefilling[req.key]
             if req.num_generated:  # resumed after preemption: the gap spans it
                 self.resume_gaps_s.append(now - req.last_token_s)
+                self.itl_breaks.append((req.request_id, req.last_token_s, now, True))
             else:
                 req.first_token_s = now
             req.last_token_s = now
