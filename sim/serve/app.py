@@ -208,16 +208,25 @@ async def _gone(receive) -> None:
         pass
 
 
-async def _unless_gone(work, request: Request):
-    """``work``'s result, or None if the client disconnects first (``work`` is then cancelled)."""
+async def _first_of(work, receive) -> asyncio.Future:
+    """Run ``work`` until it ends or the client disconnects (``receive`` reports it), whichever
+    comes first; the other is cancelled. Returns ``work``'s task (cancelled if the client went)."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_gone(request.receive))
+    gone = asyncio.ensure_future(_gone(receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t in (task, gone):
             if not t.done():
                 t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await t
+    return task
+
+
+async def _unless_gone(work, request: Request):
+    """``work``'s result, or None if the client disconnects first (``work`` is then cancelled)."""
+    task = await _first_of(work, request.receive)
     if task.done() and not task.cancelled():
         return task.result()
     return None
@@ -235,16 +244,7 @@ class AbortingStream(StreamingResponse):
         self.on_gone = on_gone
 
     async def __call__(self, scope, receive, send) -> None:
-        body = asyncio.ensure_future(self.stream_response(send))
-        gone = asyncio.ensure_future(_gone(receive))
-        try:
-            await asyncio.wait({body, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (body, gone):
-                if not t.done():
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, OSError):
-                        await t
+        body = await _first_of(self.stream_response(send), receive)
         if body.done() and not body.cancelled():
             error = body.exception()
             if error is None:
