@@ -177,3 +177,21 @@ def test_shutdown_fails_what_is_in_flight(tmp_path):
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+def test_a_second_ctrl_c_still_writes_the_run_without_a_traceback(tmp_path):
+    # uvicorn's force exit (a second SIGINT) skips the app's shutdown; the loop's close then
+    # cancelled it mid-wait and uvicorn logged a traceback (sim/serve/session.py runs it)
+    s = Server(tmp_path)
+    try:
+        time.sleep(1.0)
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        s.proc.send_signal(signal.SIGINT)
+        out, err = s.proc.communicate(timeout=60)
+        assert s.proc.returncode == 0, out + err
+        assert "Traceback" not in out + err, out + err
+        assert (s.out / "requests.parquet").exists()
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()

@@ -225,6 +225,11 @@ async def _serve(endpoint, o: ServeOptions, scenario: Scenario) -> None:
     doors = asyncio.create_task(open_doors())
     await server.serve()
     doors.cancel()
+    lifespan_ = getattr(server, "lifespan", None)
+    if server.force_exit and lifespan_ is not None:
+        # a second Ctrl-C (uvicorn's force exit) skips the app's shutdown, and the loop's close
+        # would then cancel it mid-wait, logging a traceback: it runs here instead
+        await lifespan_.shutdown()
 
 
 async def _warm_up(endpoint, scenario: Scenario, o: ServeOptions, host: str, port: int) -> None:
