@@ -537,20 +537,14 @@ class Simulation:
     def _aborted_unsent(self, req: Request) -> None:
         """``req`` was aborted while the API server still held it (sim/engine/frontend.py): it
         never reached admission control or an engine, and ends as it is handed over."""
-        if self.results is not None:
-            self.results.add([req])
-        if self._on_end is not None:
-            self._on_end([req])
-        self.ended += 1
-        if self._max_concurrency is not None:  # (its client is free again, as in ``_on_finish``)
-            if self._think_time_s > 0:
-                self.env.process(self._release_later(1))
-            else:
-                self.arrivals.release(1)
+        self._on_finish([req], reached_engine=False)
 
-    def _on_finish(self, finished: list[Request]) -> None:
+    def _on_finish(self, finished: list[Request], reached_engine: bool = True) -> None:
+        """``finished`` ended now. ``reached_engine`` False: aborted before the API server handed
+        them over (``_aborted_unsent``): admission control never counted them, and their clients,
+        which received nothing, are free at once."""
         admission = self.admission
-        if admission is not None:
+        if admission is not None and reached_engine:
             for req in finished:
                 if req.status != REJECTED:
                     admission.ended(req)
@@ -562,7 +556,7 @@ class Simulation:
         self.ended += len(finished)
         if self._max_concurrency is not None:
             client = self._client
-            if client is not None:  # each client is free when its last chunk reached it
+            if client is not None and reached_engine:  # each client is free when its last chunk reached it
                 for req in finished:
                     self.env.process(self._release_after(
                         client.client_free_after_s(req.output_tokens) + self._think_time_s))
