@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.request import ABORT_REASON, ABORTED, Request
+from sim.core.request import ABORTED, Request, end_aborted
 from sim.engine.admission_control import AdmissionControl
 from sim.engine.arrivals import NO_ABORT
 from sim.engine.calls import Call
@@ -213,10 +213,10 @@ class LiveSimulation:
         for req in left:
             aborted_s = self._frontend_aborts.get(req.request_id)
             if aborted_s is not None:  # aborted while the front end held it: as it would end (``_enter``)
-                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, aborted_s
+                end_aborted(req, aborted_s)
                 continue
             if req.request_id in self._aborts_sent:  # aborted, its replica's next step boundary not yet come
-                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, now
+                end_aborted(req, now)
                 continue
             req.status, req.fail_reason, req.finish_s = "failed", reason, now
         self._frontend_aborts.clear()

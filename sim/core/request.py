@@ -104,3 +104,10 @@ class Request:
         self.ttft_kv_transfer_s = 0.0  # disaggregated, first token from decode: KV transfer
         self.ttft_decode_s = 0.0       # ... then decode admission wait and its first step
         self.ttft_kv_load_s = 0.0      # loading its prefix from the CPU offloading tier (sim/core/kv.py CPUTier)
+
+
+def end_aborted(req: Request, at_s: float) -> None:
+    """``req`` ends aborted by its client at ``at_s`` (status ``ABORTED``, reason ``ABORT_REASON``)."""
+    req.status = ABORTED
+    req.fail_reason = ABORT_REASON
+    req.finish_s = at_s

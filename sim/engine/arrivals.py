@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from sim.core.request import ABORT_REASON, ABORTED, Request
+from sim.core.request import Request, end_aborted
 from sim.engine.calls import Call
 from sim.engine.clock import URGENT
 from sim.engine.simpy_clock import ClockEnvironment
@@ -161,7 +161,7 @@ class Arrivals:
         self.sent += 1
         if abort_s == abort_s:  # (NaN: no abort)
             if abort_s < t:  # aborted while the API server held it: never sent on
-                req.status, req.fail_reason, req.finish_s = ABORTED, ABORT_REASON, abort_s
+                end_aborted(req, abort_s)
                 if self._aborted_unsent is not None:
                     self._aborted_unsent(req)
                 return req

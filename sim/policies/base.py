@@ -28,7 +28,7 @@ from sim.core.kv import Block, KVBlockManager
 from sim.policies.no_entries import NONE
 from sim.policies.admission import VLLMAdmission, make_admission
 from sim.policies.decode_set import DecodeSet
-from sim.core.request import ABORT_REASON, ABORTED, Request
+from sim.core.request import Request, end_aborted
 
 
 # A completed request's ``fail_reason`` when it stopped at its max_tokens before its end of
@@ -1087,9 +1087,7 @@ class Scheduler:
         if key in self._pause_s:
             del self._pause_s[key]
         kv.free(req, forget=True)
-        req.status = ABORTED
-        req.fail_reason = ABORT_REASON
-        req.finish_s = now
+        end_aborted(req, now)
         return True
 
     def _preempt(self, req: Request, now: float) -> None:
