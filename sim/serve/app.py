@@ -144,8 +144,7 @@ class Endpoint:
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
         if not stream.decided.is_set():  # the API server still holds it: admission control answers later
-            if not await _unless_gone(stream.decided.wait(), request):
-                self.driver.abort(stream)
+            if await self._aborted_if_gone(stream.decided.wait(), request, stream) is None:
                 return Response(status_code=499)  # (nobody reads it: the client has gone)
         if stream.rejected:
             err = ApiError(429, stream.rejected, "RateLimitError")
@@ -155,10 +154,14 @@ class Endpoint:
         if asked.stream:
             return AbortingStream(self._events(stream, rid, created), lambda: self.driver.abort(stream),
                                   media_type="text/event-stream")
-        answer = await _unless_gone(self._whole(stream, rid, created), request)
+        answer = await self._aborted_if_gone(self._whole(stream, rid, created), request, stream)
+        return Response(status_code=499) if answer is None else answer
+
+    async def _aborted_if_gone(self, work, request: Request, stream: Stream):
+        """``work``'s result; None if the client disconnects first, its request then aborted."""
+        answer = await _unless_gone(work, request)
         if answer is None:
             self.driver.abort(stream)
-            return Response(status_code=499)
         return answer
 
     def _finish_reason(self, stream: Stream) -> str:
