@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.metrics.vllm_bench import PieceSets, RunLengthSamples
+from sim.metrics.vllm_bench import PieceSets, RunLengthSamples, _with_decodes, step_pieces
 
 # the step-log columns read
 CHUNK_STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_steps", "decode_tokens",
@@ -43,12 +43,11 @@ CHUNK_STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_steps", "decode_t
 def step_ends(steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(replica, time) of every decode step's end, sorted by replica then time: a row of k > 1
     steps gives k, spaced as its straight piece (first + span j), the last at the row's end."""
-    has = steps["decode_tokens"] > 0
-    k = steps["num_steps"][has].astype(np.int64)
+    has = _with_decodes(steps)
+    pieces = step_pieces(steps)  # each row's first step and the span its steps grow by
+    k, first, span = pieces.j1, pieces.first_s, pieces.span_s
     start, dur = steps["start_s"][has], steps["duration_s"][has]
-    first, last = steps["first_step_duration_s"][has], steps["last_step_duration_s"][has]
     replica = steps["replica"][has].astype(np.int64)
-    span = np.where(k > 1, (last - first) / np.maximum(k - 1, 1), 0.0)
     row = np.repeat(np.arange(len(k)), k)
     j = np.arange(len(row)) - np.repeat(np.cumsum(k) - k, k)  # step within its row, 0..k-1
     # the (j + 1)-th step's end: start + (j + 1) first + span j (j + 1) / 2
@@ -98,9 +97,12 @@ def chunk_gaps_s(steps: dict[str, np.ndarray], replica: np.ndarray, first_token_
     bounds = np.searchsorted(end_rep, np.arange(int(end_rep.max(initial=-1)) + 2))
     lo = np.empty(len(n), dtype=np.int64)
     hi = np.empty(len(n), dtype=np.int64)
+    def replica_ends(r: int) -> np.ndarray:
+        return ends[bounds[r]:bounds[r + 1]] if r + 1 < len(bounds) else ends[:0]
+
     for r in np.unique(rep).tolist():
         m = rep == r
-        seg = ends[bounds[r]:bounds[r + 1]] if r + 1 < len(bounds) else ends[:0]
+        seg = replica_ends(r)
         off = bounds[r] if r < len(bounds) else 0
         lo[m] = off + np.searchsorted(seg, first[m] + 64 * np.spacing(first[m]), side="right")
         hi[m] = off + np.searchsorted(seg, fin[m] + 64 * np.spacing(fin[m]), side="right")
@@ -124,9 +126,7 @@ def chunk_gaps_s(steps: dict[str, np.ndarray], replica: np.ndarray, first_token_
     gaps = time_of(tok, req) - time_of(prev_tok, req)
     at = np.cumsum(gaps_per) - gaps_per  # each request's first gap in ``gaps``
     for i in np.flatnonzero(broken).tolist():  # the requests with breaks, one by one
-        r = int(rep[i])
-        seg = ends[bounds[r]:bounds[r + 1]] if r + 1 < len(bounds) else ends[:0]
-        times = _token_times_with_breaks(seg, float(first[i]), float(fin[i]), by_request[int(rid[i])])
+        times = _token_times_with_breaks(replica_ends(int(rep[i])), float(first[i]), float(fin[i]), by_request[int(rid[i])])
         if len(times) != n[i]:
             raise AssertionError(f"request {int(rid[i])}: {len(times)} token times for {int(n[i])} "
                                  "output tokens (ITL per chunk)")
