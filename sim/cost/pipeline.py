@@ -27,6 +27,13 @@ from sim.spec.memory import stage_layers
 P2P_LATENCY_S = 10e-6  # NCCL send/recv launch + sync, as the all-reduce latency (aiconfigurator p2p_latency)
 
 
+def running_share(total: int, part: int, whole: int) -> int:
+    """round(total x part / whole), half up, in integers: taken at each part's running sum, the
+    differences of consecutive shares add up to ``total`` exactly, each within one of its own
+    share (``sliding_layers_before``, ``split_batch``)."""
+    return (2 * total * part + whole) // (2 * whole)
+
+
 def sliding_layers_before(model, end: int) -> int:
     """Sliding-window layers among the first ``end`` layers, the model's count spread evenly
     over its layers: round(num_sliding x end / num_layers), so the stages' counts (differences
@@ -37,7 +44,7 @@ def sliding_layers_before(model, end: int) -> int:
     stage's share on its own (as before) could give the stages more sliding layers than the
     model has: Gemma-3-27B over 3 stages 18 + 18 + 17 = 53 of 52, a full layer's KV reads lost
     (tests/test_floors_pp.py)."""
-    return (2 * model.num_sliding_layers * end + model.num_layers) // (2 * model.num_layers)
+    return running_share(model.num_sliding_layers, end, model.num_layers)
 
 
 def stage_models(model, pp: int) -> list:
@@ -76,7 +83,7 @@ def split_batch(b: Batch, pp: int) -> list[Batch]:
     out, before, held = [], 0, 0
     for j in range(pp):
         before += seqs[j]
-        upto = (2 * ctx * before + n) // (2 * n) if n else 0
+        upto = running_share(ctx, before, n) if n else 0
         out.append(Batch(seqs[j], upto - held, tuple(chunks[j]), logits[j], b.num_steps))
         held = upto
     return out
