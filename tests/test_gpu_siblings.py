@@ -16,8 +16,7 @@ import json
 import pytest
 
 from sim.core.batch import Batch
-from sim.cost.calibration import (
-    PEAK_KEYS, calibration_dir, calibration_sibling, carried_from, describe, load_calibration)
+from sim.cost.calibration import calibration_dir, calibration_sibling, carried_from, describe, load_calibration
 from sim.cost.floor import gpu_step_s
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.errors import UserError
@@ -81,6 +80,10 @@ def test_gb200_inherits_b200_and_explain_says_so():
     line = describe(load_calibration("gb200"), carried_from(load_calibration("gb200")))
     assert line.startswith("calibrated (gb200: b200's measured efficiencies, same architecture sm_100")
     assert "gemm_nvfp4" in line
+
+
+# every peak an operator's roofline bound divides by (GPUSpec fields)
+PEAK_KEYS = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "nvlink_bw_bytes_per_s", "fp8_flops_per_s", "fp4_flops_per_s")
 
 
 def _peak_ratio(gpu, sib) -> float:

@@ -354,8 +354,6 @@ def calibration_sibling(gpu_key: str) -> str | None:
     return None if entry is None else entry.get("calibration_sibling")
 
 
-# Peaks a calibration file holds (``sim.cost.fit``), by the GPUSpec field of the same name.
-PEAK_KEYS = ("bf16_flops_per_s", "hbm_bw_bytes_per_s", "nvlink_bw_bytes_per_s", "fp8_flops_per_s", "fp4_flops_per_s")
 # Tables dropped when the inheriting GPU lacks the peak they are measured against.
 _TABLE_PEAK = {"gemm_fp8": "fp8_flops_per_s", "gemm_nvfp4": "fp4_flops_per_s"}
 # Collective tables: measured over the sibling's GPU-GPU fabric.
