@@ -148,8 +148,7 @@ def kernel_figures(dep: Deployment, batch: int) -> dict[str, float]:
     a 16-bit cache's re-reads priced at the L2's bandwidth), and the host time launching a decode
     step's kernels when it is not a CUDA graph replay (overlapped with the GPU's work)."""
     cm = _tp_model(dep)
-    e = cm.engine
-    launch_s = 0.0 if e.graphed(batch, False) else dep.model.num_layers * e.eager_launch_per_layer_s
+    launch_s = cm.engine.host_terms(batch, False, cm.tp, dep.model.num_layers)[1]
     return {"decode_kv_reads": float(cm.decode_kv_reads), "decode_launch_ms": launch_s * 1e3}
 
 
