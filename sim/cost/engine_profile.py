@@ -14,7 +14,9 @@ Model of one step of ``g`` GPU seconds (kernels only, sampler included):
   scheduling and input preparation serve N decode steps, so a decode-only step pays that part
   / N (vLLM multi-step RFC, vllm-project/vllm#6854), while every step's output tokens are still
   processed (``output_step`` + ``output_per_seq`` per sequence: vidur's process_model_outputs;
-  vllm/engine/output_processor/multi_step.py appends and checks each token);
+  vllm/engine/output_processor/multi_step.py appends and checks each token) and the model input
+  is still broadcast to the TP workers (the per-extra-rank term, paid every step:
+  vllm/worker/multi_step_worker.py ``_get_driver_input_and_broadcast``);
 - kernel launches ``launch`` = layers x per-layer launch time, unless the step replays a
   CUDA graph (decode-only steps of at most ``cuda_graph_max_batch`` sequences); launches are
   asynchronous, so the GPU hides them when its kernels take longer;
@@ -90,11 +92,18 @@ class EngineProfile:
         ``num_scheduler_steps`` > 1 a decode-only step pays its share of one scheduling plus its
         own output processing."""
         fixed = self.prefill_step_s if has_prefill else self.decode_step_s
-        cpu = fixed + self.per_seq_s * num_seqs + self.per_extra_tp_rank_s * (tp - 1)
+        ranks = self.per_extra_tp_rank_s * (tp - 1)
+        cpu = fixed + self.per_seq_s * num_seqs + ranks
         if has_prefill or self.num_scheduler_steps == 1:
             return cpu
-        out = min(cpu, self.output_step_s + self.output_per_seq_s * num_seqs)
-        return (cpu - out) / self.num_scheduler_steps + out
+        # Multi-step amortises the scheduling and the driver's input preparation, not the
+        # broadcast to the TP workers: vLLM V0's MultiStepWorker._get_driver_input_and_broadcast
+        # (vllm/worker/multi_step_worker.py, v0.6.0 to the last V0) calls broadcast_tensor_dict
+        # with the whole model input on every step, first or not (its TODO: "only broadcast the
+        # delta"), and each worker rebuilds its model input from it before it launches; the
+        # first all-reduce of the step waits for the last rank to launch (vllm-project/vllm#5792).
+        out = min(cpu - ranks, self.output_step_s + self.output_per_seq_s * num_seqs)
+        return (cpu - ranks - out) / self.num_scheduler_steps + out + ranks
 
     def prompt_cpu_s(self, num_chunks: int, prompt_tokens: int) -> float:
         """Host seconds a step adds for the ``num_chunks`` prompt chunks (``prompt_tokens`` new
