@@ -102,6 +102,10 @@ class EngineProfile:
         # with the whole model input on every step, first or not (its TODO: "only broadcast the
         # delta"), and each worker rebuilds its model input from it before it launches; the
         # first all-reduce of the step waits for the last rank to launch (vllm-project/vllm#5792).
+        # NOTE: this per-step work (the broadcast, the outputs) is charged serially, as the
+        # profile's serial engine does; within a block vLLM's CPU may run ahead of the GPU
+        # (MultiStepModelRunner.execute_model: wait_previous_step is a stream wait, outputs are
+        # pythonized when ready), which would hide it under longer kernels: an open assumption.
         out = min(cpu - ranks, self.output_step_s + self.output_per_seq_s * num_seqs)
         return (cpu - ranks - out) / self.num_scheduler_steps + out + ranks
 
