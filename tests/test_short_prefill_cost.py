@@ -27,10 +27,16 @@ def _cost(profile: str, model: str = "llama-2-70b", gpu: str = "a100-80g", tp: i
     return RooflineCostModel(get_model(model), g, tp, calibration=load_calibration(g.key), engine=get_profile(profile))
 
 
-def test_trt_llm_2023_builds_its_engines_without_the_custom_allreduce():
-    assert get_profile("trt-llm-2023").custom_allreduce is False
-    assert get_profile("trt-llm-2023").describe()["custom_allreduce"] is False
-    assert get_profile("vllm-v1").custom_allreduce is True  # vLLM's custom kernel (custom_all_reduce.py)
+@pytest.mark.parametrize("profile", ["trt-llm-2023", "vllm-v0.2"])
+def test_2023_engines_have_no_custom_allreduce(profile):
+    """TensorRT-LLM v0.5-v0.7 unless built with --use_custom_all_reduce; vLLM before 0.3.0."""
+    assert get_profile(profile).custom_allreduce is False
+    assert get_profile(profile).describe()["custom_allreduce"] is False
+
+
+def test_later_engines_keep_the_custom_kernel():
+    for name in ("vllm-v1", "vllm-v1-0.34", "sglang", "trt-llm"):
+        assert get_profile(name).custom_allreduce is True, name
 
 
 @pytest.mark.parametrize("gpu", ["a100-80g", "h100-sxm"])
