@@ -86,6 +86,10 @@ class EngineProfile:
     # the vLLM release whose V1 scheduling rules the scheduler follows (EngineLimits.vllm_release):
     # "0.11" (vllm-v1 and the non-vLLM profiles: simsrv's rules before) | "0.34" (vllm-v1-0.34)
     vllm_release: str = "0.11"
+    # whether the engine's small all-reduces under TP take a custom one-/two-shot kernel (vLLM's
+    # custom all-reduce, sim/cost/shapes.py ``uses_custom_allreduce``) or NCCL always (false:
+    # TensorRT-LLM engines of 2023 built without ``--use_custom_all_reduce``, catalogue trt-llm-2023)
+    custom_allreduce: bool = True
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -176,6 +180,7 @@ class EngineProfile:
             "frontend_per_prompt_token_ms": self.frontend_per_prompt_token_s * 1e3,
             "frontend_per_output_token_ms": self.frontend_per_output_token_s * 1e3,
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
+            "custom_allreduce": self.custom_allreduce,
             "overridden": list(self.overridden),
         }
 
@@ -189,6 +194,8 @@ _MS_KEYS = {"prefill_step_ms": "prefill_step_s", "decode_step_ms": "decode_step_
             "frontend_per_output_token_ms": "frontend_per_output_token_s", "frontend_chunk_ms": "frontend_chunk_s"}
 _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range",
                "frontend_overlap")
+# optional plain keys of a catalogue entry or a profile file (absent: the field's default)
+_OPTIONAL_PLAIN_KEYS = ("custom_allreduce",)
 FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
                     "frontend_chunk_ms")
 
@@ -205,6 +212,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["frontend_overlap"] = d.get("frontend_overlap", True)
     kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
+    kw["custom_allreduce"] = d.get("custom_allreduce", True)
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -254,7 +262,7 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise UserError(f"engine.profile: {path}: a profile file is a YAML mapping of the catalogue's keys "
                         f"(sim/catalog/engine_profiles.yaml), got {type(d).__name__}")
     terms = term_fields()
-    valid = [*terms, *_PLAIN_KEYS, *_FILE_TEXT_KEYS]
+    valid = [*terms, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, *_FILE_TEXT_KEYS]
     for k in d:
         if k not in valid:
             shown_key = k if isinstance(k, str) else shown_value(k)
@@ -265,8 +273,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode"):
-        if not isinstance(d[k], bool):
+    for k in ("overlap_cpu", "cuda_graph_decode", *_OPTIONAL_PLAIN_KEYS):
+        if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
     _file_number(path, "cuda_graph_max_batch", d["cuda_graph_max_batch"], integer=True)
     if not isinstance(d["attention_backend"], str):
@@ -300,6 +308,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw.update({k: d[k] for k in _PLAIN_KEYS})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    kw["custom_allreduce"] = d.get("custom_allreduce", True)
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -331,6 +340,7 @@ def profile_entry(name: str) -> dict:
     out.update({k: d[k] for k in _PLAIN_KEYS})
     out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
     out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    out["custom_allreduce"] = d.get("custom_allreduce", True)
     out["basis"] = d.get("basis", "")
     out["sources"] = list(d.get("sources") or [])
     return out

@@ -584,6 +584,8 @@ class RooflineCostModel:
     def _uses_custom_ar(self, tokens: int) -> bool:
         if self.tp_nodes > 1:
             return False  # vLLM's custom all-reduce runs within a node only (sim/cost/collectives.py)
+        if not self.engine.custom_allreduce:
+            return False  # an engine without one: NCCL at every size (EngineProfile.custom_allreduce)
         return uses_custom_allreduce(self.tp, tokens * self.model.hidden_size * self.dtype_bytes,
                                      self.gpu.full_nvlink)
 
