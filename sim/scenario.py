@@ -208,6 +208,10 @@ class EngineOverhead(_Strict):
     frontend_per_output_token_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     frontend_chunk_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     frontend_overlap: Optional[bool] = None
+    # a speculative drafter's host work per eager PyTorch op, and whether its passes replay CUDA
+    # graphs (sim/cost/speculative.py; draft_cuda_graph unset: the profile's rule)
+    eager_op_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    draft_cuda_graph: Optional[bool] = None
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)

@@ -54,10 +54,15 @@ A step's cost (``SpeculativeCost``):
   A GEMM whose shape the target does not have (the fc, EAGLE-3's wider QKV and narrower LM
   head) costs the target GEMM nearest in role (o, qkv, lm head) times the ratio of the two
   shapes' roofline bounds (max(FLOPs / peak, bytes / bandwidth)), as quantized GEMMs are
-  priced (sim/cost/roofline.py ``_linear_s``). Each pass pays the engine's kernel launches of
-  the head's layers unless it replays a CUDA graph (sim/cost/engine_profile.py ``host_terms``:
-  the target's rule; vLLM captures the draft passes in graphs: the speculator's
-  ``prefill_cudagraph_manager`` and its decode graphs).
+  priced (sim/cost/roofline.py ``_linear_s``). A pass takes at least its host work, which the
+  GPU waits for at small batches (its kernels are issued from Python one pass after the other):
+  the kernel launches of the head's layer unless the pass replays a CUDA graph
+  (sim/cost/engine_profile.py ``EngineProfile.draft_graphed``: vLLM 0.11.0's drafter never does;
+  vLLM 0.34 captures its passes in the target's graph mode), plus the eager PyTorch ops the
+  propose loop issues outside the model (``propose_loop_ops``) at the profile's ``eager_op_s``
+  each: vLLM 0.11.0's loop advances positions and sequence lengths, recomputes the slot mapping
+  through the block table and copies its inputs into the persistent buffers with separate small
+  ops, then runs the LM head and the argmax outside the model (EAGLE-3 also its d2t scatter).
   NOTE: the head's layer is priced as the target's average layer (its GEMMs in the target's
   kernels, quantized where the target's are; the published heads are bf16/fp16); the first
   pass's extra queries (k + 1 per sequence) read each context once, as in verification.
@@ -141,6 +146,38 @@ def ngram_host_s(context_tokens: int) -> float:
 # SpecForge configs/llama3-8B-eagle3.json); never more than the target's vocabulary
 EAGLE3_DRAFT_VOCAB_TOKENS = 32_000
 D2T_ENTRY_BYTES = 8  # the draft-to-target id map, int64 (llama_eagle3.py ``draft_id_to_target_id``)
+
+
+# eager PyTorch ops a draft head's pass issues outside the model, by vLLM release (views and
+# slices, which launch nothing, not counted):
+# - 0.11 (vllm 0.11.0 v1/spec_decode/eagle.py ``EagleProposer.propose``): each later pass (the
+#   loop body): input_ids ``.int()``, ``positions += 1``, ``>=``, ``torch.where``, ``seq_lens += 1``
+#   and ``masked_fill_``, ``seq_lens_cpu += 1`` and ``- 1`` (host tensors), the slot mapping's
+#   ``//``, ``gather``, ``*``, ``%``, ``+``, ``masked_fill_``, three copies into the persistent
+#   buffers, the attention metadata's ``build_for_drafting``, ``compute_logits``' LM head and
+#   ``argmax``: 20. The first pass: the input-id shift copy and last-token ``index_put``,
+#   ``build_for_drafting``, two buffer copies, three gathers by ``last_token_indices``, the LM
+#   head, ``argmax``, ``query_start_loc_cpu``'s ``clone`` and the closing ``torch.stack``: 12.
+#   EAGLE-3 adds to each pass ``compute_logits``' d2t scatter (llama_eagle3.py: ``arange``, ``+``,
+#   ``new_full``, ``index_put_``) and to the first ``combine_hidden_states``' fc.
+# - 0.34 (v1/worker/gpu/spec_decode/autoregressive/speculator.py): a graphed pass issues none
+#   (the k - 1 one-token passes are one FULL graph, ``_run_fused_multi_step_decode``); an eager one
+#   the slot mapping and metadata update, ``current_draft_step.fill_``, the LM head, the argmax and
+#   ``update_draft_inputs``' kernel: 6.
+PROPOSE_LOOP_OPS_0_11 = (12, 20)  # (first pass, each later pass)
+EAGLE3_D2T_OPS = 4
+PROPOSE_LOOP_OPS_0_34_EAGER = 6
+
+
+def propose_loop_ops(release: str, method: str, first: bool, graphed: bool) -> int:
+    """Eager PyTorch ops a pass of an EAGLE / EAGLE-3 / MTP head issues outside the model under
+    vLLM ``release`` (the table above)."""
+    if release == "0.34":
+        return 0 if graphed else PROPOSE_LOOP_OPS_0_34_EAGER
+    ops = PROPOSE_LOOP_OPS_0_11[0 if first else 1]
+    if method == "eagle3":
+        ops += EAGLE3_D2T_OPS + (1 if first else 0)
+    return ops
 
 
 @dataclass(frozen=True)
@@ -271,7 +308,16 @@ class SpeculativeCost:
         if d.lm_vocab_tokens != t.model.vocab_size:  # EAGLE-3's LM head over its draft vocabulary
             lm *= (_bound_s(n, (h, d.lm_vocab_tokens / t.tp), peak, bw, b) / _bound_s(n, t._lm, peak, bw, b))
         s += lm + sampling
-        return max(s, self._launch_s(t, n, first and bool(chunks), 1))
+        return max(s, self.head_host_s(n, first and bool(chunks), first))
+
+    def head_host_s(self, n: int, has_prefill: bool, first: bool) -> float:
+        """Host seconds of a head pass of ``n`` sequences: its layer's kernel launches unless it
+        replays a CUDA graph (``EngineProfile.draft_graphed``) and the propose loop's eager ops
+        (``propose_loop_ops``) at the profile's ``eager_op_s`` (module docstring)."""
+        e = self.target.engine
+        graphed = e.draft_graphed(n, has_prefill)
+        launch = 0.0 if graphed else e.eager_launch_per_layer_s
+        return launch + propose_loop_ops(e.vllm_release, self.method, first, graphed) * e.eager_op_s
 
     def host_s(self, ctx: int) -> float:
         """Host seconds of the proposer on the step's critical path, ``ctx`` the decodes'
