@@ -237,12 +237,17 @@ class SpeculativeConfig(_Strict):
     acceptance_rates: Optional[list[Annotated[float, Field(ge=0, le=1)]]] = None
     # vLLM's "mean acceptance length": tokens emitted per sequence per step, bonus token included
     acceptance_length: Optional[float] = Field(None, ge=1, le=MAX_FIGURE)
+    # method eagle3: the head's draft_vocab_size (its config.json); unset: the published heads'
+    # 32,000 (sim/cost/speculative.py EAGLE3_DRAFT_VOCAB_TOKENS), at most the target's vocabulary
+    draft_vocab_size: Optional[int] = Field(None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _complete(self) -> "SpeculativeConfig":
         k = self.num_speculative_tokens
         if (self.model is None) == (self.method == "draft_model"):
             raise ValueError("model (the draft model) is given with method draft_model, and only with it")
+        if self.draft_vocab_size is not None and self.method != "eagle3":
+            raise ValueError("draft_vocab_size (an EAGLE-3 head's draft vocabulary) is given with method eagle3 only")
         if (self.acceptance_rates is None) == (self.acceptance_length is None):
             raise ValueError("give acceptance_rates (one per draft position) or acceptance_length (mean tokens "
                              "per step, as vLLM reports it), one of the two: there is no default")

@@ -102,3 +102,31 @@ def test_draft_cuda_graph_is_a_profile_key(tmp_path: Path):
     assert get_profile("vllm-v1", {"draft_cuda_graph": True}).draft_graphed(1, False)
     spec = _spec("eagle3", overhead={"draft_cuda_graph": True, "eager_launch_per_layer_ms": 5.0})
     assert spec.head_pass_s(1, 1, 500, (), False) < 5e-3
+
+
+def test_eagle3_draft_vocabulary_is_the_heads():
+    """An EAGLE-3 head's LM head and d2t map follow its ``draft_vocab_size`` (the head's
+    config.json), not a fixed 32,000: a head over the target's whole vocabulary reads the
+    target's LM-head bytes every pass and needs no d2t map; more than the target's is an error."""
+    from sim.cost.speculative import D2T_ENTRY_BYTES, draft_weight_bytes_per_gpu
+    from sim.spec.models import get_model
+
+    m = get_model("llama-3.1-8b")
+    small = _spec("eagle3", k=4)
+    raw = _raw("eagle3", 4)
+    raw["engine"]["speculative_config"]["draft_vocab_size"] = m.vocab_size
+    full = build_deployment(scenario_from_dict(raw)).cost.spec_run
+    assert (full.head.lm_vocab_tokens, full.head.d2t_entries) == (m.vocab_size, 0)
+    assert small.head.lm_vocab_tokens == 32_000
+    lm_bytes = (m.vocab_size - 32_000) * m.hidden_size * 2
+    assert full.head_pass_s(1, 1, 500, (), False) - small.head_pass_s(1, 1, 500, (), False) >= (
+        0.9 * lm_bytes / full.target.mem_bw)
+    assert draft_weight_bytes_per_gpu("eagle3", m, 1, None, m.vocab_size) - draft_weight_bytes_per_gpu(
+        "eagle3", m, 1) == pytest.approx(lm_bytes - 32_000 * D2T_ENTRY_BYTES)
+    raw["engine"]["speculative_config"]["draft_vocab_size"] = m.vocab_size + 1
+    with pytest.raises(UserError, match="draft_vocab_size: 128257 is more than the target's vocabulary"):
+        build_deployment(scenario_from_dict(raw))
+    bad = _raw("eagle", 4)
+    bad["engine"]["speculative_config"]["draft_vocab_size"] = 32_000
+    with pytest.raises(UserError, match="draft_vocab_size"):
+        scenario_from_dict(bad)

@@ -141,7 +141,8 @@ def ngram_host_s(context_tokens: int) -> float:
     return NGRAM_S_PER_CONTEXT_TOKEN * context_tokens
 
 
-# EAGLE-3's draft vocabulary: the published heads' ``draft_vocab_size`` (32,000 for the Llama-3.1-8B
+# EAGLE-3's draft vocabulary where the scenario gives none (speculative_config.draft_vocab_size,
+# the head's config.json): the published heads' ``draft_vocab_size`` (32,000 for the Llama-3.1-8B
 # head VC-41 ran, yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, and the reference trainers' default:
 # SpecForge configs/llama3-8B-eagle3.json); never more than the target's vocabulary
 EAGLE3_DRAFT_VOCAB_TOKENS = 32_000
@@ -196,17 +197,19 @@ class DraftHead:
     d2t_entries: int  # EAGLE-3's draft-to-target map, where its vocabulary is the smaller
 
 
-def draft_head(method: str, vocab_size: int) -> DraftHead:
-    """The head of ``method`` (eagle, eagle3, mtp) for a target of ``vocab_size`` tokens."""
+def draft_head(method: str, vocab_size: int, draft_vocab_size: int | None = None) -> DraftHead:
+    """The head of ``method`` (eagle, eagle3, mtp) for a target of ``vocab_size`` tokens; an
+    EAGLE-3 head drafts over ``draft_vocab_size`` tokens (its config's; unset: the published
+    heads' ``EAGLE3_DRAFT_VOCAB_TOKENS``), never more than the target's."""
     if method == "eagle3":
-        v = min(EAGLE3_DRAFT_VOCAB_TOKENS, vocab_size)
+        v = min(EAGLE3_DRAFT_VOCAB_TOKENS if draft_vocab_size is None else draft_vocab_size, vocab_size)
         return DraftHead(3, False, 2, v, True, v if v < vocab_size else 0)
     if method == "mtp":
         return DraftHead(2, True, 1, vocab_size, True, 0)
     return DraftHead(2, True, 1, vocab_size, False, 0)  # eagle
 
 
-def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None) -> float:
+def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None, draft_vocab_size: int | None = None) -> float:
     """Bytes of the drafter's weights on each of ``tp`` GPUs (``model`` the target's
     ModelSpec, ``draft`` the draft model's for method draft_model).
 
@@ -225,7 +228,7 @@ def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None) -> float
         return 0.0
     if method == "draft_model":
         return draft.weight_bytes() / tp
-    d = draft_head(method, model.vocab_size)
+    d = draft_head(method, model.vocab_size, draft_vocab_size)
     h = model.hidden_size
     if method == "mtp":
         layer = model.layer_params(model.num_layers - 1)
@@ -254,10 +257,12 @@ class SpeculativeCost:
     scheduler runs speculative steps one at a time). ``target`` is a cost model of the same
     replica without speculative decoding; ``draft`` the draft model's (method draft_model)."""
 
-    def __init__(self, target, method: str, num_speculative_tokens: int, draft=None) -> None:
+    def __init__(self, target, method: str, num_speculative_tokens: int, draft=None,
+                 draft_vocab_size: int | None = None) -> None:
         self.target, self.method, self.k, self.draft = target, method, num_speculative_tokens, draft
         self.num_layers = target.model.num_layers
-        self.head = draft_head(method, target.model.vocab_size) if method in ("eagle", "eagle3", "mtp") else None
+        self.head = (draft_head(method, target.model.vocab_size, draft_vocab_size)
+                     if method in ("eagle", "eagle3", "mtp") else None)
 
     def verify_values(self, b):
         """The target's step verifying k + 1 tokens per decode (``RunCostValues``, one step)."""
