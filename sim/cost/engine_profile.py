@@ -126,7 +126,8 @@ class EngineProfile:
         ``set_forward_context`` without a ``cudagraph_runtime_mode``, whose default is
         ``CUDAGraphMode.NONE`` (vllm/forward_context.py), and ``CUDAGraphWrapper.__call__``
         (vllm/compilation/cuda_graph.py) then runs the compiled module without replaying a graph
-        (restored upstream by vllm-project/vllm#25109, 2025-09-17, after the release's branch).
+        (vllm-project/vllm#25109, opened 2025-09-17, restores piecewise graphs for the head after this
+        release; the releases of mid-2025 replayed them: vllm#17211, #17504).
         vLLM 0.34's speculator captures its graphs in the target's CUDA graph mode
         (v1/worker/gpu/spec_decode/autoregressive/speculator.py ``init_cudagraph_manager``)."""
         if self.draft_cuda_graph is None:
