@@ -208,6 +208,13 @@ class EngineOverhead(_Strict):
     frontend_per_output_token_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     frontend_chunk_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
     frontend_overlap: Optional[bool] = None
+    # a speculative drafter's host work per eager PyTorch op, and whether its passes replay CUDA
+    # graphs (sim/cost/speculative.py; draft_cuda_graph unset: the profile's rule)
+    eager_op_ms: Optional[float] = Field(None, ge=0, le=MAX_FIGURE)
+    draft_cuda_graph: Optional[bool] = None
+    # small all-reduces under TP through a custom one-/two-shot kernel, or NCCL at every size
+    # (sim/cost/engine_profile.py ``custom_allreduce``)
+    custom_allreduce: Optional[bool] = None
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)
@@ -233,12 +240,17 @@ class SpeculativeConfig(_Strict):
     acceptance_rates: Optional[list[Annotated[float, Field(ge=0, le=1)]]] = None
     # vLLM's "mean acceptance length": tokens emitted per sequence per step, bonus token included
     acceptance_length: Optional[float] = Field(None, ge=1, le=MAX_FIGURE)
+    # method eagle3: the head's draft_vocab_size (its config.json); unset: the published heads'
+    # 32,000 (sim/cost/speculative.py EAGLE3_DRAFT_VOCAB_TOKENS), at most the target's vocabulary
+    draft_vocab_size: Optional[int] = Field(None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _complete(self) -> "SpeculativeConfig":
         k = self.num_speculative_tokens
         if (self.model is None) == (self.method == "draft_model"):
             raise ValueError("model (the draft model) is given with method draft_model, and only with it")
+        if self.draft_vocab_size is not None and self.method != "eagle3":
+            raise ValueError("draft_vocab_size (an EAGLE-3 head's draft vocabulary) is given with method eagle3 only")
         if (self.acceptance_rates is None) == (self.acceptance_length is None):
             raise ValueError("give acceptance_rates (one per draft position) or acceptance_length (mean tokens "
                              "per step, as vLLM reports it), one of the two: there is no default")

@@ -91,3 +91,16 @@ def test_profile_files_carry_the_key_and_check_it(tmp_path):
     f3.write_text(yaml.safe_dump(entry))
     with pytest.raises(UserError, match="key custom_allreduce"):
         load_profile_file(f3)
+
+
+def test_custom_allreduce_can_be_switched_under_engine_overhead(tmp_path):
+    """engine.overhead.custom_allreduce overrides the profile's rule."""
+    from sim.engine.deployment import engine_profile
+    from sim.scenario import load_scenario
+
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-2-70b\nhardware: {gpu: a100-80g}\ncluster: {tensor_parallel_size: 4}\n"
+                 "workload: {synthetic: {num_requests: 1}}\n")
+    assert engine_profile(load_scenario(f).engine).custom_allreduce is True
+    off = load_scenario(f, ["engine.overhead.custom_allreduce=false"])
+    assert engine_profile(off.engine).custom_allreduce is False

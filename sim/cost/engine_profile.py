@@ -22,7 +22,9 @@ Model of one step of ``g`` GPU seconds (kernels only, sampler included):
   asynchronous, so the GPU hides them when its kernels take longer;
 - serial engines: ``step = cpu + max(g, launch)``; overlapping engines (the scheduler runs one
   step ahead): ``step = max(g, launch, cpu)``.
-The overhead is ``step - g``. NOTE: the CPU terms are host-side and taken as the same on every
+The overhead is ``step - g``. A speculative drafter's passes use ``eager_op_s`` (per eager
+PyTorch op of vLLM's propose loop) and ``draft_graphed`` (sim/cost/speculative.py).
+NOTE: the CPU terms are host-side and taken as the same on every
 GPU (the profile was measured on A100 hosts).
 
 Per-request host work (issue 37): a step that schedules prompt chunks also pays
@@ -90,6 +92,13 @@ class EngineProfile:
     # custom all-reduce, sim/cost/shapes.py ``uses_custom_allreduce``) or NCCL always (false:
     # TensorRT-LLM engines of 2023 built without ``--use_custom_all_reduce``, catalogue trt-llm-2023)
     custom_allreduce: bool = True
+    # host seconds of one PyTorch operation issued from Python outside a CUDA graph (dispatch and
+    # launch): what a speculative drafter's propose loop pays per op (sim/cost/speculative.py
+    # ``propose_loop_ops``); 0 where no figure
+    eager_op_s: float = 0.0
+    # whether an EAGLE / EAGLE-3 / MTP drafter's passes replay CUDA graphs: None follows the
+    # target's rule (``graphed``); False: never (vLLM 0.11.0: ``draft_graphed``)
+    draft_cuda_graph: bool | None = None
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -126,6 +135,21 @@ class EngineProfile:
     def graphed(self, num_seqs: int, has_prefill: bool) -> bool:
         """Whether the step replays a CUDA graph (decode-only, within the captured sizes)."""
         return self.cuda_graph_decode and not has_prefill and num_seqs <= self.cuda_graph_max_batch
+
+    def draft_graphed(self, num_seqs: int, has_prefill: bool) -> bool:
+        """Whether a draft head's pass of ``num_seqs`` sequences replays a CUDA graph: the
+        target's rule unless the profile says otherwise (``draft_cuda_graph``). vLLM 0.11.0's
+        drafter never does: ``EagleProposer.propose`` (vllm/v1/spec_decode/eagle.py) enters
+        ``set_forward_context`` without a ``cudagraph_runtime_mode``, whose default is
+        ``CUDAGraphMode.NONE`` (vllm/forward_context.py), and ``CUDAGraphWrapper.__call__``
+        (vllm/compilation/cuda_graph.py) then runs the compiled module without replaying a graph
+        (vllm-project/vllm#25109, opened 2025-09-17, restores piecewise graphs for the head after this
+        release; the releases of mid-2025 replayed them: vllm#17211, #17504).
+        vLLM 0.34's speculator captures its graphs in the target's CUDA graph mode
+        (v1/worker/gpu/spec_decode/autoregressive/speculator.py ``init_cudagraph_manager``)."""
+        if self.draft_cuda_graph is None:
+            return self.graphed(num_seqs, has_prefill)
+        return self.draft_cuda_graph and not has_prefill and num_seqs <= self.cuda_graph_max_batch
 
     def overhead_s(self, gpu_s: float, num_seqs: int, has_prefill: bool, tp: int, num_layers: int,
                    extra_cpu_s: float = 0.0) -> float:
@@ -181,6 +205,7 @@ class EngineProfile:
             "frontend_per_output_token_ms": self.frontend_per_output_token_s * 1e3,
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
             "custom_allreduce": self.custom_allreduce,
+            "eager_op_ms": self.eager_op_s * 1e3, "draft_cuda_graph": self.draft_cuda_graph,
             "overridden": list(self.overridden),
         }
 
@@ -191,11 +216,13 @@ _MS_KEYS = {"prefill_step_ms": "prefill_step_s", "decode_step_ms": "decode_step_
             "output_step_ms": "output_step_s", "output_per_seq_ms": "output_per_seq_s",
             "per_prompt_chunk_ms": "per_prompt_chunk_s", "per_prompt_token_ms": "per_prompt_token_s",
             "frontend_request_ms": "frontend_request_s", "frontend_per_prompt_token_ms": "frontend_per_prompt_token_s",
-            "frontend_per_output_token_ms": "frontend_per_output_token_s", "frontend_chunk_ms": "frontend_chunk_s"}
+            "frontend_per_output_token_ms": "frontend_per_output_token_s", "frontend_chunk_ms": "frontend_chunk_s",
+            "eager_op_ms": "eager_op_s"}
 _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range",
                "frontend_overlap")
-# optional plain keys of a catalogue entry or a profile file (absent: the field's default)
-_OPTIONAL_PLAIN_KEYS = ("custom_allreduce",)
+# optional plain keys of a catalogue entry or a profile file (absent: the field's default;
+# draft_cuda_graph absent: None, the rule it names follows)
+_OPTIONAL_PLAIN_KEYS = ("custom_allreduce", "draft_cuda_graph")
 FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
                     "frontend_chunk_ms")
 
@@ -213,6 +240,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw["frontend_overlap"] = d.get("frontend_overlap", True)
     kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
     kw["custom_allreduce"] = d.get("custom_allreduce", True)
+    kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -273,9 +301,11 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode", *_OPTIONAL_PLAIN_KEYS):
+    for k in ("overlap_cpu", "cuda_graph_decode", "custom_allreduce"):
         if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
+    if d.get("draft_cuda_graph") is not None and not isinstance(d["draft_cuda_graph"], bool):
+        raise _file_error(path, "draft_cuda_graph", f"{shown_value(d['draft_cuda_graph'])} is not true, false or null")
     _file_number(path, "cuda_graph_max_batch", d["cuda_graph_max_batch"], integer=True)
     if not isinstance(d["attention_backend"], str):
         raise _file_error(path, "attention_backend", f"{shown_value(d['attention_backend'])} is not a name")
@@ -309,6 +339,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["custom_allreduce"] = d.get("custom_allreduce", True)
+    kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -338,6 +369,7 @@ def profile_entry(name: str) -> dict:
         raise UserError(f"unknown profile '{name}'; valid: {', '.join(PROFILE_NAMES)} or a profile file (*.yaml)")
     out: dict = {k: float(d.get(k, 0.0)) for k in term_fields()}
     out.update({k: d[k] for k in _PLAIN_KEYS})
+    out["draft_cuda_graph"] = d.get("draft_cuda_graph")
     out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
     out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     out["custom_allreduce"] = d.get("custom_allreduce", True)
@@ -365,10 +397,10 @@ def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> E
             changes[_MS_KEYS[k]] = float(v) / 1e3
         elif k == "batch_range":
             changes[k] = tuple(v)
-        elif k in _PLAIN_KEYS:
+        elif k in _PLAIN_KEYS or k in _OPTIONAL_PLAIN_KEYS:
             changes[k] = v
         else:
-            valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS])
+            valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS])
             raise UserError(f"engine.overhead: unknown key '{k}'; valid keys here: {valid}")
     if "attention_backend" in changes:
         get_backend(changes["attention_backend"])  # a clear error for an unknown name
@@ -406,5 +438,5 @@ def profile_names() -> tuple[str, ...]:
     return tuple(_catalog())
 
 
-assert {f.name for f in fields(EngineProfile)} >= set(_MS_KEYS.values()) | set(_PLAIN_KEYS)
+assert {f.name for f in fields(EngineProfile)} >= set(_MS_KEYS.values()) | set(_PLAIN_KEYS) | set(_OPTIONAL_PLAIN_KEYS)
 assert set(_MS_KEYS) <= set(term_fields())  # every overridable term is a profile-file key

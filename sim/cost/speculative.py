@@ -54,10 +54,15 @@ A step's cost (``SpeculativeCost``):
   A GEMM whose shape the target does not have (the fc, EAGLE-3's wider QKV and narrower LM
   head) costs the target GEMM nearest in role (o, qkv, lm head) times the ratio of the two
   shapes' roofline bounds (max(FLOPs / peak, bytes / bandwidth)), as quantized GEMMs are
-  priced (sim/cost/roofline.py ``_linear_s``). Each pass pays the engine's kernel launches of
-  the head's layers unless it replays a CUDA graph (sim/cost/engine_profile.py ``host_terms``:
-  the target's rule; vLLM captures the draft passes in graphs: the speculator's
-  ``prefill_cudagraph_manager`` and its decode graphs).
+  priced (sim/cost/roofline.py ``_linear_s``). A pass takes at least its host work, which the
+  GPU waits for at small batches (its kernels are issued from Python one pass after the other):
+  the kernel launches of the head's layer unless the pass replays a CUDA graph
+  (sim/cost/engine_profile.py ``EngineProfile.draft_graphed``: vLLM 0.11.0's drafter never does;
+  vLLM 0.34 captures its passes in the target's graph mode), plus the eager PyTorch ops the
+  propose loop issues outside the model (``propose_loop_ops``) at the profile's ``eager_op_s``
+  each: vLLM 0.11.0's loop advances positions and sequence lengths, recomputes the slot mapping
+  through the block table and copies its inputs into the persistent buffers with separate small
+  ops, then runs the LM head and the argmax outside the model (EAGLE-3 also its d2t scatter).
   NOTE: the head's layer is priced as the target's average layer (its GEMMs in the target's
   kernels, quantized where the target's are; the published heads are bf16/fp16); the first
   pass's extra queries (k + 1 per sequence) read each context once, as in verification.
@@ -136,11 +141,44 @@ def ngram_host_s(context_tokens: int) -> float:
     return NGRAM_S_PER_CONTEXT_TOKEN * context_tokens
 
 
-# EAGLE-3's draft vocabulary: the published heads' ``draft_vocab_size`` (32,000 for the Llama-3.1-8B
+# EAGLE-3's draft vocabulary where the scenario gives none (speculative_config.draft_vocab_size,
+# the head's config.json): the published heads' ``draft_vocab_size`` (32,000 for the Llama-3.1-8B
 # head VC-41 ran, yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, and the reference trainers' default:
 # SpecForge configs/llama3-8B-eagle3.json); never more than the target's vocabulary
 EAGLE3_DRAFT_VOCAB_TOKENS = 32_000
 D2T_ENTRY_BYTES = 8  # the draft-to-target id map, int64 (llama_eagle3.py ``draft_id_to_target_id``)
+
+
+# eager PyTorch ops a draft head's pass issues outside the model, by vLLM release (views and
+# slices, which launch nothing, not counted):
+# - 0.11 (vllm 0.11.0 v1/spec_decode/eagle.py ``EagleProposer.propose``): each later pass (the
+#   loop body): input_ids ``.int()``, ``positions += 1``, ``>=``, ``torch.where``, ``seq_lens += 1``
+#   and ``masked_fill_``, ``seq_lens_cpu += 1`` and ``- 1`` (host tensors), the slot mapping's
+#   ``//``, ``gather``, ``*``, ``%``, ``+``, ``masked_fill_``, three copies into the persistent
+#   buffers, the attention metadata's ``build_for_drafting``, ``compute_logits``' LM head and
+#   ``argmax``: 20. The first pass: the input-id shift copy and last-token ``index_put``,
+#   ``build_for_drafting``, two buffer copies, three gathers by ``last_token_indices``, the LM
+#   head, ``argmax``, ``query_start_loc_cpu``'s ``clone`` and the closing ``torch.stack``: 12.
+#   EAGLE-3 adds to each pass ``compute_logits``' d2t scatter (llama_eagle3.py: ``arange``, ``+``,
+#   ``new_full``, ``index_put_``) and to the first ``combine_hidden_states``' fc.
+# - 0.34 (v1/worker/gpu/spec_decode/autoregressive/speculator.py): a graphed pass issues none
+#   (the k - 1 one-token passes are one FULL graph, ``_run_fused_multi_step_decode``); an eager one
+#   the slot mapping and metadata update, ``current_draft_step.fill_``, the LM head, the argmax and
+#   ``update_draft_inputs``' kernel: 6.
+PROPOSE_LOOP_OPS_0_11 = (12, 20)  # (first pass, each later pass)
+EAGLE3_D2T_OPS = 4
+PROPOSE_LOOP_OPS_0_34_EAGER = 6
+
+
+def propose_loop_ops(release: str, method: str, first: bool, graphed: bool) -> int:
+    """Eager PyTorch ops a pass of an EAGLE / EAGLE-3 / MTP head issues outside the model under
+    vLLM ``release`` (the table above)."""
+    if release == "0.34":
+        return 0 if graphed else PROPOSE_LOOP_OPS_0_34_EAGER
+    ops = PROPOSE_LOOP_OPS_0_11[0 if first else 1]
+    if method == "eagle3":
+        ops += EAGLE3_D2T_OPS + (1 if first else 0)
+    return ops
 
 
 @dataclass(frozen=True)
@@ -159,17 +197,19 @@ class DraftHead:
     d2t_entries: int  # EAGLE-3's draft-to-target map, where its vocabulary is the smaller
 
 
-def draft_head(method: str, vocab_size: int) -> DraftHead:
-    """The head of ``method`` (eagle, eagle3, mtp) for a target of ``vocab_size`` tokens."""
+def draft_head(method: str, vocab_size: int, draft_vocab_size: int | None = None) -> DraftHead:
+    """The head of ``method`` (eagle, eagle3, mtp) for a target of ``vocab_size`` tokens; an
+    EAGLE-3 head drafts over ``draft_vocab_size`` tokens (its config's; unset: the published
+    heads' ``EAGLE3_DRAFT_VOCAB_TOKENS``), never more than the target's."""
     if method == "eagle3":
-        v = min(EAGLE3_DRAFT_VOCAB_TOKENS, vocab_size)
+        v = min(EAGLE3_DRAFT_VOCAB_TOKENS if draft_vocab_size is None else draft_vocab_size, vocab_size)
         return DraftHead(3, False, 2, v, True, v if v < vocab_size else 0)
     if method == "mtp":
         return DraftHead(2, True, 1, vocab_size, True, 0)
     return DraftHead(2, True, 1, vocab_size, False, 0)  # eagle
 
 
-def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None) -> float:
+def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None, draft_vocab_size: int | None = None) -> float:
     """Bytes of the drafter's weights on each of ``tp`` GPUs (``model`` the target's
     ModelSpec, ``draft`` the draft model's for method draft_model).
 
@@ -188,7 +228,7 @@ def draft_weight_bytes_per_gpu(method: str, model, tp: int, draft=None) -> float
         return 0.0
     if method == "draft_model":
         return draft.weight_bytes() / tp
-    d = draft_head(method, model.vocab_size)
+    d = draft_head(method, model.vocab_size, draft_vocab_size)
     h = model.hidden_size
     if method == "mtp":
         layer = model.layer_params(model.num_layers - 1)
@@ -217,10 +257,12 @@ class SpeculativeCost:
     scheduler runs speculative steps one at a time). ``target`` is a cost model of the same
     replica without speculative decoding; ``draft`` the draft model's (method draft_model)."""
 
-    def __init__(self, target, method: str, num_speculative_tokens: int, draft=None) -> None:
+    def __init__(self, target, method: str, num_speculative_tokens: int, draft=None,
+                 draft_vocab_size: int | None = None) -> None:
         self.target, self.method, self.k, self.draft = target, method, num_speculative_tokens, draft
         self.num_layers = target.model.num_layers
-        self.head = draft_head(method, target.model.vocab_size) if method in ("eagle", "eagle3", "mtp") else None
+        self.head = (draft_head(method, target.model.vocab_size, draft_vocab_size)
+                     if method in ("eagle", "eagle3", "mtp") else None)
 
     def verify_values(self, b):
         """The target's step verifying k + 1 tokens per decode (``RunCostValues``, one step)."""
@@ -271,7 +313,16 @@ class SpeculativeCost:
         if d.lm_vocab_tokens != t.model.vocab_size:  # EAGLE-3's LM head over its draft vocabulary
             lm *= (_bound_s(n, (h, d.lm_vocab_tokens / t.tp), peak, bw, b) / _bound_s(n, t._lm, peak, bw, b))
         s += lm + sampling
-        return max(s, self._launch_s(t, n, first and bool(chunks), 1))
+        return max(s, self.head_host_s(n, first and bool(chunks), first))
+
+    def head_host_s(self, n: int, has_prefill: bool, first: bool) -> float:
+        """Host seconds of a head pass of ``n`` sequences: its layer's kernel launches unless it
+        replays a CUDA graph (``EngineProfile.draft_graphed``) and the propose loop's eager ops
+        (``propose_loop_ops``) at the profile's ``eager_op_s`` (module docstring)."""
+        e = self.target.engine
+        graphed = e.draft_graphed(n, has_prefill)
+        launch = 0.0 if graphed else e.eager_launch_per_layer_s
+        return launch + propose_loop_ops(e.vllm_release, self.method, first, graphed) * e.eager_op_s
 
     def host_s(self, ctx: int) -> float:
         """Host seconds of the proposer on the step's critical path, ``ctx`` the decodes'

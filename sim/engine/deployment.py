@@ -160,7 +160,10 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
             except UserError as err:  # named by its key (get_model's line says ``model:``)
                 raise UserError(f"engine.speculative_config.model: {str(err).removeprefix('model: ')}") from None
             draft_spec = with_quantization(draft_spec, e.quantization, "engine.quantization")
-        draft_bytes = draft_weight_bytes_per_gpu(sc.method, model, tp, draft_spec)
+        if sc.draft_vocab_size is not None and sc.draft_vocab_size > model.vocab_size:
+            raise UserError(f"engine.speculative_config.draft_vocab_size: {sc.draft_vocab_size} is more than the "
+                            f"target's vocabulary ({model.vocab_size} tokens)")
+        draft_bytes = draft_weight_bytes_per_gpu(sc.method, model, tp, draft_spec, sc.draft_vocab_size)
     # A disaggregated pool runs with a KV connector; vLLM then disables its hybrid KV cache
     # manager (VllmConfig: "Hybrid KV cache manager is not compatible with KV transfer"; later
     # versions keep it only for connectors marked SupportsHMA), so sliding-window layers are
@@ -223,7 +226,8 @@ def build_deployment(s: Scenario, gpu_key: str | None = None, tp: int | None = N
             from sim.cost.speculative import SpeculativeCost
 
             draft = make_cost(draft_spec) if draft_spec is not None else None
-            cost.spec_run = SpeculativeCost(make_cost(model), sc.method, sc.num_speculative_tokens, draft)
+            cost.spec_run = SpeculativeCost(make_cost(model), sc.method, sc.num_speculative_tokens, draft,
+                                            sc.draft_vocab_size)
     else:
         from sim.cost.pipeline import PipelineCostModel
 
