@@ -1,6 +1,6 @@
 """Nodes (issue 37 item 4): a replica's GPUs placed on nodes (TP innermost, then PP, then DP),
 and every collective that spans nodes priced on the inter-node link: the TP all-reduce
-(NCCL's hierarchical one), pipeline sends, the expert-parallel all-to-all and disaggregated KV
+(NCCL's ring or tree through the network), pipeline sends, the expert-parallel all-to-all and disaggregated KV
 transfer. Single-node deployments cost what they did before nodes existed."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.core.batch import Batch
-from sim.cost.collectives import hierarchical_allreduce_s
+from sim.cost.collectives import multinode_allreduce_choice, multinode_allreduce_s, multinode_option_s
 from sim.cost.pipeline import PipelineCostModel
 from sim.cost.roofline import Efficiencies, RooflineCostModel
 from sim.engine.deployment import all2all_links, build_deployment
@@ -55,14 +55,29 @@ def test_catalogue_node_defaults():
     assert (given.gpus_per_node, given.inter_bytes_per_s, given.inter_latency_s) == (4, 3.125e9, 25e-6)
 
 
-def test_hierarchical_allreduce_by_hand():
-    # 8 GPUs on 2 nodes of 4: NVLink ring over 4 (2 x 3/4 x S), then each GPU's S/4 shard
-    # all-reduced with its peer on the other node (2 x 1/2 x S/4) and 2 network latencies
+def test_multinode_ring_by_hand():
+    # NCCL's ring over 8 GPUs on 2 nodes (tuning.cc): Simple moves 2 x 7/8 of the buffer over the
+    # ring's bus bandwidth (min of NVLink and the 4 GPUs' NIC share); latency 8.4 + 10 intra steps
+    # at max(3.4, 3 x 2) + 4 network steps at 14 + 2 x 10 us, x 1.4 (plateau)
     s, nv, nic = 1e6, 360e9, 40e9
-    want = (5e-6 + 2 * 3 / 4 * s / nv) + (2 * 10e-6 + 2 * 1 / 2 * (s / 4) / nic)
-    assert hierarchical_allreduce_s(s, 8, 2, nv, 5e-6, nic, 10e-6) == pytest.approx(want, rel=1e-12)
-    # one GPU per node: the whole buffer crosses the network, no NVLink part
-    assert hierarchical_allreduce_s(s, 4, 4, nv, 5e-6, nic, 10e-6) == pytest.approx(6 * 10e-6 + 1.5 * s / nic)
+    lat_us = (8.4 + 10 * 6.0 + 4 * (14.0 + 20.0)) * 1.4
+    want = lat_us * 1e-6 + s / (4 * nic * 8 / 14)
+    assert multinode_option_s(s, 8, 2, 4 * nic, 0, 10e-6, "ring", "Simple") == pytest.approx(want, rel=1e-12)
+    assert multinode_allreduce_s(s, 8, 2, nv, 0, nic, 10e-6) <= want
+    # the network carries 2 (N - 1) / N of the buffer, not a hierarchical 2 (n - 1) / n of it:
+    # at a large buffer the time approaches that bound from above
+    big = 1e9
+    assert multinode_allreduce_s(big, 8, 2, nv, 0, nic, 10e-6) > 2 * 7 / 8 * big / (4 * nic)
+
+
+def test_multinode_choice_is_nccls_cheapest_option():
+    for size in (1e3, 3e4, 7e5, 8e6, 6.4e7):
+        t, a, p = multinode_allreduce_choice(size, 16, 2, 360e9, 0, 8 * 50e9, 10e-6)
+        opts = [multinode_option_s(size, 16, 2, min(360e9, 8 * 50e9), 0, 10e-6, aa, pp)
+                for aa in ("tree", "ring") for pp in ("LL", "LL128", "Simple")]
+        assert t == min(opts)
+    # LL128 needs an NVLink path within the node (tuning.cc ``typeIntra <= PATH_NVB``)
+    assert multinode_option_s(1e6, 8, 2, 20e9, 1, 10e-6, "ring", "LL128") == float("inf")
 
 
 def test_cross_node_allreduce_slower_than_within_a_node():
@@ -70,11 +85,11 @@ def test_cross_node_allreduce_slower_than_within_a_node():
         within = _ar_s(8, _links(gpn=8), tokens)
         across = _ar_s(8, _links(gpn=4), tokens)
         assert across > within, tokens
-    # the cost model's own figure is the hierarchical one, two all-reduces per layer
+    # the cost model's own figure is NCCL's multi-node one, two all-reduces per layer
     m = get_model("llama-3.1-70b")
     e = Efficiencies()
     size = 512 * m.hidden_size * m.dtype_bytes
-    one = hierarchical_allreduce_s(float(size), 8, 2, 450e9 * e.link, e.allreduce_latency_s, 50e9 * e.link, 10e-6)
+    one = multinode_allreduce_s(float(size), 8, 2, 450e9 * e.link, 0, 50e9 * e.link, 10e-6)
     assert _ar_s(8, _links(gpn=4)) == pytest.approx(2 * m.num_layers * one, rel=1e-12)
 
 
@@ -83,24 +98,36 @@ def test_cross_node_allreduce_ignores_the_intra_node_calibration():
 
     cal = load_calibration("h100-sxm")
     assert cal is not None
-    # measured curves are within a node; across nodes the hierarchical model prices it
+    # measured curves are within a node; across nodes NCCL's multi-node model prices it
     assert _ar_s(16, _links(gpn=8), cal=cal) == pytest.approx(_ar_s(16, _links(gpn=8)), rel=1e-12)
 
 
 def test_allreduce_monotone_in_inter_node_bandwidth():
     for tokens in TOKENS:
-        times = [_ar_s(16, _links(gb_per_s=bw), tokens) for bw in (1.0, 3.125, 12.5, 25.0, 50.0, 100.0, 400.0)]
-        assert all(a > b for a, b in zip(times, times[1:])), tokens
+        # never slower on a faster network; strictly faster, where the buffer is bandwidth-bound,
+        # while the node's network (8 GPUs' shares) is slower than NVLink (450 x 0.8 GB/s)
+        # (small buffers take LL, capped at NCCL's llMaxBw whatever the network)...
+        times = [_ar_s(16, _links(gb_per_s=bw), tokens) for bw in (1.0, 3.125, 12.5, 25.0, 40.0)]
+        assert all(a > b if tokens >= 512 else a >= b for a, b in zip(times, times[1:])), tokens
+        # ...then the ring's bus bandwidth is NVLink's, whatever the network (NCCL: one speed per channel)
+        faster = [_ar_s(16, _links(gb_per_s=bw), tokens) for bw in (40.0, 50.0, 100.0, 400.0)]
+        assert all(a >= b for a, b in zip(faster, faster[1:])), tokens
 
 
 def test_latency_term_per_call_and_per_network_step():
-    m = get_model("llama-3.1-70b")
     for tp, gpn in ((16, 8), (32, 8), (8, 2)):
         n = tp // gpn
         base = _ar_s(tp, _links(gpn=gpn, latency_us=0.0))
         more = _ar_s(tp, _links(gpn=gpn, latency_us=100.0))
-        # two all-reduces per layer, 2 (n - 1) network steps each, 100 us a step
-        assert more - base == pytest.approx(2 * m.num_layers * 2 * (n - 1) * 100e-6, rel=1e-9)
+        assert more > base
+        # NCCL's ring: the link's latency on each of its 2 nNodes network steps (twice under
+        # Simple, its flush; then x 1.4, the plateau); its tree: on each of 2 log2(nNodes)
+        ring_ll = [multinode_option_s(1e5, tp, n, 40e9, 0, lat, "ring", "LL") for lat in (0.0, 100e-6)]
+        assert ring_ll[1] - ring_ll[0] == pytest.approx(2 * n * 100e-6, rel=1e-9)
+        ring_simple = [multinode_option_s(1e5, tp, n, 40e9, 0, lat, "ring", "Simple") for lat in (0.0, 100e-6)]
+        assert ring_simple[1] - ring_simple[0] == pytest.approx(1.4 * 2 * n * 200e-6, rel=1e-9)
+        tree_ll = [multinode_option_s(1e5, tp, n, 40e9, 0, lat, "tree", "LL") for lat in (0.0, 100e-6)]
+        assert tree_ll[1] - tree_ll[0] == pytest.approx(2 * (n.bit_length() - 1) * 100e-6, rel=1e-9)
 
 
 def test_single_node_cost_unchanged_with_any_node_settings():
@@ -258,7 +285,7 @@ def test_explain_shows_placement_and_links():
                                            engine={"max_model_len": 4096})), 1024, 8)
     assert within["tp_allreduce_nodes"] == 1 and e["tp_allreduce_ms_per_layer"] > within["tp_allreduce_ms_per_layer"]
     text = "\n".join(placement_lines(d))
-    assert "across 2 nodes" in text and "inter-node ring" in text
+    assert "across 2 nodes" in text and "ring or tree through all 16 GPUs" in text
     pp = build_deployment(_scn("llama-3.1-70b", tensor_parallel_size=4, pipeline_parallel_size=4))
     lines = placement_lines(pp)
     assert [("between nodes" in x) for x in lines if x.startswith("PP send")] == [False, True, False]

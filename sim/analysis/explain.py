@@ -244,7 +244,7 @@ def _tp_model(dep: Deployment) -> RooflineCostModel:
 def node_figures(dep: Deployment, tokens: int) -> dict[str, float | int]:
     """The replica's placement on nodes (TP innermost, then PP, then DP: sim/spec/nodes.py),
     the inter-node link, and the two TP all-reduces of one layer for a step of ``tokens``
-    tokens as the run charges them (custom kernel, NCCL or, across nodes, NCCL's hierarchical)."""
+    tokens as the run charges them (custom kernel, NCCL or, across nodes, NCCL's multi-node ring or tree)."""
     links = dep.nodes
     if links is None:
         return {k: 0 for k in EXPLAIN_KEYS[EXPLAIN_KEYS.index("gpus_per_node"):]}

@@ -28,7 +28,7 @@ from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecode
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
-from sim.cost.collectives import hierarchical_allreduce_s
+from sim.cost.collectives import multinode_allreduce_s
 from sim.cost.nccl_tuning import LINK_NVLINK, LINK_PCI
 from sim.cost.nccl_tuning import allreduce_s as nccl_allreduce_within_node_s
 from sim.spec.hardware import GPUSpec
@@ -218,7 +218,7 @@ class RooflineCostModel:
                  nodes: NodeLinks | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
         # Nodes the TP group spans (sim/spec/nodes.py: TP innermost); beyond one, its all-reduces
-        # are NCCL's hierarchical ones over the network (sim/cost/collectives.py)
+        # are NCCL's rings or trees through the network (sim/cost/collectives.py)
         self.nodes = nodes
         self.tp_nodes = 1 if nodes is None else nodes.nodes(tp)
         self._num_layers = model.num_layers
@@ -602,8 +602,8 @@ class RooflineCostModel:
         link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
         nodes = self.nodes
         if nodes is not None and self.tp_nodes > 1:
-            one = hierarchical_allreduce_s(float(size), self.tp, self.tp_nodes, link, self.eff.allreduce_latency_s,
-                                           nodes.inter_bytes_per_s * self.eff.link, nodes.inter_latency_s)
+            one = multinode_allreduce_s(float(size), self.tp, self.tp_nodes, link, self._nccl_link,
+                                        nodes.inter_bytes_per_s * self.eff.link, nodes.inter_latency_s)
         elif allow_custom and self._uses_custom_ar(tokens):
             one = self.eff.custom_allreduce_latency_s + float(custom_allreduce_link_bytes(self.tp, size)) / link
         elif self.eff.nccl_tuning:
@@ -638,8 +638,8 @@ class RooflineCostModel:
             elem = L * layer + max(tokens * 2 * h * b / self.mem_bw, fl)
         custom = self.tp > 1 and self._uses_custom_ar(tokens)
         if self.tp_nodes > 1:
-            # the calibrated curves were measured within one node: across nodes, the hierarchical
-            # model's (sim/cost/collectives.py)
+            # the calibrated curves were measured within one node: across nodes, NCCL's model of
+            # a ring or tree through the network (sim/cost/collectives.py)
             ar = self._allreduce_s(tokens)
         elif custom and self.cops is not None and self.cops.custom_curve is not None:
             ar, out = self.cops.allreduce_s(tokens, custom=True)

@@ -95,8 +95,8 @@ def describe(links: NodeLinks, tp: int, pp: int = 1, dp: int = 1) -> list[str]:
     span = tp_nodes(links, tp)
     lines.append(f"TP all-reduce over {tp} GPUs: " + (
         "within one node (NVLink)" if span == 1 else
-        f"across {span} nodes: NCCL hierarchical (intra-node reduce-scatter/all-gather on NVLink of "
-        f"{tp // span} GPUs, inter-node ring on the network)"))
+        f"across {span} nodes: NCCL's ring or tree through all {tp} GPUs ({tp // span} per node), "
+        f"each node's network carrying 2 (N - 1) / N of the buffer on a ring (sim/cost/collectives.py)"))
     for s, x in enumerate(boundary_crosses(links, tp, pp)):
         lines.append(f"PP send stage {s} -> {s + 1}: " + ("between nodes (network)" if x else "within a node (NVLink)"))
     if dp > 1:
