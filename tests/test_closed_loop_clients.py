@@ -56,6 +56,19 @@ def test_warmup_requests_are_in_no_latency_figure(concurrency, num_requests, war
     assert s["simsrv_mean_queue_time_ms"] == pytest.approx(float(queue.mean()) * 1e3, rel=1e-12)
 
 
+def test_each_priority_class_leaves_out_the_warmup_too():
+    """The per-class latencies (``simsrv_classes``) are of the measured requests, as the run's."""
+    raw = _closed_loop(4, 24, 10)
+    raw["workload"]["synthetic"]["priority_classes"] = [{"priority": 0, "weight": 1}, {"priority": 1, "weight": 1}]
+    res = run_scenario(scenario_from_dict(raw))
+    classes = summarize(res)["simsrv_classes"]
+    priority, ttft = res.request_column("priority"), res.request_column("ttft_s")
+    for p, figures in classes.items():
+        mine = priority[10:] == int(p)
+        assert figures["completed"] == int((priority == int(p)).sum())
+        assert figures["p99_ttft_ms"] == pytest.approx(float(np.percentile(ttft[10:][mine], 99)) * 1e3, rel=1e-12)
+
+
 def test_warmup_leaves_the_simulation_unchanged():
     """The warm-up is what the client reports, not what it sends: the same requests at the same
     times, the same steps, with or without it."""

@@ -129,17 +129,19 @@ def admission_limits(s) -> list | None:
 
 
 def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | None, per_s,
-                  aborted: np.ndarray | None = None) -> dict:
+                  aborted: np.ndarray | None = None, measured: np.ndarray | None = None) -> dict:
     """Per request priority (result.json ``simsrv_classes``, keyed by the priority as text): its
     requests, completed, failed (not counting those ``aborted`` by their clients) and rejected, TTFT and TPOT p50 / p99 of its completed requests,
-    and its goodput (requests per second meeting every SLO; null without an SLO)."""
+    and its goodput (requests per second meeting every SLO; null without an SLO). ``measured``:
+    the requests the latencies are of (``measured_rows``: the warm-up left out), None: all."""
     priority = col("priority")
     ttft, tpot = col("ttft_s"), col("tpot_s")
     out: dict = {}
     for p in sorted(set(priority.tolist())):
         mine = priority == p
         done = mine & ok
-        t, d = plain_stats(ttft[done]), plain_stats(tpot[done])
+        timed = done if measured is None else done & measured
+        t, d = plain_stats(ttft[timed]), plain_stats(tpot[timed])
         n_rejected = int((mine & rejected).sum())
         n_aborted = int((mine & aborted).sum()) if aborted is not None else 0
         figures: dict = {"requests": int(mine.sum()), "completed": int(done.sum()),
@@ -190,8 +192,9 @@ def measured_rows(s, n: int) -> np.ndarray:
     and the engine serves those prompts one after another, a transient no later request sees.
     The first ``warmup_requests`` requests are simulated like any other (they load the engine;
     the load goes on through the measurement, as perf_analyzer's windows do) and left out of the
-    per-request latency figures (TTFT, TPOT, E2EL, queue time). NOTE: ITL (pooled over the step
-    log), the throughputs and the request counts cover the whole run. AIPerf waits for its
+    per-request latency figures of the summary (TTFT, TPOT, E2EL, queue time, and each priority
+    class's). NOTE: ITL (pooled over the step log), the throughputs, goodput, the request counts,
+    the requests frame and the pages' charts cover the whole run. AIPerf waits for its
     warm-up responses before its profiling phase (the same docs, "Grace Period"): its clients
     then start together again, which this does not model."""
     rows = np.ones(n, dtype=bool)
@@ -329,7 +332,7 @@ def summarize(result) -> dict:
     tiers = [x.kv.offload for x in result.schedulers if x.kv.offload is not None]
     if tiers:  # engine.kv_offloading_size: the CPU tier's figures (keys only then: off is unchanged)
         out.update(_offload_keys(tiers, dep))
-    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s, aborted)
+    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s, aborted, measured)
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")
