@@ -537,6 +537,10 @@ class Synthetic(_Strict):
     # client waits think_time_s after its request ends before sending its next
     max_concurrency: Optional[int] = Field(None, ge=1, le=MAX_REQUESTS)
     think_time_s: float = Field(0.0, ge=0, le=MAX_TIME_S)
+    # the benchmark's warm-up (GenAI-Perf / AIPerf --warmup-request-count): the first this many
+    # requests sent load the engine but are left out of the per-request latency figures
+    # (sim/metrics/summary.py ``measured_rows``)
+    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS)
     rate_profile: Optional[RateProfile] = None
     prefix_groups: Optional[PrefixGroups] = None
     multi_turn: Optional[MultiTurn] = None

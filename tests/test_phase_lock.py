@@ -43,7 +43,7 @@ def test_trtllm_cases_state_their_scheduler():
 def _vc43(concurrency: int, num_requests: int):
     row = next(r for r in load_rows() if r.id == "VC-43/c25/ttft")
     scen = copy.deepcopy(row.scenario)
-    scen["workload"]["synthetic"].update(num_requests=num_requests, max_concurrency=concurrency)
+    scen["workload"]["synthetic"].update(num_requests=num_requests, max_concurrency=concurrency, warmup_requests=0)
     return run_scenario(scenario_from_dict(scen, "VC-43 test", base_dir=str(validation_dir())))
 
 

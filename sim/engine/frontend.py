@@ -38,12 +38,15 @@ once (vllm/benchmarks/serve.py ``limited_request_func``: an ``asyncio.Semaphore`
 the request function returns, no delay between requests), and that request goes through the same
 one-request-at-a-time API server before the engine sees it. Requests released together (a batch
 that finished in one step) therefore reach the engine ``c_i`` apart, one after another, as they do
-from one asyncio server, not all at the same instant. NOTE: no spread of that kind unlocks
-clients of identical lengths: each request ends a fixed number of steps after its prefill, so a
-client whose request once arrived during another's prefill step follows it one step behind from
-then on, whatever the client's round trip (shorter than a prefill step); it waits for that
-prefill every time (validation/VC-43: simulated TTFT 1.6-1.8x the measured at 5-50 clients while
-ITL matches; issue 37, "Closed-loop clients phase-lock", left open).
+from one asyncio server, not all at the same instant. The benchmark's start-up (every client at
+once) is what its warm-up leaves out of the figures (``workload.synthetic.warmup_requests``,
+sim/metrics/summary.py ``measured_rows``). NOTE: no spread of that kind unlocks clients of
+identical lengths past the start-up: each request ends a fixed number of steps after its prefill,
+so a client whose request once arrived during another's prefill step follows it one step behind
+from then on, whatever the client's round trip (shorter than a prefill step); it waits for that
+prefill every time (validation/VC-43: steady-state TTFT 1.77x / 1.94x / 1.98x c1's at 5 / 25 / 50
+clients, 1.34x / 1.69x / 2.05x measured, while ITL matches; issue 37, "Closed-loop clients
+phase-lock", left open).
 A front end in the engine's own thread (``frontend_overlap: false``) adds to the engine's steps
 instead (``sim.cost.engine_profile.in_process_frontend``); nothing is added here then.
 """

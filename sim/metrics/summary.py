@@ -129,17 +129,19 @@ def admission_limits(s) -> list | None:
 
 
 def class_figures(col, ok: np.ndarray, rejected: np.ndarray, good: np.ndarray | None, per_s,
-                  aborted: np.ndarray | None = None) -> dict:
+                  aborted: np.ndarray | None = None, measured: np.ndarray | None = None) -> dict:
     """Per request priority (result.json ``simsrv_classes``, keyed by the priority as text): its
     requests, completed, failed (not counting those ``aborted`` by their clients) and rejected, TTFT and TPOT p50 / p99 of its completed requests,
-    and its goodput (requests per second meeting every SLO; null without an SLO)."""
+    and its goodput (requests per second meeting every SLO; null without an SLO). ``measured``:
+    the requests the latencies are of (``measured_rows``: the warm-up left out), None: all."""
     priority = col("priority")
     ttft, tpot = col("ttft_s"), col("tpot_s")
     out: dict = {}
     for p in sorted(set(priority.tolist())):
         mine = priority == p
         done = mine & ok
-        t, d = plain_stats(ttft[done]), plain_stats(tpot[done])
+        timed = done if measured is None else done & measured
+        t, d = plain_stats(ttft[timed]), plain_stats(tpot[timed])
         n_rejected = int((mine & rejected).sum())
         n_aborted = int((mine & aborted).sum()) if aborted is not None else 0
         figures: dict = {"requests": int(mine.sum()), "completed": int(done.sum()),
@@ -171,6 +173,33 @@ def _chunk_gaps_s(result, read_rows, ok: np.ndarray) -> np.ndarray:
                         raw("finish_s")[ok], raw("output_tokens")[ok], result.request_column("request_id")[ok],
                         breaks, result.scenario.engine.stream_interval,
                         fe.per_output_token_s if fe is not None else 0.0)
+
+
+def warmup_requests(s) -> int:
+    """The workload's warm-up requests (``workload.synthetic.warmup_requests``; 0 for a trace)."""
+    return s.workload.synthetic.warmup_requests if s.workload.synthetic is not None else 0
+
+
+def measured_rows(s, n: int) -> np.ndarray:
+    """Per request (id order, the order they are sent in): whether the benchmark measures it.
+
+    Why: a benchmark client leaves its start-up out of what it reports. GenAI-Perf and AIPerf
+    send ``--warmup-request-count`` requests first and discard their metrics (AIPerf docs,
+    "Warmup Phase Configuration": "Warmup metrics are discarded"); perf_analyzer, under
+    GenAI-Perf, reports the last three measurement windows that agree within
+    ``--stability-percentage`` (Triton docs, perf_analyzer "Measurement Modes"), so not the
+    start-up. Under a closed loop the start-up is the first wave: every client sends at once
+    and the engine serves those prompts one after another, a transient no later request sees.
+    The first ``warmup_requests`` requests are simulated like any other (they load the engine;
+    the load goes on through the measurement, as perf_analyzer's windows do) and left out of the
+    per-request latency figures of the summary (TTFT, TPOT, E2EL, queue time, and each priority
+    class's). NOTE: ITL (pooled over the step log), the throughputs, goodput, the request counts,
+    the requests frame and the pages' charts cover the whole run. AIPerf waits for its
+    warm-up responses before its profiling phase (the same docs, "Grace Period"): its clients
+    then start together again, which this does not model."""
+    rows = np.ones(n, dtype=bool)
+    rows[:warmup_requests(s)] = False
+    return rows
 
 
 def summarize(result) -> dict:
@@ -240,16 +269,17 @@ def summarize(result) -> dict:
         "output_throughput": per_s(tout),
         "total_token_throughput": per_s(tin + tout),
     }
-    out.update(_ms(plain_stats(col("ttft_s")[ok]), "ttft"))
-    out.update(_ms(plain_stats(col("tpot_s")[ok]), "tpot"))
+    measured = ok & measured_rows(s, n)  # the benchmark's warm-up left out (``measured_rows``)
+    out.update(_ms(plain_stats(col("ttft_s")[measured]), "ttft"))
+    out.update(_ms(plain_stats(col("tpot_s")[measured]), "tpot"))
     itl_stats = pieces_stats(itl, tail=True)  # (its sum_extra_s: the fast-forwarded rows' bend)
     out.update(_ms({k: itl_stats[k] for k in STAT_KEYS}, "itl"))
     # p99.9 and max: the rare long stalls (a long prefill sharing a step with decodes) that p99 hides
     out[P999_ITL], out[MAX_ITL] = (
         (None, None) if math.isnan(itl_stats["max"]) else (itl_stats["p99.9"] * 1e3, itl_stats["max"] * 1e3))
     out["simsrv_num_itl_samples"] = itl_stats["n"]
-    out.update(_ms(plain_stats(col("e2el_s")[ok]), "e2el"))
-    q = plain_stats(col("queue_s")[ok])
+    out.update(_ms(plain_stats(col("e2el_s")[measured]), "e2el"))
+    q = plain_stats(col("queue_s")[measured])
     out.update({queue_key(k): (None if math.isnan(v) else v * 1e3) for k, v in q.items()})
     out.update({
         "simsrv_policy": s.engine.policy,
@@ -270,6 +300,8 @@ def summarize(result) -> dict:
         "simsrv_aborted": n_aborted,
         "simsrv_admission_control": admission_limits(s),
         "simsrv_truncated_requests": truncated,
+        # the benchmark's warm-up: in no per-request latency figure (``measured_rows``)
+        "simsrv_warmup_requests": warmup_requests(s),
         "simsrv_kv_blocks_per_replica": dep.memory.num_kv_blocks,
         "simsrv_kv_capacity_tokens_per_replica": dep.memory.kv_capacity_tokens,
         "simsrv_peak_kv_usage": result.peak_kv_usage,
@@ -300,7 +332,7 @@ def summarize(result) -> dict:
     tiers = [x.kv.offload for x in result.schedulers if x.kv.offload is not None]
     if tiers:  # engine.kv_offloading_size: the CPU tier's figures (keys only then: off is unchanged)
         out.update(_offload_keys(tiers, dep))
-    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s, aborted)
+    out["simsrv_classes"] = class_figures(col, ok, rejected, good_mask, per_s, aborted, measured)
     steps = out["simsrv_num_steps"]
     out["simsrv_extrapolated_step_share"] = out["simsrv_extrapolated_steps"] / steps if steps else 0.0
     queue = col("queue_s")

@@ -87,7 +87,11 @@ def synthetic_workload(spec, seed: int, resolve_path=lambda p: p) -> RequestArra
     if spec.prefix_groups is not None and spec.multi_turn is not None:
         raise UserError("workload.synthetic: give prefix_groups or multi_turn, not both")
     _check_closed_loop(spec)
-    return with_priority_classes(_drawn(spec, seed, resolve_path), spec.priority_classes, seed)
+    w = with_priority_classes(_drawn(spec, seed, resolve_path), spec.priority_classes, seed)
+    if spec.warmup_requests >= len(w):
+        raise UserError(f"workload.synthetic.warmup_requests: {spec.warmup_requests:,} leaves none of the workload's "
+                        f"{len(w):,} requests to measure")
+    return w
 
 
 def with_priority_classes(w: RequestArrays, classes, seed: int) -> RequestArrays:
