@@ -84,6 +84,10 @@ class EngineProfile:
     # the vLLM release whose V1 scheduling rules the scheduler follows (EngineLimits.vllm_release):
     # "0.11" (vllm-v1 and the non-vLLM profiles: simsrv's rules before) | "0.34" (vllm-v1-0.34)
     vllm_release: str = "0.11"
+    # the kernel of the engine's fp8 W8A8 GEMMs (sim/cost/calibration.py ``Calibration.fp8_table``):
+    # "cutlass" (vLLM's CutlassFP8ScaledMMLinearKernel, the kernel the fp8 tables measured) |
+    # "cublaslt" (TensorRT-LLM's cublas_scaled_mm)
+    fp8_gemm: str = "cutlass"
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -163,6 +167,7 @@ class EngineProfile:
             "frontend_per_prompt_token_ms": self.frontend_per_prompt_token_s * 1e3,
             "frontend_per_output_token_ms": self.frontend_per_output_token_s * 1e3,
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
+            "fp8_gemm": self.fp8_gemm,
             "overridden": list(self.overridden),
         }
 
@@ -192,6 +197,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["frontend_overlap"] = d.get("frontend_overlap", True)
     kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
+    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -204,8 +210,9 @@ def term_fields() -> dict[str, str]:
 
 
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
-_FILE_TEXT_KEYS = ("kv_memory_basis", "basis", "sources")
+_FILE_TEXT_KEYS = ("kv_memory_basis", "fp8_gemm", "basis", "sources")
 KV_MEMORY_BASES = ("total", "free")
+FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
 
 
 def is_profile_path(name: str) -> bool:
@@ -269,6 +276,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise _file_error(path, "batch_range", f"{shown_value(br)} is not null or [low, high] with 1 <= low <= high")
     if d.get("kv_memory_basis", "total") not in KV_MEMORY_BASES:
         raise _file_error(path, "kv_memory_basis", f"{shown_value(d['kv_memory_basis'])} is not total or free")
+    if d.get("fp8_gemm", "cutlass") not in FP8_GEMM_KERNELS:
+        raise _file_error(path, "fp8_gemm", f"{shown_value(d['fp8_gemm'])} is not cutlass or cublaslt")
     if not isinstance(d.get("basis", ""), str):
         raise _file_error(path, "basis", "is not text")
     src = d.get("sources") or []
@@ -287,6 +296,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw.update({k: d[k] for k in _PLAIN_KEYS})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -318,6 +328,7 @@ def profile_entry(name: str) -> dict:
     out.update({k: d[k] for k in _PLAIN_KEYS})
     out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
     out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
+    out["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     out["basis"] = d.get("basis", "")
     out["sources"] = list(d.get("sources") or [])
     return out
