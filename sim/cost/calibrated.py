@@ -22,7 +22,7 @@ from sim.cost.tables import Axis, Curve, Grid2, bracket
 
 class CalibratedOps:
     def __init__(self, cal: Calibration, *, linear_shapes: dict, elem_donor: Calibration | None = None, fp8: bool = False,
-                 nvfp4: bool = False,
+                 nvfp4: bool = False, fp8_kernel: str = "cutlass",
                  heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float,
@@ -36,12 +36,15 @@ class CalibratedOps:
             # (out, in) of the cost model's (in, out): the table is x[m,k] @ W[k,n].
             self.gemm_curves = {name: cal.gemm.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.fp8_curves = None
-        if fp8 and cal.gemm_fp8 is not None:  # the model's GEMMs run in fp8 (curves: start-up)
+        # the fp8 table as the engine's FP8 GEMM kernel runs it (``fp8_kernel``: the engine
+        # profile's ``fp8_gemm``; sim/cost/calibration.py ``Calibration.fp8_table``)
+        fp8_table = cal.fp8_table(fp8_kernel) if fp8 else None
+        if fp8_table is not None:  # the model's GEMMs run in fp8 (curves: start-up)
             # the bound at this GPU's own FP8 peak (capped, or a sibling's table inherited:
             # sim/cost/calibration.py ``inherited_calibration``); the table's axis keeps the
             # measured GPU's peaks, so the efficiency at a shape is the one measured there
             self.fp8_peak = fp8_peak_flops_per_s
-            self.fp8_curves = {name: cal.gemm_fp8.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
+            self.fp8_curves = {name: fp8_table.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.nvfp4_curves = None
         if nvfp4 and cal.gemm_nvfp4 is not None:  # NVFP4 W4A4 GEMMs on their own measured table
             self.fp4_peak = fp4_peak_flops_per_s  # this GPU's own FP4 peak (as fp8 above)

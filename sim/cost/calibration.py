@@ -216,6 +216,73 @@ class GemmTable:
         return e, out or out_m
 
 
+# The measured fp8 grid's token counts one past a band of 256 rows (m = 256 j + 1, j >= 1).
+# vLLM's CUTLASS FP8 kernel (``CutlassFP8ScaledMMLinearKernel``, the kernel the fp8 tables
+# measure) takes there the time of the whole next band or more: across the H100 shapes with n, k
+# >= 4,096 and m >= 769, t(256 j + 1) is 1.27x t(256 j) (median; H200 1.30x) and 1.12x
+# t(256 j + 256), where cuBLAS's BF16 GEMMs of the same shapes, in the same files, take 1.01x
+# t(256 j) (kernels_profile/README.md, "fp8 GEMMs under cuBLASLt"): a band staircase of that
+# kernel, which the interpolation along m spreads over every token count of the band (Llama-3-8B's
+# gate+up at m = 520 took 1.97x its time at 512).
+FP8_BAND_ROWS = 256
+
+
+def is_band_start(m: float) -> bool:
+    """Whether ``m`` is a measured token count one past a band of ``FP8_BAND_ROWS`` rows."""
+    return m > FP8_BAND_ROWS and m % FP8_BAND_ROWS == 1
+
+
+class CublasLtFp8Table(GemmTable):
+    """The fp8 table as cuBLASLt's FP8 GEMM runs it (TensorRT-LLM's ``cublas_scaled_mm``: its
+    PyTorch backend's ``FP8QDQLinearMethod``, tensorrt_llm/_torch/modules/linear.py, for more than
+    8 tokens): the efficiency the CUTLASS kernel measured at the token counts that fill whole
+    bands (its trend), and at each band start the step that cuBLAS's own BF16 kernels measured at
+    that shape (log efficiency at m = 256 j + 1 below their interpolation between the aligned
+    token counts around it; never a gain), in place of CUTLASS's band staircase.
+    NOTE: cuBLASLt's FP8 kernels are assumed to quantize the token dimension as its BF16
+    kernels do at the same shape (as the quantized GEMMs are assumed to reach the fraction of
+    their peak that the measured kernel reaches, sim/cost/roofline.py ``_linear_s``). Without a
+    BF16 table on the same grid the band starts are left out (no step)."""
+
+    def __init__(self, fp8: GemmTable, bf16: GemmTable | None):
+        self.m, self.n, self.k = fp8.m, fp8.n, fp8.k
+        self.peaks, self.fp8, self.nvfp4, self.wave = fp8.peaks, True, False, None
+        self.ln, self.lk = fp8.ln, fp8.lk
+        self._log_eff = fp8._log_eff
+        self._curves = {}
+        same_grid = bf16 is not None and (list(bf16.m), list(bf16.n), list(bf16.k)) == (list(fp8.m), list(fp8.n), list(fp8.k))
+        self._bf16 = bf16 if same_grid else None
+        self._aligned = [t for t, m in enumerate(self.m) if not is_band_start(m)]
+        self._starts = [t for t, m in enumerate(self.m) if is_band_start(m)]
+
+    def _at(self, i: int, j: int) -> Curve:
+        c = self._curves.get((i, j))
+        if c is None:
+            c = self._curves[i, j] = Curve(self.m, self._row(i, j), gemm_axis(self.n[i], self.k[j], self.peaks, fp8=True))
+        return c
+
+    def _row(self, i: int, j: int) -> list:
+        """log(eff) of weight shape (i, j) along the measured token counts, band starts replaced."""
+        row = self._log_eff[i, j].tolist()
+        ms = self.m
+        trend = Curve([ms[t] for t in self._aligned], [row[t] for t in self._aligned],
+                      gemm_axis(self.n[i], self.k[j], self.peaks, fp8=True))
+        step = None
+        if self._bf16 is not None:
+            b = self._bf16._log_eff[i, j].tolist()
+            step = (b, Curve([ms[t] for t in self._aligned], [b[t] for t in self._aligned],
+                             gemm_axis(self.n[i], self.k[j], self._bf16.peaks)))
+        for t in self._starts:
+            if not trend:
+                row[t] = math.nan
+                continue
+            y = trend.log_eff(ms[t])[0]
+            if step is not None and step[1] and not math.isnan(step[0][t]):
+                y += min(0.0, step[0][t] - step[1].log_eff(ms[t])[0])
+            row[t] = y
+        return row
+
+
 def attention_axis(op: str, heads: float, kv_heads: float, peaks: dict) -> Axis:
     """Roofline axis of one sequence's attention along its length (``Axis``): decode reads
     K/V per cached token per KV head plus a query per head (bound ~ context + heads/kv_heads);
@@ -287,6 +354,7 @@ class Calibration:
         self.gemm_fp8 = GemmTable(d["gemm_fp8"], peaks, fp8=True) if "gemm_fp8" in d else None
         # NVFP4 W4A4 GEMMs, measured where the GPU has FP4 tensor cores (B200)
         self.gemm_nvfp4 = GemmTable(d["gemm_nvfp4"], peaks, nvfp4=True) if "gemm_nvfp4" in d else None
+        self._gemm_fp8_cublaslt: CublasLtFp8Table | None = None
         self.attn_prefill = HeadTables(d["attn_prefill"], "attn_prefill", peaks) if "attn_prefill" in d else None
         self.attn_decode = HeadTables(d["attn_decode"], "attn_decode", peaks) if "attn_decode" in d else None
         self.allreduce = ({int(t["tp"]): Curve(t["size_bytes"], log_eff_values(t["log_eff"])) for t in d["allreduce"]["tables"]}
@@ -298,6 +366,16 @@ class Calibration:
         self.overhead = d.get("overhead")
         # FA2 split-KV combine kernel of decode attention (sim/cost/fit.py ``fa2_split_kv``).
         self.decode_split = d["attn_decode"].get("split_kv") if "attn_decode" in d else None
+
+    def fp8_table(self, kernel: str) -> GemmTable | None:
+        """The fp8 GEMM table as ``kernel`` (an engine profile's ``fp8_gemm``) runs it: the
+        measured CUTLASS kernel (``"cutlass"``) or cuBLASLt (``"cublaslt"``: ``CublasLtFp8Table``,
+        built when first asked)."""
+        if kernel != "cublaslt" or self.gemm_fp8 is None:
+            return self.gemm_fp8
+        if self._gemm_fp8_cublaslt is None:
+            self._gemm_fp8_cublaslt = CublasLtFp8Table(self.gemm_fp8, self.gemm)
+        return self._gemm_fp8_cublaslt
 
     @property
     def terms(self) -> dict:

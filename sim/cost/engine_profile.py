@@ -99,6 +99,10 @@ class EngineProfile:
     # whether an EAGLE / EAGLE-3 / MTP drafter's passes replay CUDA graphs: None follows the
     # target's rule (``graphed``); False: never (vLLM 0.11.0: ``draft_graphed``)
     draft_cuda_graph: bool | None = None
+    # the kernel of the engine's fp8 W8A8 GEMMs (sim/cost/calibration.py ``Calibration.fp8_table``):
+    # "cutlass" (vLLM's CutlassFP8ScaledMMLinearKernel, the kernel the fp8 tables measured) |
+    # "cublaslt" (TensorRT-LLM's cublas_scaled_mm)
+    fp8_gemm: str = "cutlass"
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -206,6 +210,7 @@ class EngineProfile:
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
             "custom_allreduce": self.custom_allreduce,
             "eager_op_ms": self.eager_op_s * 1e3, "draft_cuda_graph": self.draft_cuda_graph,
+            "fp8_gemm": self.fp8_gemm,
             "overridden": list(self.overridden),
         }
 
@@ -241,6 +246,7 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
     kw["custom_allreduce"] = d.get("custom_allreduce", True)
     kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
+    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -253,8 +259,9 @@ def term_fields() -> dict[str, str]:
 
 
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
-_FILE_TEXT_KEYS = ("kv_memory_basis", "basis", "sources")
+_FILE_TEXT_KEYS = ("kv_memory_basis", "fp8_gemm", "basis", "sources")
 KV_MEMORY_BASES = ("total", "free")
+FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
 
 
 def is_profile_path(name: str) -> bool:
@@ -320,6 +327,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise _file_error(path, "batch_range", f"{shown_value(br)} is not null or [low, high] with 1 <= low <= high")
     if d.get("kv_memory_basis", "total") not in KV_MEMORY_BASES:
         raise _file_error(path, "kv_memory_basis", f"{shown_value(d['kv_memory_basis'])} is not total or free")
+    if d.get("fp8_gemm", "cutlass") not in FP8_GEMM_KERNELS:
+        raise _file_error(path, "fp8_gemm", f"{shown_value(d['fp8_gemm'])} is not cutlass or cublaslt")
     if not isinstance(d.get("basis", ""), str):
         raise _file_error(path, "basis", "is not text")
     src = d.get("sources") or []
@@ -340,6 +349,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["custom_allreduce"] = d.get("custom_allreduce", True)
     kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
+    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -373,6 +383,7 @@ def profile_entry(name: str) -> dict:
     out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
     out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     out["custom_allreduce"] = d.get("custom_allreduce", True)
+    out["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
     out["basis"] = d.get("basis", "")
     out["sources"] = list(d.get("sources") or [])
     return out

@@ -304,7 +304,7 @@ class RooflineCostModel:
         # NVFP4 W4A4 GEMMs on FP4 tensor cores (their own measured table where the GPU has one)
         nvfp4 = q is not None and q.compute == "fp4" and bool(gpu.fp4_flops_per_s)
         self.cops = None if calibration is None else CalibratedOps(
-            calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
+            calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, fp8_kernel=self.engine.fp8_gemm, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
             heads=self.heads, kv_heads=self.kv_dim / m.head_dim, head_dim=m.head_dim, hidden=h, q_dim=self.q_dim,
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
