@@ -117,20 +117,32 @@ class CalibratedOps:
         if tokens <= 0:
             return 0.0, False
         total, flag = 0.0, False
-        sc = self.elem_scale
         for curve, per_token_bytes in self.elem_ops:
-            nb = per_token_bytes * tokens
-            e, out = curve.eff(nb * sc)
-            total += nb / self.bw / e
+            t, out = self._elementwise_kernel_s(curve, per_token_bytes * tokens)
+            total += t
             flag |= out
         total *= self.L
         embed = self.embed
         if embed is not None:
-            eb = embed[1] * tokens  # (a name of its own: an int, where nb above is a float; mypyc)
-            e, out = embed[0].eff(eb * sc)
-            total += eb / self.bw / e
+            t, out = self._elementwise_kernel_s(embed[0], float(embed[1] * tokens))
+            total += t
             flag |= out
         return total, flag
+
+    def _elementwise_kernel_s(self, curve: Curve, nbytes: float) -> tuple[float, bool]:
+        """One elementwise kernel moving ``nbytes`` here: ``nbytes / bw / eff``, its efficiency
+        looked up at the donor's equivalent size. Below the smallest kernel measured the time is
+        that kernel's measured time, not less: a kernel that small is latency bound (launch,
+        one wave of thread blocks, the write-back; its measured time was already flat in size
+        there: H100 RMSNorm 6 us at 10 KB), so fewer bytes do not make it faster, and the
+        floor is measured, not an extrapolation."""
+        sc = self.elem_scale
+        x0 = math.exp(curve.lx[0])  # the smallest measured size (a plain log axis: u = log x)
+        if nbytes * sc < x0:
+            e0, _ = curve.eff(x0)
+            return x0 / sc / self.bw / e0, False
+        e, out = curve.eff(nbytes * sc)
+        return nbytes / self.bw / e, out
 
     def allreduce_s(self, tokens: int, custom: bool = False) -> tuple[float, bool]:
         """Two all-reduces of T x hidden per layer, measured eff: NCCL's ring (Patarasuk & Yuan
