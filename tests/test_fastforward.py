@@ -151,7 +151,8 @@ def test_extrapolated_steps_are_counted_per_replica():
         return summarize(run_scenario(sc, workload=RequestArrays(t[sel], prompts[sel], outs[sel])))
 
     even, odd = count(i % 2 == 0, 1), count(i % 2 == 1, 1)
-    assert odd["simsrv_extrapolated_steps"] >= n // 2
+    # the 8 prompts beyond the table run in 7 prefill steps (a 20,000-token budget chunks them)
+    assert odd["simsrv_extrapolated_steps"] >= n // 2 - 1
     both = count(np.ones(n, bool), 2)
     assert both["simsrv_extrapolated_steps"] == even["simsrv_extrapolated_steps"] + odd["simsrv_extrapolated_steps"]
 
