@@ -78,12 +78,14 @@ def test_mmha_16bit_gqa_cache_is_reread_per_query_head_from_l2():
     """Llama-2-70B TP4 on A100 fp16 (TensorRT-LLM v0.6.1's table): 16 query heads on 2 KV heads
     per GPU. Each of a group's 8 blocks reads its KV head's cache: once from HBM, the rest from
     L2 at its 5,120 bytes/clk, so decode attention costs 8 x 2.039 / 7.22 = 2.26x XQA's (it cost
-    the same before: re-reads were free with a 16-bit cache)."""
+    the same before: re-reads were free with a 16-bit cache) in bytes; in time, 1.5-2.4x: MMHA's
+    efficiency is the MHA-shaped kernel's at 16 x the batch, XQA's its grouped tile's
+    (tests/test_mmha_fp8_kv.py)."""
     a100 = get_gpu("a100-80g")
     mmha, xqa = _cm("trtllm-mmha", 2, "a100-80g"), _cm("trtllm", 2, "a100-80g")
     expected = 8 * a100.hbm_bw_bytes_per_s / a100.l2_read_bw_bytes_per_s
     assert mmha.decode_kv_reads == pytest.approx(expected) and 2.2 < expected < 2.3
-    assert 1.8 < _attn_s(mmha) / _attn_s(xqa) < 2.4
+    assert 1.5 < _attn_s(mmha) / _attn_s(xqa) < 2.4
     # an 8-bit cache converts in every block: once per query head at HBM bandwidth (XQA blog)
     assert _cm("trtllm-mmha", 1, "h200").decode_kv_reads == 8
     # a GPU whose L2 bandwidth is not published: the re-reads at HBM bandwidth

@@ -8,7 +8,10 @@ launches one block per (sequence, query head) and each block converts an 8-bit c
 the XQA blog measures as a 2.4x throughput gap on Llama-70B with an fp8 cache. With a 16-bit
 cache the same blocks load the same lines without converting them: the first load brings them
 from HBM and the group's others find them in L2, so the re-reads cost the L2's read bandwidth,
-not HBM's (``per_query_head_l2``). The figures live in ``sim/catalog/attention_backends.yaml``,
+not HBM's (``per_query_head_l2``). Such a kernel is priced at its own shape: the calibrated
+decode table of an MHA kernel (one query head per block) at batch x query heads, at the context
+itself whatever the cache dtype (``decode_tile_kv_heads``, ``per_query_head_blocks``; sim/cost/
+roofline.py). The figures live in ``sim/catalog/attention_backends.yaml``,
 each with its source; ``engine.attention_backend`` names one (default: the engine profile's).
 """
 
@@ -47,6 +50,19 @@ class AttentionBackend:
         if loads == "per_query_head_l2":
             return max(1.0, group * hbm_per_l2)
         return 1.0
+
+    def per_query_head_blocks(self, kv_dtype_bytes: float) -> bool:
+        """Whether the decode kernel runs one thread block per (sequence, query head) for this
+        cache dtype (``per_kv_head``: a block per KV head serves its whole query-head group)."""
+        loads = self.decode_kv_loads
+        return loads in ("per_query_head", "per_query_head_l2") or (
+            loads == "per_query_head_8bit_kv" and kv_dtype_bytes <= 1)
+
+    def decode_tile_kv_heads(self, q_heads: float, kv_heads: float, kv_dtype_bytes: float) -> float:
+        """The KV heads of the decode kernel's own shape, per GPU: a kernel of one block per
+        (sequence, query head) is an MHA kernel (each block one query head and the cache of its
+        KV head, no group folded into a tile): ``q_heads``; else the model's ``kv_heads``."""
+        return q_heads if self.per_query_head_blocks(kv_dtype_bytes) else kv_heads
 
 
 @lru_cache(maxsize=1)

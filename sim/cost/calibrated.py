@@ -26,7 +26,8 @@ class CalibratedOps:
                  heads: float, kv_heads: float, head_dim: int,
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float,
-                 fp8_peak_flops_per_s: float = 0.0, fp4_peak_flops_per_s: float = 0.0):
+                 fp8_peak_flops_per_s: float = 0.0, fp4_peak_flops_per_s: float = 0.0,
+                 decode_kv_heads: float | None = None):
         self.cal = cal
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
@@ -54,11 +55,15 @@ class CalibratedOps:
         self._split_cache: dict[tuple[int, int], bool] = {}
         self.prefill_grid: tuple[Grid2, tuple[int, int], float] | None = (
             cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None)
-        self.decode_grid = cal.attn_decode.pick(heads, kv_heads) if cal.attn_decode else None
+        # the decode kernel's own shape (``decode_kv_heads``: the KV heads its tiles see; a kernel
+        # of one block per (sequence, query head) is MHA-shaped whatever the model's KV heads,
+        # sim/cost/attention_backend.py ``decode_tile_kv_heads``)
+        dkv = kv_heads if decode_kv_heads is None else decode_kv_heads
+        self.decode_grid = cal.attn_decode.pick(heads, dkv) if cal.attn_decode else None
         # decode_smooth_end's table nodes, and whether FA2 may split (grouped-query decode only)
         # (typed: compiled, sim/compiled_core.py, decode_smooth_end's arithmetic is native)
         self._decode_nodes: list[float] = self.decode_grid[0].b_nodes if self.decode_grid else []
-        self._gqa_split = bool(self.decode_split) and heads > kv_heads
+        self._gqa_split = bool(self.decode_split) and heads > dkv
         self.allreduce_curve = cal.allreduce_curve(tp) if (cal.allreduce and tp > 1) else None
         # vLLM's custom all-reduce (small buffers, sim/cost/fit.py ``uses_custom_allreduce``)
         self.custom_curve = cal.allreduce_curve(tp, custom=True) if (cal.custom_allreduce and tp > 1) else None

@@ -303,6 +303,11 @@ class RooflineCostModel:
         fp8 = q is not None and q.compute == "fp8" and bool(gpu.fp8_flops_per_s)  # fp8 W8A8 GEMMs
         # NVFP4 W4A4 GEMMs on FP4 tensor cores (their own measured table where the GPU has one)
         nvfp4 = q is not None and q.compute == "fp4" and bool(gpu.fp4_flops_per_s)
+        # the engine's attention kernels (sim/cost/attention_backend.py) and the KV heads of their
+        # decode tiles: the model's per GPU, or its query heads for one block per query head
+        backend = get_backend(self.engine.attention_backend)
+        kv_heads = self.kv_dim / m.head_dim
+        decode_kv_heads = backend.decode_tile_kv_heads(self.heads, kv_heads, self.kv_dtype_bytes)
         self.cops = None if calibration is None else CalibratedOps(
             calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, fp8_kernel=self.engine.fp8_gemm, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
@@ -310,7 +315,7 @@ class RooflineCostModel:
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s, fp8_peak_flops_per_s=gpu.fp8_flops_per_s or 0.0,
-            fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0)
+            fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0, decode_kv_heads=decode_kv_heads)
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
@@ -329,11 +334,17 @@ class RooflineCostModel:
         # implies; a 16-bit cache's at the L2's read bandwidth where the GPU's is published.
         l2_bw = gpu.l2_read_bw_bytes_per_s
         hbm_per_l2 = 1.0 if l2_bw is None else gpu.hbm_bw_bytes_per_s / l2_bw
-        self.decode_kv_reads = get_backend(self.engine.attention_backend).decode_kv_read_factor(
-            self.heads, self.kv_dim / m.head_dim, self.kv_dtype_bytes, hbm_per_l2)
-        # Decode attention is looked up at the context of equal bytes in the tables' KV dtype
-        # (and of equal bytes read, when the kernel re-reads the cache per query head).
-        self._kv_scale = self.kv_dtype_bytes / self.dtype_bytes * self.decode_kv_reads
+        self.decode_kv_reads = backend.decode_kv_read_factor(self.heads, kv_heads, self.kv_dtype_bytes, hbm_per_l2)
+        # Decode attention is looked up on the table of the kernel's own shape (``decode_kv_heads``,
+        # CalibratedOps): a kernel that folds a query-head group into one tile at the model's KV
+        # heads and at the context of equal bytes in the tables' KV dtype; one of one block per
+        # (sequence, query head) as the MHA kernel it is, at batch x query heads blocks, at the
+        # context itself: its threads load 16 bytes of the compute type, an 8-bit cache as many
+        # elements in half the bytes, so a block runs the loads and iterations of a 16-bit cache
+        # of that context (decoderMaskedMultiheadAttentionTemplate.h K_VEC_SIZE = 16 / sizeof(T);
+        # vLLM 0.2 paged_attention VEC_SIZE by scalar_t). The bytes charged stay the cache's.
+        self._kv_scale = 1.0 if backend.per_query_head_blocks(self.kv_dtype_bytes) else \
+            self.kv_dtype_bytes / self.dtype_bytes
         self._chunk_cache: dict[int | tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         # the TTFT split's memo of chunks' seconds alone (``prefill_alone_s``, by
         # sim/core/ttft.py ``solo_key``), shared by every replica that shares this model
