@@ -43,7 +43,7 @@ def test_kernels_below_the_table_cost_the_smallest_measured_kernel(model, gpu):
                 assert t == pytest.approx(_smallest_kernel_s(cops, curve), rel=1e-12) and not out
                 # half the bytes: the same time (latency bound), where the roofline would halve it
                 assert cops._elementwise_kernel_s(curve, nbytes / 2)[0] == pytest.approx(t, rel=1e-12)
-        assert not cops.elementwise_s(tokens)[1] or tokens > 1
+    assert not cops.elementwise_s(1)[1]  # a one-token step is below or inside every table: never flagged
     if gpu in ("h100-sxm", "a100-80g") and model != "llama-2-7b":
         assert below > 0  # a grouped-query model's KV-cache write at one token is below the table
 

@@ -208,7 +208,7 @@ class EngineProfile:
             "frontend_per_prompt_token_ms": self.frontend_per_prompt_token_s * 1e3,
             "frontend_per_output_token_ms": self.frontend_per_output_token_s * 1e3,
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
-            "custom_allreduce": self.custom_allreduce,
+            "custom_allreduce": self.custom_allreduce, "vllm_release": self.vllm_release,
             "eager_op_ms": self.eager_op_s * 1e3, "draft_cuda_graph": self.draft_cuda_graph,
             "fp8_gemm": self.fp8_gemm,
             "overridden": list(self.overridden),
@@ -259,7 +259,9 @@ def term_fields() -> dict[str, str]:
 
 
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
-_FILE_TEXT_KEYS = ("kv_memory_basis", "fp8_gemm", "basis", "sources")
+_FILE_TEXT_KEYS = ("kv_memory_basis", "fp8_gemm", "vllm_release", "basis", "sources")
+# the vLLM releases whose V1 scheduling rules simsrv follows (``vllm_release``)
+VLLM_RELEASES = ("0.11", "0.34")
 KV_MEMORY_BASES = ("total", "free")
 FP8_GEMM_KERNELS = ("cutlass", "cublaslt")
 
@@ -308,7 +310,7 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode", "custom_allreduce"):
+    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce"):
         if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
     if d.get("draft_cuda_graph") is not None and not isinstance(d["draft_cuda_graph"], bool):
@@ -329,6 +331,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise _file_error(path, "kv_memory_basis", f"{shown_value(d['kv_memory_basis'])} is not total or free")
     if d.get("fp8_gemm", "cutlass") not in FP8_GEMM_KERNELS:
         raise _file_error(path, "fp8_gemm", f"{shown_value(d['fp8_gemm'])} is not cutlass or cublaslt")
+    if str(d.get("vllm_release", "0.11")) not in VLLM_RELEASES:
+        raise _file_error(path, "vllm_release", f"{shown_value(d['vllm_release'])} is not one of {', '.join(VLLM_RELEASES)}")
     if not isinstance(d.get("basis", ""), str):
         raise _file_error(path, "basis", "is not text")
     src = d.get("sources") or []
@@ -350,6 +354,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw["custom_allreduce"] = d.get("custom_allreduce", True)
     kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
     kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
+    kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -384,6 +389,7 @@ def profile_entry(name: str) -> dict:
     out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     out["custom_allreduce"] = d.get("custom_allreduce", True)
     out["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
+    out["vllm_release"] = str(d.get("vllm_release", "0.11"))
     out["basis"] = d.get("basis", "")
     out["sources"] = list(d.get("sources") or [])
     return out

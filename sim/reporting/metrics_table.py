@@ -116,7 +116,11 @@ def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float] | Non
 def _interval(row: Row, summary: dict, requests, value: float) -> tuple[float, float]:
     """The figure's noise interval: the sampling interval, or value -/+ the Poisson margin."""
     if row.sample and requests is not None and row.sample[0] in getattr(requests, "columns", ()):
-        ci = quantile_interval(requests[row.sample[0]].to_numpy().astype(float), row.sample[1])
+        values = requests[row.sample[0]].to_numpy().astype(float)
+        warmup = int(summary.get("simsrv_warmup_requests") or 0)
+        if warmup and "request_id" in requests.columns:  # the figure leaves the warm-up out: so does its interval
+            values = values[requests["request_id"].to_numpy() >= warmup]
+        ci = quantile_interval(values, row.sample[1])
         if ci is not None:
             return ci[0] * 1e3, ci[1] * 1e3
     if row.noise == "none":
