@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 
-from sim.cost.nccl_tuning import _BASE_LAT_US, _HW_LAT_US, _TREE_CORRECTION, LINK_NVLINK, PROTOCOLS, _log2i
+from sim.cost.nccl_tuning import (_BASE_LAT_US, _HW_LAT_US, _TREE_CORRECTION, LINK_NVLINK, PROTOCOLS, _log2i,
+                                  ring_bus_gb_s)
 
 # hwLat[NET][algorithm][protocol], us per network step (tuning.cc 2.19-2.21): Tree, Ring {LL, LL128, Simple}
 _NET_LAT_US = {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0)}
@@ -66,11 +67,7 @@ def multinode_option_s(size_bytes: float, ranks: int, nodes: int, bus_bytes_per_
     intra_lat = _HW_LAT_US[intra_link][algorithm][p]
     inter_lat = _NET_LAT_US[algorithm][p] + net_latency_s * 1e6 * (2.0 if protocol == "Simple" else 1.0)
     if algorithm == "ring":
-        if protocol == "LL":
-            bus = min(ll_max, bus / 4.0)
-        elif protocol == "LL128":
-            bus *= 0.92
-        bw = bus * ranks / steps
+        bw = ring_bus_gb_s(bus, protocol, ll_max) * ranks / steps
         overhead = _NET_OVERHEAD_US * (3.0 if protocol == "Simple" else 1.0)
         lat_us = _BASE_LAT_US["ring"][p] + (steps - inter_steps) * max(intra_lat, overhead) + inter_steps * inter_lat
         if protocol == "Simple" and size_bytes / ranks >= 64:

@@ -62,6 +62,17 @@ def _log2i(x: int) -> int:
     return int(math.floor(math.log2(x))) if x > 1 else 0
 
 
+def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float) -> float:
+    """A ring's bus bandwidth under ``protocol`` (tuning.cc ``ncclTopoTuneModel``): LL moves 8
+    bytes per 16 (a quarter of the bus after its flags and fences), capped at ``llMaxBw``;
+    LL128 120 of 128 bytes (x 0.92); Simple the bus as measured."""
+    if protocol == "LL":
+        return min(ll_max_gb_s, bus_gb_s / 4.0)
+    if protocol == "LL128":
+        return bus_gb_s * 0.92
+    return bus_gb_s
+
+
 def option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int, algorithm: str,
              protocol: str) -> float:
     """Seconds NCCL's model gives one all-reduce of ``size_bytes`` over ``ranks`` GPUs of one
@@ -73,11 +84,7 @@ def option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int, a
     bus = bus_bytes_per_s / 1e9  # GB/s, as tuning.cc
     steps = 2 * (ranks - 1)
     if algorithm == "ring":
-        if protocol == "LL":
-            bus = min(_LL_MAX_BW_GB_S, bus / 4.0)
-        elif protocol == "LL128":
-            bus *= 0.92
-        bw = bus * ranks / steps
+        bw = ring_bus_gb_s(bus, protocol, _LL_MAX_BW_GB_S) * ranks / steps
     else:
         bus *= 0.92
         if protocol == "LL":
