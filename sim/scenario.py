@@ -215,6 +215,8 @@ class EngineOverhead(_Strict):
     # small all-reduces under TP through a custom one-/two-shot kernel, or NCCL at every size
     # (sim/cost/engine_profile.py ``custom_allreduce``)
     custom_allreduce: Optional[bool] = None
+    # the kernel of fp8 W8A8 linear layers (sim/cost/engine_profile.py ``fp8_gemm``)
+    fp8_gemm: Optional[Literal["cutlass", "cublaslt"]] = None
     overlap_cpu: Optional[bool] = None
     cuda_graph_decode: Optional[bool] = None
     cuda_graph_max_batch: Optional[int] = Field(None, ge=0, le=MAX_COUNT)

@@ -50,3 +50,17 @@ def test_latency_interval_leaves_the_warmup_out():
     lo, hi = _interval(row, {"simsrv_warmup_requests": 45}, requests, 1000.0)
     assert 950 < lo <= 1000 <= hi < 1050
     assert _interval(row, {"simsrv_warmup_requests": 0}, requests, 1000.0)[1] == 100_000.0  # all rows
+
+
+def test_fp8_gemm_can_be_switched_under_engine_overhead(tmp_path):
+    """engine.overhead.fp8_gemm picks the fp8 GEMM kernel of any profile; a bad name is one line."""
+    from sim.engine.deployment import engine_profile
+    from sim.scenario import load_scenario
+
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-3.1-8b\nhardware: {gpu: h100-sxm}\nengine: {profile: trt-llm}\n"
+                 "workload: {synthetic: {num_requests: 1}}\n")
+    assert engine_profile(load_scenario(f).engine).fp8_gemm == "cublaslt"
+    assert engine_profile(load_scenario(f, ["engine.overhead.fp8_gemm=cutlass"]).engine).fp8_gemm == "cutlass"
+    with pytest.raises(UserError, match="fp8_gemm"):
+        load_scenario(f, ["engine.overhead.fp8_gemm=cublas"])

@@ -414,10 +414,10 @@ def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> E
             changes[_MS_KEYS[k]] = float(v) / 1e3
         elif k == "batch_range":
             changes[k] = tuple(v)
-        elif k in _PLAIN_KEYS or k in _OPTIONAL_PLAIN_KEYS:
+        elif k in _PLAIN_KEYS or k in _OPTIONAL_PLAIN_KEYS or k == "fp8_gemm":
             changes[k] = v
         else:
-            valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS])
+            valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, "fp8_gemm"])
             raise UserError(f"engine.overhead: unknown key '{k}'; valid keys here: {valid}")
     if "attention_backend" in changes:
         get_backend(changes["attention_backend"])  # a clear error for an unknown name
