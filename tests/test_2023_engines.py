@@ -79,3 +79,15 @@ def test_sarathi_prototype_cases_run_at_its_measured_compute_throughput():
         assert d["base"]["hardware"]["flops_factor"] == pytest.approx(1.0 / factor, abs=5e-4), case
         models = {str((r.get("scenario") or {}).get("model", d["base"].get("model"))) for r in d["rows"]}
         assert not any(m.split("/")[-1].lower() in str(models).lower() for m in fitted_on), (case, models)
+
+
+def test_ring_ll128_with_one_rank_per_node_takes_nccls_lower_factor():
+    """tuning.cc: a ring's LL128 bus bandwidth is x 0.92 (120 of 128 bytes), x 0.7 with one rank
+    per node (ppn < 2); LL and Simple do not depend on it."""
+    from sim.cost.nccl_tuning import ring_bus_gb_s
+
+    assert ring_bus_gb_s(100.0, "LL128", 20.0, 8) == pytest.approx(92.0)
+    assert ring_bus_gb_s(100.0, "LL128", 20.0, 1) == pytest.approx(70.0)
+    for ppn in (1, 8):
+        assert ring_bus_gb_s(100.0, "LL", 20.0, ppn) == 20.0
+        assert ring_bus_gb_s(100.0, "Simple", 20.0, ppn) == 100.0

@@ -67,7 +67,7 @@ def multinode_option_s(size_bytes: float, ranks: int, nodes: int, bus_bytes_per_
     intra_lat = _HW_LAT_US[intra_link][algorithm][p]
     inter_lat = _NET_LAT_US[algorithm][p] + net_latency_s * 1e6 * (2.0 if protocol == "Simple" else 1.0)
     if algorithm == "ring":
-        bw = ring_bus_gb_s(bus, protocol, ll_max) * ranks / steps
+        bw = ring_bus_gb_s(bus, protocol, ll_max, ranks // nodes) * ranks / steps
         overhead = _NET_OVERHEAD_US * (3.0 if protocol == "Simple" else 1.0)
         lat_us = _BASE_LAT_US["ring"][p] + (steps - inter_steps) * max(intra_lat, overhead) + inter_steps * inter_lat
         if protocol == "Simple" and size_bytes / ranks >= 64:

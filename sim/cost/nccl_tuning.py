@@ -62,14 +62,15 @@ def _log2i(x: int) -> int:
     return int(math.floor(math.log2(x))) if x > 1 else 0
 
 
-def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float) -> float:
+def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float, ranks_per_node: int = 2) -> float:
     """A ring's bus bandwidth under ``protocol`` (tuning.cc ``ncclTopoTuneModel``): LL moves 8
     bytes per 16 (a quarter of the bus after its flags and fences), capped at ``llMaxBw``;
-    LL128 120 of 128 bytes (x 0.92); Simple the bus as measured."""
+    LL128 120 of 128 bytes (x 0.92; x 0.7 with one rank per node, ``ppn < 2``); Simple the bus
+    as measured."""
     if protocol == "LL":
         return min(ll_max_gb_s, bus_gb_s / 4.0)
     if protocol == "LL128":
-        return bus_gb_s * 0.92
+        return bus_gb_s * (0.7 if ranks_per_node < 2 else 0.92)
     return bus_gb_s
 
 
