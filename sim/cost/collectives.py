@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import math
 
-from sim.cost.nccl_tuning import (_BASE_LAT_US, _HW_LAT_US, _TREE_CORRECTION, LINK_NVLINK, PROTOCOLS, _log2i,
-                                  ring_bus_gb_s)
+from sim.cost.nccl_tuning import (_BASE_LAT_US, _HW_LAT_US, LINK_NVLINK, PROTOCOLS, _log2i, fastest_option,
+                                  ring_bus_gb_s, tree_size_factor)
 
 # hwLat[NET][algorithm][protocol], us per network step (tuning.cc 2.19-2.21): Tree, Ring {LL, LL128, Simple}
 _NET_LAT_US = {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0)}
@@ -78,10 +78,7 @@ def multinode_option_s(size_bytes: float, ranks: int, nodes: int, bus_bytes_per_
             bus = min(bus / 3.8, ll_max)
         elif protocol == "LL128":
             bus *= 120.0 / 128.0
-        bw = bus * 0.5
-        log_size = _log2i(int(size_bytes) >> 6)
-        if log_size < len(_TREE_CORRECTION[p]):
-            bw *= _TREE_CORRECTION[p][log_size]
+        bw = bus * 0.5 * tree_size_factor(size_bytes, p)
         lat_us = _BASE_LAT_US["tree"][p] + 2 * ((ranks // nodes - 1) * intra_lat + _log2i(nodes) * inter_lat)
     return (lat_us + size_bytes / (1000.0 * bw)) * 1e-6
 
@@ -94,13 +91,7 @@ def multinode_allreduce_choice(size_bytes: float, ranks: int, nodes: int, intra_
     link (``intra_bytes_per_s``) and the node's network share of the group's GPUs on it
     (``nic_bytes_per_s``), both achieved figures."""
     bus = min(intra_bytes_per_s, nic_bytes_per_s)
-    best = (math.inf, "ring", "Simple")
-    for a in ("tree", "ring"):
-        for p in PROTOCOLS:
-            t = multinode_option_s(size_bytes, ranks, nodes, bus, intra_link, net_latency_s, a, p)
-            if t < best[0]:
-                best = (t, a, p)
-    return best
+    return fastest_option(lambda a, p: multinode_option_s(size_bytes, ranks, nodes, bus, intra_link, net_latency_s, a, p))
 
 
 def multinode_allreduce_s(size_bytes: float, ranks: int, nodes: int, intra_bytes_per_s: float, intra_link: int,

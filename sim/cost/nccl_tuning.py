@@ -34,6 +34,7 @@ tests/test_allreduce_latency.py compares the two.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 LINK_NVLINK = 0
 LINK_PCI = 1
@@ -74,6 +75,25 @@ def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float, ranks_per_
     return bus_gb_s
 
 
+def tree_size_factor(size_bytes: float, p: int) -> float:
+    """The tree's mid-size correction of its algorithm bandwidth (tuning.cc
+    ``treeCorrectionFactor``, by log2 of the size in 64-byte units and protocol index ``p``)."""
+    log_size = _log2i(int(size_bytes) >> 6)
+    return _TREE_CORRECTION[p][log_size] if log_size < len(_TREE_CORRECTION[p]) else 1.0
+
+
+def fastest_option(time_of: Callable[[str, str], float]) -> tuple[float, str, str]:
+    """(seconds, algorithm, protocol) of the fastest pair ``time_of(algorithm, protocol)``
+    gives: NCCL's model picks the pair it predicts fastest (``ncclTopoGetAlgoTime``)."""
+    best = (math.inf, "ring", "Simple")
+    for a in ALGORITHMS:
+        for p in PROTOCOLS:
+            t = time_of(a, p)
+            if t < best[0]:
+                best = (t, a, p)
+    return best
+
+
 def option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int, algorithm: str,
              protocol: str) -> float:
     """Seconds NCCL's model gives one all-reduce of ``size_bytes`` over ``ranks`` GPUs of one
@@ -92,23 +112,14 @@ def option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int, a
             bus = min(bus / 3.8, _LL_MAX_BW_GB_S)
         elif protocol == "LL128":
             bus *= 7.0 / 9.0  # one node
-        bw = bus * 0.5
-        log_size = _log2i(int(size_bytes) >> 6)
-        if log_size < len(_TREE_CORRECTION[p]):
-            bw *= _TREE_CORRECTION[p][log_size]
+        bw = bus * 0.5 * tree_size_factor(size_bytes, p)
     lat_us = _BASE_LAT_US[algorithm][p] + steps * _HW_LAT_US[link][algorithm][p]
     return (lat_us + size_bytes / (1000.0 * bw)) * 1e-6
 
 
 def allreduce_choice(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int) -> tuple[float, str, str]:
     """(seconds, algorithm, protocol) NCCL's model picks for this all-reduce: the fastest pair."""
-    best = (math.inf, "ring", "Simple")
-    for a in ALGORITHMS:
-        for p in PROTOCOLS:
-            t = option_s(size_bytes, ranks, bus_bytes_per_s, link, a, p)
-            if t < best[0]:
-                best = (t, a, p)
-    return best
+    return fastest_option(lambda a, p: option_s(size_bytes, ranks, bus_bytes_per_s, link, a, p))
 
 
 def allreduce_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int) -> float:
