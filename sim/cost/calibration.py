@@ -168,9 +168,13 @@ class GemmTable:
     def _at(self, i: int, j: int) -> Curve:
         c = self._curves.get((i, j))
         if c is None:
-            c = self._curves[i, j] = Curve(self.m, self._log_eff[i, j].tolist(),
+            c = self._curves[i, j] = Curve(self.m, self._row(i, j),
                                            gemm_axis(self.n[i], self.k[j], self.peaks, self.fp8, self.nvfp4))
         return c
+
+    def _row(self, i: int, j: int) -> list:
+        """log(eff) of measured weight shape (i, j) along the measured token counts."""
+        return self._log_eff[i, j].tolist()
 
     def _corners(self, n: float, k: float) -> tuple[list[tuple[float, int, int]], bool]:
         """(weight, n index, k index) of the measured weight shapes around (n, k), bilinear in
@@ -245,21 +249,12 @@ class CublasLtFp8Table(GemmTable):
     BF16 table on the same grid the band starts are left out (no step)."""
 
     def __init__(self, fp8: GemmTable, bf16: GemmTable | None):
-        self.m, self.n, self.k = fp8.m, fp8.n, fp8.k
-        self.peaks, self.fp8, self.nvfp4, self.wave = fp8.peaks, True, False, None
-        self.ln, self.lk = fp8.ln, fp8.lk
-        self._log_eff = fp8._log_eff
-        self._curves = {}
+        vars(self).update(vars(fp8))  # the measured fp8 table's grid, peaks and log efficiencies
+        self._curves = {}  # its own curves: the rows below, not the measured table's
         same_grid = bf16 is not None and (list(bf16.m), list(bf16.n), list(bf16.k)) == (list(fp8.m), list(fp8.n), list(fp8.k))
         self._bf16 = bf16 if same_grid else None
         self._aligned = [t for t, m in enumerate(self.m) if not is_band_start(m)]
         self._starts = [t for t, m in enumerate(self.m) if is_band_start(m)]
-
-    def _at(self, i: int, j: int) -> Curve:
-        c = self._curves.get((i, j))
-        if c is None:
-            c = self._curves[i, j] = Curve(self.m, self._row(i, j), gemm_axis(self.n[i], self.k[j], self.peaks, fp8=True))
-        return c
 
     def _row(self, i: int, j: int) -> list:
         """log(eff) of weight shape (i, j) along the measured token counts, band starts replaced."""
