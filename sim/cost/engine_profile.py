@@ -232,6 +232,19 @@ FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "fron
                     "frontend_chunk_ms")
 
 
+# keys a catalogue entry or a profile file may leave out, with the value their absence means
+_OPTIONAL_DEFAULTS = {"kv_memory_basis": "total", "custom_allreduce": True, "draft_cuda_graph": None,
+                      "fp8_gemm": "cutlass", "vllm_release": "0.11"}
+
+
+def _optional_values(d: dict) -> dict:
+    """The optional keys of an entry or a file ``d``, absent ones at their defaults (the release
+    as text: YAML reads an unquoted 0.34 as a number)."""
+    out = {k: d.get(k, v) for k, v in _OPTIONAL_DEFAULTS.items()}
+    out["vllm_release"] = str(out["vllm_release"])
+    return out
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
     return load_catalog("engine_profiles.yaml")
@@ -241,12 +254,8 @@ def _from_entry(name: str, d: dict) -> EngineProfile:
     kw = {f: float(d.get(k, 0.0)) / 1e3 for k, f in _MS_KEYS.items()}
     kw.update({k: d[k] for k in _PLAIN_KEYS if k != "frontend_overlap"})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
-    kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
     kw["frontend_overlap"] = d.get("frontend_overlap", True)
-    kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
-    kw["custom_allreduce"] = d.get("custom_allreduce", True)
-    kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
-    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
+    kw.update(_optional_values(d))
     return EngineProfile(name=name, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -327,11 +336,12 @@ def _check_file_entry(path: Path, d: object) -> dict:
                                and all(isinstance(x, int) and not isinstance(x, bool) for x in br)
                                and 1 <= br[0] <= br[1]):
         raise _file_error(path, "batch_range", f"{shown_value(br)} is not null or [low, high] with 1 <= low <= high")
-    if d.get("kv_memory_basis", "total") not in KV_MEMORY_BASES:
+    opt = _optional_values(d)
+    if opt["kv_memory_basis"] not in KV_MEMORY_BASES:
         raise _file_error(path, "kv_memory_basis", f"{shown_value(d['kv_memory_basis'])} is not total or free")
-    if d.get("fp8_gemm", "cutlass") not in FP8_GEMM_KERNELS:
+    if opt["fp8_gemm"] not in FP8_GEMM_KERNELS:
         raise _file_error(path, "fp8_gemm", f"{shown_value(d['fp8_gemm'])} is not cutlass or cublaslt")
-    if str(d.get("vllm_release", "0.11")) not in VLLM_RELEASES:
+    if opt["vllm_release"] not in VLLM_RELEASES:
         raise _file_error(path, "vllm_release", f"{shown_value(d['vllm_release'])} is not one of {', '.join(VLLM_RELEASES)}")
     if not isinstance(d.get("basis", ""), str):
         raise _file_error(path, "basis", "is not text")
@@ -350,11 +360,7 @@ def _read_profile_file(path: str, _mtime_ns: int, _size: int) -> EngineProfile:
     kw: dict = {f: float(d.get(k, 0.0)) / 1e3 for k, f in term_fields().items()}
     kw.update({k: d[k] for k in _PLAIN_KEYS})
     kw["batch_range"] = tuple(d["batch_range"]) if d["batch_range"] else None
-    kw["kv_memory_basis"] = d.get("kv_memory_basis", "total")
-    kw["custom_allreduce"] = d.get("custom_allreduce", True)
-    kw["draft_cuda_graph"] = d.get("draft_cuda_graph")
-    kw["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
-    kw["vllm_release"] = str(d.get("vllm_release", "0.11"))
+    kw.update(_optional_values(d))
     return EngineProfile(name=path, basis=d.get("basis", ""), sources=tuple(d.get("sources") or ()), **kw)
 
 
@@ -384,12 +390,8 @@ def profile_entry(name: str) -> dict:
         raise UserError(f"unknown profile '{name}'; valid: {', '.join(PROFILE_NAMES)} or a profile file (*.yaml)")
     out: dict = {k: float(d.get(k, 0.0)) for k in term_fields()}
     out.update({k: d[k] for k in _PLAIN_KEYS})
-    out["draft_cuda_graph"] = d.get("draft_cuda_graph")
     out["batch_range"] = list(d["batch_range"]) if d["batch_range"] else None
-    out["kv_memory_basis"] = d.get("kv_memory_basis", "total")
-    out["custom_allreduce"] = d.get("custom_allreduce", True)
-    out["fp8_gemm"] = d.get("fp8_gemm", "cutlass")
-    out["vllm_release"] = str(d.get("vllm_release", "0.11"))
+    out.update(_optional_values(d))
     out["basis"] = d.get("basis", "")
     out["sources"] = list(d.get("sources") or [])
     return out

@@ -39,15 +39,12 @@ XL_GPU_MIN_BYTES_034 = 160 * GIB_BYTES
 
 
 def profile_release(profile: str) -> str:
-    """The vLLM release whose rules engine profile ``profile`` follows (its ``vllm_release`` in
-    sim/catalog/engine_profiles.yaml or in the profile file; "0.11" when it names none)."""
-    from sim.catalog.packed import load_catalog
-    from sim.cost.engine_profile import is_profile_path, load_profile_file
+    """The vLLM release whose rules engine profile ``profile`` follows: its ``vllm_release``, in
+    sim/catalog/engine_profiles.yaml or in the profile file ("0.11" when it names none), read as
+    every profile is (``get_profile``)."""
+    from sim.cost.engine_profile import get_profile
 
-    if is_profile_path(profile):  # a profile file names its release (written from a catalogue entry)
-        return load_profile_file(profile).vllm_release
-    entry = load_catalog("engine_profiles.yaml").get(profile) or {}
-    return str(entry.get("vllm_release", "0.11"))
+    return get_profile(profile).vllm_release
 
 
 def vllm_default_limits(gpu, release: str = "0.11") -> tuple[int, int]:
