@@ -197,9 +197,13 @@ def measured_rows(s, n: int) -> np.ndarray:
     the requests frame and the pages' charts cover the whole run. AIPerf waits for its
     warm-up responses before its profiling phase (the same docs, "Grace Period"): its clients
     then start together again, which this does not model."""
-    rows = np.ones(n, dtype=bool)
-    rows[:warmup_requests(s)] = False
-    return rows
+    return measured_ids(np.arange(n), warmup_requests(s))
+
+
+def measured_ids(request_ids: np.ndarray, warmup: int) -> np.ndarray:
+    """Whether each request of ``request_ids`` is measured: ids are in the order requests are
+    sent, and the first ``warmup`` are the benchmark's warm-up (``measured_rows``)."""
+    return request_ids >= warmup
 
 
 def summarize(result) -> dict:

@@ -30,6 +30,7 @@ import numpy as np
 
 from sim.reporting.html import Page
 from sim.metrics.keys import MAX_ITL, P999_ITL, key, queue_key
+from sim.metrics.summary import measured_ids
 
 Z95 = 1.96
 
@@ -119,7 +120,7 @@ def _interval(row: Row, summary: dict, requests, value: float) -> tuple[float, f
         values = requests[row.sample[0]].to_numpy().astype(float)
         warmup = int(summary.get("simsrv_warmup_requests") or 0)
         if warmup and "request_id" in requests.columns:  # the figure leaves the warm-up out: so does its interval
-            values = values[requests["request_id"].to_numpy() >= warmup]
+            values = values[measured_ids(requests["request_id"].to_numpy(), warmup)]
         ci = quantile_interval(values, row.sample[1])
         if ci is not None:
             return ci[0] * 1e3, ci[1] * 1e3
