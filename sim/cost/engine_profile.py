@@ -228,6 +228,8 @@ _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "atte
 # optional plain keys of a catalogue entry or a profile file (absent: the field's default;
 # draft_cuda_graph absent: None, the rule it names follows)
 _OPTIONAL_PLAIN_KEYS = ("custom_allreduce", "draft_cuda_graph")
+# plain keys engine.overhead may set (the kernel choice fp8_gemm too; the file's text keys not)
+_OVERRIDE_PLAIN_KEYS = (*_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, "fp8_gemm")
 FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
                     "frontend_chunk_ms")
 
@@ -416,10 +418,10 @@ def get_profile(name: str = DEFAULT_PROFILE, overrides: dict | None = None) -> E
             changes[_MS_KEYS[k]] = float(v) / 1e3
         elif k == "batch_range":
             changes[k] = tuple(v)
-        elif k in _PLAIN_KEYS or k in _OPTIONAL_PLAIN_KEYS or k == "fp8_gemm":
+        elif k in _OVERRIDE_PLAIN_KEYS:
             changes[k] = v
         else:
-            valid = ", ".join([*_MS_KEYS, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, "fp8_gemm"])
+            valid = ", ".join([*_MS_KEYS, *_OVERRIDE_PLAIN_KEYS])
             raise UserError(f"engine.overhead: unknown key '{k}'; valid keys here: {valid}")
     if "attention_backend" in changes:
         get_backend(changes["attention_backend"])  # a clear error for an unknown name
