@@ -537,11 +537,29 @@ class RooflineCostModel:
             assert cops is not None  # (narrowed: compiled, a native call below)
             pairs = windowed_pairs(self, c, x)
             flops = self._prefill_pair_flops * pairs + self._ctx_upproj_flops * x
-            bytes_ = (c + x) * self._prefill_kv_bytes + 2 * c * self.q_dim * self.dtype_bytes
             # equivalent no-context length s with s (s + 1) / 2 = pairs (fit.equivalent_prefill_tokens)
-            e, out = cops.prefill_eff(n, (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0)
-            fb, mb = flops / self.flops_s, bytes_ / self._hbm_bw
-            hit = ((mb if mb > fb else fb) / e, out)  # max(fb, mb), written out (compiled: native)
+            s = (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
+            e, out = cops.prefill_eff(n, s)
+            # The table's efficiency is measured against the bound of that no-context prompt of s
+            # tokens (its own K, V, Q and O bytes), so it prices the chunk's work, not its reads of
+            # the cached context: applied to the x + c tokens' bytes it divided a read of the
+            # whole cache by the launch-bound efficiency of a short prompt (a 1-token chunk after
+            # 512 cached tokens cost twice a 513-token prompt's attention).
+            fb = flops / self.flops_s
+            mb = (s * self._prefill_kv_bytes + 2 * s * self.q_dim * self.dtype_bytes) / self._hbm_bw
+            t = (mb if mb > fb else fb) / e  # max(fb, mb), written out (compiled: native)
+            # ... and a chunk after x cached tokens reads their K and V no faster than the
+            # measured decode kernel reads that cache: its time per sequence and layer for n
+            # sequences of x tokens (a query of 1 token is a decode: vLLM V1's backends split
+            # decodes from prefills by query length, v1/attention/backends/utils.py
+            # split_decodes_and_prefills; FlashAttention-2 runs both through one kernel, Dao 2023).
+            # Without cached context the table measured the prompt itself.
+            if x > 0:
+                r, rout = self._decode_fn(n).at(float(n * x))
+                r = r / (n * self._num_layers)
+                hit = (t, out) if t >= r else (r, rout)
+            else:
+                hit = (t, out)
             if len(cache) >= self.MAX_CHUNK_SHAPES:
                 cache.clear()
             cache[key] = hit
