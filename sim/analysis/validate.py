@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
+from sim.metrics.keys import key as result_key
 
 LEVELS = ("step", "request", "ordering")
 DEFAULT_TOLERANCE = {"step": 0.20, "request": 0.25, "ordering": 0.0}
@@ -185,12 +186,12 @@ def closed_loop_query_throughput(summary: dict) -> float:
     clients over the mean request latency (DeepSpeedExamples benchmarks/inference/mii/
     postprocess_results.py ``get_summary``: ``throughput = client_num / latency``, ``latency`` the
     mean of each request's end - start), not completed requests over the run's duration."""
-    clients, e2el_ms = summary.get("max_concurrency"), summary.get("mean_e2el_ms")
+    clients, e2el_ms = summary.get("max_concurrency"), summary.get(result_key("mean", "e2el"))
     if clients is None:
         raise MetricMissing("closed_loop_query_throughput needs a closed loop "
                             "(workload.synthetic.max_concurrency): the run has none")
     if not e2el_ms:
-        raise MetricMissing("the simulated run has no mean_e2el_ms for closed_loop_query_throughput")
+        raise MetricMissing(f"the simulated run has no {result_key('mean', 'e2el')} for closed_loop_query_throughput")
     return clients / (e2el_ms / 1000.0)
 
 
