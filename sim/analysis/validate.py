@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import UserError
+from sim.metrics.keys import key as result_key
 
 LEVELS = ("step", "request", "ordering")
 DEFAULT_TOLERANCE = {"step": 0.20, "request": 0.25, "ordering": 0.0}
@@ -180,10 +181,27 @@ def select(rows: list[Row], case: str | None) -> list[Row]:
     return picked
 
 
+def closed_loop_query_throughput(summary: dict) -> float:
+    """Queries per second as DeepSpeed-MII's benchmark client reports them: the number of
+    clients over the mean request latency (DeepSpeedExamples benchmarks/inference/mii/
+    postprocess_results.py ``get_summary``: ``throughput = client_num / latency``, ``latency`` the
+    mean of each request's end - start), not completed requests over the run's duration."""
+    clients, e2el_ms = summary.get("max_concurrency"), summary.get(result_key("mean", "e2el"))
+    if clients is None:
+        raise MetricMissing("closed_loop_query_throughput needs a closed loop "
+                            "(workload.synthetic.max_concurrency): the run has none")
+    if not e2el_ms:
+        raise MetricMissing(f"the simulated run has no {result_key('mean', 'e2el')} for closed_loop_query_throughput")
+    return clients / (e2el_ms / 1000.0)
+
+
 def metric_value(summary: dict, metric: str) -> float:
-    """A row's metric from a run's summary (``result.json`` keys, or ``output_tok_per_s_per_gpu``)."""
+    """A row's metric from a run's summary (``result.json`` keys, ``output_tok_per_s_per_gpu``
+    or ``closed_loop_query_throughput``)."""
     if metric == "output_tok_per_s_per_gpu":
         return summary["output_throughput"] / summary["simsrv_num_gpus"]
+    if metric == "closed_loop_query_throughput":
+        return closed_loop_query_throughput(summary)
     v = summary.get(metric)
     if v is None:
         why = ", ".join(f"{n} x {k}" for k, n in summary.get("simsrv_failed_reasons", {}).items())
