@@ -8,7 +8,6 @@ tuning heuristic derives from the model, the GPU and that row's ISL/OSL
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,7 +131,7 @@ def test_every_row_holds_its_longest_prompt():
         e = r.scenario["engine"]
         isl = r.scenario["workload"]["synthetic"]["input_tokens"]["value"]
         assert e["max_num_batched_tokens"] >= isl + e["max_num_seqs"], r.id
-        assert math.log2(e["max_num_seqs"]) >= 6, r.id  # the heuristic's floor of 64
+        assert e["max_num_seqs"] >= 64, r.id  # the heuristic's floor
 
 
 def _trt_scenario(profile: str) -> dict:

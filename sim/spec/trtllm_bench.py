@@ -35,6 +35,14 @@ The chain, in TensorRT-LLM's source (NVIDIA/TensorRT-LLM, the v0.21-v1.0 files):
   estimation ... in trtllm-bench", PR #13498, 2026); v1.0, which measured VC-24, counts
   elements.
 
+NOTE: the stored copies of these files could not be tied to the v0.21 / v1.0 tags commit by commit.
+Every version with ``BYTES_PER_ELEM`` (NVFP4 tuned at 0.5 byte) computes the same numbers for a
+dense model (the Mamba-hybrid terms and later MLA branches are zero or unused for Llama); the
+earliest tuning.py (``param_count / 1000**3``, FP8 the only narrow type) predates NVFP4 support
+and is not modelled. The v0.21 perf-overview's own options file (``cuda_graph_config:
+enable_padding``) postdates the ``padding_enabled`` get_settings, which already raised
+max_num_tokens for the longest prompt.
+
 The KV cache memory and the engine size here are the heuristic's own estimates, used only to
 pick the two limits; the simulated run still sizes its KV cache from its memory model
 (sim/spec/memory.py).
