@@ -327,7 +327,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce", "budget_covers_max_model_len"):
+    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce",
+              "budget_covers_max_model_len"):
         if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
     if d.get("draft_cuda_graph") is not None and not isinstance(d["draft_cuda_graph"], bool):

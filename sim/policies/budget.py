@@ -135,7 +135,8 @@ def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: 
     key = ("engine.max_num_batched_tokens" if given is not None
            else "engine.max_num_batched_tokens (unset, its default)")
     pool = "" if where == "engine" else f"{where} pool: "
-    if not chunked and max_model_len is not None and budget < max_model_len and budget_covers_max_model_len(engine.profile):
+    if (not chunked and max_model_len is not None and budget < max_model_len
+            and budget_covers_max_model_len(engine.profile)):
         runs = (f"policy {engine.policy} prefills whole prompts" if where == "engine"
                 else f"the {where} pool of policy {engine.policy} prefills whole prompts")
         return (f"{key} {budget} must be >= {max_len_source} {max_model_len}: {runs} (no chunked prefill), so a "
