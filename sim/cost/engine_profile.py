@@ -103,6 +103,10 @@ class EngineProfile:
     # "cutlass" (vLLM's CutlassFP8ScaledMMLinearKernel, the kernel the fp8 tables measured) |
     # "cublaslt" (TensorRT-LLM's cublas_scaled_mm)
     fp8_gemm: str = "cutlass"
+    # whether, without chunked prefill, the step budget must hold ``max_model_len`` (vLLM's
+    # SchedulerConfig._verify_args) or only each prompt (false: TensorRT-LLM, whose trtllm-bench
+    # itself runs max_num_tokens below max_seq_len: sim/policies/budget.py ``budget_error``)
+    budget_covers_max_model_len: bool = True
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -210,7 +214,7 @@ class EngineProfile:
             "frontend_chunk_ms": self.frontend_chunk_s * 1e3, "frontend_overlap": self.frontend_overlap,
             "custom_allreduce": self.custom_allreduce, "vllm_release": self.vllm_release,
             "eager_op_ms": self.eager_op_s * 1e3, "draft_cuda_graph": self.draft_cuda_graph,
-            "fp8_gemm": self.fp8_gemm,
+            "fp8_gemm": self.fp8_gemm, "budget_covers_max_model_len": self.budget_covers_max_model_len,
             "overridden": list(self.overridden),
         }
 
@@ -228,6 +232,8 @@ _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "atte
 # optional plain keys of a catalogue entry or a profile file (absent: the field's default;
 # draft_cuda_graph absent: None, the rule it names follows)
 _OPTIONAL_PLAIN_KEYS = ("custom_allreduce", "draft_cuda_graph")
+# optional keys of an entry or a file that engine.overhead does not set (an engine's start-up rule)
+_OPTIONAL_RULE_KEYS = ("budget_covers_max_model_len",)
 # plain keys engine.overhead may set (the kernel choice fp8_gemm too; the file's text keys not)
 _OVERRIDE_PLAIN_KEYS = (*_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, "fp8_gemm")
 FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
@@ -236,7 +242,7 @@ FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "fron
 
 # keys a catalogue entry or a profile file may leave out, with the value their absence means
 _OPTIONAL_DEFAULTS = {"kv_memory_basis": "total", "custom_allreduce": True, "draft_cuda_graph": None,
-                      "fp8_gemm": "cutlass", "vllm_release": "0.11"}
+                      "fp8_gemm": "cutlass", "vllm_release": "0.11", "budget_covers_max_model_len": True}
 
 
 def _optional_values(d: dict) -> dict:
@@ -310,7 +316,7 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise UserError(f"engine.profile: {path}: a profile file is a YAML mapping of the catalogue's keys "
                         f"(sim/catalog/engine_profiles.yaml), got {type(d).__name__}")
     terms = term_fields()
-    valid = [*terms, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, *_FILE_TEXT_KEYS]
+    valid = [*terms, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, *_OPTIONAL_RULE_KEYS, *_FILE_TEXT_KEYS]
     for k in d:
         if k not in valid:
             shown_key = k if isinstance(k, str) else shown_value(k)
@@ -321,7 +327,8 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce"):
+    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce",
+              "budget_covers_max_model_len"):
         if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
     if d.get("draft_cuda_graph") is not None and not isinstance(d["draft_cuda_graph"], bool):
