@@ -688,6 +688,26 @@ class Scenario(_Strict):
     base_dir: str = "."  # directory of the scenario file: relative paths resolve against it
 
     @model_validator(mode="after")
+    def _profile_file(self) -> "Scenario":
+        """``engine.profile`` naming a file: looked up as other paths are (``resolve_path``: the
+        current directory, then the scenario file's), read and checked now (one line naming the
+        file and the key), and kept absolute, so the run and its resolved scenario find it. Runs
+        before ``_engine_limits`` (pydantic runs after-validators in definition order): the
+        limits check reads the file's rules (``budget_covers_max_model_len``) where it lies."""
+        from sim.cost.engine_profile import is_profile_path, load_profile_file
+
+        e = self.engine
+        if not is_profile_path(e.profile):
+            return self
+        path = self.resolve_path(e.profile).resolve()
+        load_profile_file(path)
+        if str(path) != e.profile:
+            filled = e.model_copy(update={"profile": str(path)})
+            object.__setattr__(filled, "__pydantic_fields_set__", set(e.model_fields_set))
+            object.__setattr__(self, "engine", filled)
+        return self
+
+    @model_validator(mode="after")
     def _engine_limits(self) -> "Scenario":
         e = self.engine
         if self.hardware.custom is not None and "gpu" in self.hardware.model_fields_set:
@@ -727,24 +747,6 @@ class Scenario(_Strict):
         budget = scenario_budget_error(self.engine, self._default_limits)  # vLLM's start-up rule (sim/policies/budget.py)
         if budget:
             raise ValueError(budget)
-        return self
-
-    @model_validator(mode="after")
-    def _profile_file(self) -> "Scenario":
-        """``engine.profile`` naming a file: looked up as other paths are (``resolve_path``: the
-        current directory, then the scenario file's), read and checked now (one line naming the
-        file and the key), and kept absolute, so the run and its resolved scenario find it."""
-        from sim.cost.engine_profile import is_profile_path, load_profile_file
-
-        e = self.engine
-        if not is_profile_path(e.profile):
-            return self
-        path = self.resolve_path(e.profile).resolve()
-        load_profile_file(path)
-        if str(path) != e.profile:
-            filled = e.model_copy(update={"profile": str(path)})
-            object.__setattr__(filled, "__pydantic_fields_set__", set(e.model_fields_set))
-            object.__setattr__(self, "engine", filled)
         return self
 
     def _default_limits(self, where: str) -> tuple[int, int]:

@@ -54,16 +54,12 @@ def budget_covers_max_model_len(profile: str) -> bool:
     false; trtllm-bench's get_settings raises max_num_tokens to the longest prompt plus
     max_batch_size and runs it with max_seq_len = the longest ISL + OSL, above it: the
     perf-overview's 128/2048 rows, sim/spec/trtllm_bench.py), and the continuous scheduler's
-    admission_error fails a longer prompt with its reason.
-    NOTE: a profile file not found from here (a relative path, before the scenario resolves it)
-    keeps vLLM's rule; the deployment, which reads the resolved path, applies the file's."""
+    admission_error fails a longer prompt with its reason. A profile file is read where the
+    scenario found it (``Scenario._profile_file`` makes its path absolute before the limits are
+    checked), never taken for vLLM's rule when not found from here."""
     from sim.cost.engine_profile import get_profile
-    from sim.errors import UserError
 
-    try:
-        return get_profile(profile).budget_covers_max_model_len
-    except UserError:
-        return True
+    return get_profile(profile).budget_covers_max_model_len
 
 
 def vllm_default_limits(gpu, release: str = "0.11") -> tuple[int, int]:
