@@ -49,3 +49,29 @@ def test_a_relative_profile_files_budget_rule_holds_from_any_directory(tmp_path,
     refused = _scenario_beside_profile(tmp_path / "vllm-rule", covers=True, name="vllm_rule.yaml")
     with pytest.raises(UserError, match="must be >= engine.max_model_len 2176"):
         load_scenario(refused)
+
+
+def _colocated_whole_prompt_policies() -> tuple[str, ...]:
+    from sim.policies.budget import policy_engines
+    from sim.policies.registry import policy_names
+
+    return tuple(n for n in policy_names() if policy_engines(n) == (("engine", False),))
+
+
+@pytest.mark.parametrize("policy", _colocated_whole_prompt_policies())
+def test_a_prompt_over_the_budget_fails_with_its_reason_under_every_whole_prompt_policy(policy):
+    """``trt-llm`` lets the budget sit below max_model_len; every colocated policy that prefills
+    whole prompts then fails a longer prompt with its reason (nothing left waiting forever)."""
+    from sim.run import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    assert {"static", "continuous"} <= set(_colocated_whole_prompt_policies())
+    over = small_scenario(engine={"policy": policy, "profile": "trt-llm", "max_num_batched_tokens": 2048,
+                                  "max_num_seqs": 64, "max_model_len": 4096})
+    over["workload"] = {"max_tokens": "output", "synthetic": {
+        "num_requests": 4, "request_rate": 100, "input_tokens": {"dist": "fixed", "value": 3000},
+        "output_tokens": {"dist": "fixed", "value": 16}}}
+    res = run_scenario(scenario_from_dict(over))
+    status = res.requests["status"]
+    assert int((status == "failed").sum()) == 4
+    assert all("max_num_batched_tokens 2048" in str(r) for r in res.requests["fail_reason"])

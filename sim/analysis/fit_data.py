@@ -50,7 +50,7 @@ BENCH_METRICS = (TTFT_KEY, TPOT_KEY)
 @dataclass(frozen=True)
 class Measurement:
     id: str
-    metric: str      # a result.json key (or output_tok_per_s_per_gpu): sim/analysis/validate.py metric_value
+    metric: str      # a result.json key or one derived from them: sim/analysis/validate.py metric_value
     measured: float
     run: str         # the MeasuredRun producing it (measurements of one run share one simulation)
 

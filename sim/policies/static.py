@@ -35,8 +35,8 @@ class StaticScheduler(Scheduler):
 
     def admission_error(self, req) -> str:
         """A prompt is prefilled whole, so it must fit the budget (as ``continuous``; the
-        scenario check refuses a budget below max_model_len, so only a scheduler built by hand
-        meets this)."""
+        scenario check refuses a budget below max_model_len unless the engine profile allows it,
+        ``budget_covers_max_model_len: false`` as ``trt-llm``, or the scheduler is built by hand)."""
         reason = super().admission_error(req)
         if not reason and req.prompt_tokens > self.limits.max_num_batched_tokens:
             reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
