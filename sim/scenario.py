@@ -761,12 +761,8 @@ class Scenario(_Strict):
             gpu = scenario_gpu(self.hardware, getattr(pool, "gpu", None))
         except UserError:
             return Engine.model_fields["max_num_batched_tokens"].default, Engine.model_fields["max_num_seqs"].default
-        from sim.cost.engine_profile import is_profile_path
-
-        profile = self.engine.profile  # a profile file names its release: found as _profile_file finds it
-        if is_profile_path(profile):
-            profile = str(self.resolve_path(profile).resolve())
-        return vllm_default_limits(gpu, profile_release(profile))
+        # a profile file names its release: its path is absolute by now (_profile_file runs first)
+        return vllm_default_limits(gpu, profile_release(self.engine.profile))
 
     def _fill_gpu_defaults(self) -> None:
         """``engine.max_num_batched_tokens`` and ``max_num_seqs`` left unset take the colocated

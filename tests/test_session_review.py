@@ -75,3 +75,21 @@ def test_a_prompt_over_the_budget_fails_with_its_reason_under_every_whole_prompt
     status = res.requests["status"]
     assert int((status == "failed").sum()) == 4
     assert all("max_num_batched_tokens 2048" in str(r) for r in res.requests["fail_reason"])
+
+
+def test_a_relative_profile_files_release_holds_from_any_directory(tmp_path, monkeypatch):
+    """The GPU's default budget follows the profile file's ``vllm_release`` (0.34: 16,384 on a
+    B200, 0.11: 8,192) where the scenario finds the file, from any current directory: the limits
+    check and the defaults read the same resolved file."""
+    d = tmp_path / "scen"
+    d.mkdir()
+    (d / "v034.yaml").write_text(yaml.safe_dump(profile_entry("vllm-v1-0.34")))
+    over = small_scenario(engine={"policy": "chunked", "profile": "v034.yaml"})
+    over["hardware"] = {"gpu": "b200"}
+    path = d / "scenario.yaml"
+    path.write_text(yaml.safe_dump(over))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    for cwd in (d, other):
+        monkeypatch.chdir(cwd)
+        assert load_scenario(path).engine.max_num_batched_tokens == 16384, cwd
