@@ -10,7 +10,9 @@ import numpy as np
 import polars as pl
 
 from sim.cost.calibration import Calibration
-from sim.cost.fit import ape, beyond_roofline, fit, overhead_coefs, holdout_mask, predict_eff, primary_source, with_efficiency
+from sim.cost.fit import (ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
+                          primary_source, with_efficiency)
+from sim.cost.shapes import prefill_pairs
 from sim.spec.hardware import GPUSpec
 
 HELDOUT_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
@@ -123,6 +125,29 @@ def cross_source_gemm(df: pl.DataFrame, gpu: GPUSpec, models=CROSS_MODELS) -> li
     return out
 
 
+def _chunk_attention_s(df: pl.DataFrame, gpu: GPUSpec, cal: Calibration, rows: pl.DataFrame) -> np.ndarray:
+    """Seconds the cost model gives each prefill row (sim/cost/roofline.py ``_chunk_attn``): a
+    chunk of c tokens after x cached ones takes the measured time of the no-context prompt of
+    equal causal work (its own bound over the table's efficiency there), and after cached
+    context no less than the calibrated decode kernel's read of those x tokens at the row's
+    batch (fitted on the primary decode source)."""
+    ctx = rows["context_tokens"].fill_null(0).to_numpy().astype(float)
+    # the equal-work prompt: s tokens, s (s + 1) / 2 = the chunk's pairs (its FLOPs exactly, its own bytes)
+    equal = rows.with_columns(seq_tokens=pl.Series(equivalent_prefill_tokens(
+        prefill_pairs(rows["seq_tokens"].fill_null(0).to_numpy().astype(float), ctx))),
+        context_tokens=pl.lit(0.0))
+    equal = with_efficiency(equal, gpu, cal.terms)
+    pred = equal["bound_s"].to_numpy() / predict_eff(cal, equal, "attn_prefill") + equal["extra_s"].to_numpy()
+    cached = ctx > 0
+    if cached.any() and primary_source(df, "attn_decode") is not None:
+        dcal = Calibration(fit(df, gpu, ops=("attn_decode",)))
+        reads = rows.filter(pl.Series(cached)).with_columns(op=pl.lit("attn_decode"), seq_tokens=pl.lit(0, dtype=rows["seq_tokens"].dtype))
+        reads = with_efficiency(reads, gpu, dcal.terms)
+        read_s = reads["bound_s"].to_numpy() / predict_eff(dcal, reads, "attn_decode") + reads["extra_s"].to_numpy()
+        pred[cached] = np.maximum(pred[cached], read_s)
+    return pred
+
+
 def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
     """Attention tables fitted on the primary source predict every other attention source
     (e.g. Frontier's FlashInfer Llama-2-7B on A800), including prefill chunks after cached
@@ -135,8 +160,11 @@ def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
         cal = Calibration(fit(df, gpu, ops=(op,)))
         other = df.filter((pl.col("op") == op) & (pl.col("source") != prim))
         for (src,), rows in other.group_by("source"):
-            rows = with_efficiency(rows, gpu, cal.terms)
-            pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op) + rows["extra_s"].to_numpy()
+            if op == "attn_prefill":
+                pred_s = _chunk_attention_s(df, gpu, cal, rows)
+            else:
+                rows = with_efficiency(rows, gpu, cal.terms)
+                pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op) + rows["extra_s"].to_numpy()
             meas = rows["time_ms"].to_numpy() / 1e3
             out.append({"op": op, "target": src, "rows": len(rows), **_stats(ape(pred_s, meas)),
                         "median_ratio": float(np.median(pred_s / meas))})
