@@ -131,28 +131,27 @@ def kv_cache_max_requests(element_count: int, bytes_per_elem: float, kv_bytes_pe
     return cache_gib / (gib_per_token * target_seq_len)
 
 
+def _round_up(value: float, floor: int, bands: tuple[tuple[float, int], ...]) -> int:
+    """``value`` rounded up to a multiple of the step of the first band it lies below, and at
+    least ``floor``: finetune_setting's two ladders (if value < 256: max(64, 32 * ceil(value /
+    32)); elif < 1024: 128 * ceil(...); else 256 * ceil(...), and 2048 / 256, 512, 1024 for
+    tokens; above the first band the floor never binds, so applying it throughout is the same)."""
+    step = next(s for below, s in bands if value < below)
+    return max(floor, step * math.ceil(value / step))
+
+
 def finetune_setting(kv_cache_max_requests: float, input_len: int, output_len: int,
                      pp: int) -> tuple[int, int]:
     """tuning.py ``finetune_setting`` with optimistic tuning (every model but a Mamba hybrid),
-    line by line: (max_batch_size, max_num_tokens)."""
+    line by line, its two rounding ladders through ``_round_up``: (max_batch_size, max_num_tokens)."""
     # "Cap total batch size to avoid decoder buffer size becoming too large."
     raw_bs = min(kv_cache_max_requests, 4096) / pp
     # "Cap num tokens to avoid TRT activation buffer becoming too large."
     raw_token = min(raw_bs * (1 + input_len / output_len), 32768)
     # "Set min BS to be 64."
-    if raw_bs < 256:
-        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        max_bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        max_bs = 256 * math.ceil(raw_bs / 256)
+    max_bs = _round_up(raw_bs, 64, ((256, 32), (1024, 128), (math.inf, 256)))
     # "Set min to 2048 to ensure Ctx/Gen overlap efficiency"
-    if raw_token < 4096:
-        max_token = max(2048, 256 * math.ceil(raw_token / 256))
-    elif raw_token < 8192:
-        max_token = 512 * math.ceil(raw_token / 512)
-    else:
-        max_token = 1024 * math.ceil(raw_token / 1024)
+    max_token = _round_up(raw_token, 2048, ((4096, 256), (8192, 512), (math.inf, 1024)))
     return max_bs, max_token
 
 
