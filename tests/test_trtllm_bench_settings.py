@@ -55,7 +55,11 @@ def test_every_trtllm_bench_row_runs_the_heuristics_limits():
         e = r.scenario["engine"]
         assert e.get("profile") == "trt-llm" and e.get("policy") == "continuous", r.id
         model, gpu, tp, pp, kv, isl, osl = _row_inputs(r.scenario)
-        want = trtllm_bench_settings(model, gpu, tp, pp, kv, isl, osl, max_isl=isl, max_seq_len=isl + osl)
+        # trtllm-bench's --kv_cache_free_gpu_mem_fraction feeds both its heuristic and the
+        # runtime's KV cache: the row's gpu_memory_utilization is that flag
+        fraction = e["gpu_memory_utilization"]
+        want = trtllm_bench_settings(model, gpu, tp, pp, kv, isl, osl, max_isl=isl, max_seq_len=isl + osl,
+                                     kv_fraction=fraction)
         got = (e.get("max_num_seqs"), e.get("max_num_batched_tokens"), e.get("max_model_len"))
         assert got == (want.max_batch_size, want.max_num_tokens, want.max_seq_len), r.id
 
