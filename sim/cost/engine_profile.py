@@ -229,12 +229,10 @@ _MS_KEYS = {"prefill_step_ms": "prefill_step_s", "decode_step_ms": "decode_step_
             "eager_op_ms": "eager_op_s"}
 _PLAIN_KEYS = ("overlap_cpu", "cuda_graph_decode", "cuda_graph_max_batch", "attention_backend", "batch_range",
                "frontend_overlap")
-# optional plain keys of a catalogue entry or a profile file (absent: the field's default;
-# draft_cuda_graph absent: None, the rule it names follows)
+# optional keys engine.overhead may set, beside _PLAIN_KEYS (draft_cuda_graph absent: None, the
+# rule it names follows); the other optional keys (_OPTIONAL_DEFAULTS) are the file's text keys
+# and an engine's start-up rule (budget_covers_max_model_len)
 _OPTIONAL_PLAIN_KEYS = ("custom_allreduce", "draft_cuda_graph")
-# optional keys of an entry or a file that engine.overhead does not set (an engine's start-up rule)
-_OPTIONAL_RULE_KEYS = ("budget_covers_max_model_len",)
-# plain keys engine.overhead may set (the kernel choice fp8_gemm too; the file's text keys not)
 _OVERRIDE_PLAIN_KEYS = (*_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, "fp8_gemm")
 FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "frontend_per_output_token_ms",
                     "frontend_chunk_ms")
@@ -276,7 +274,8 @@ def term_fields() -> dict[str, str]:
 
 
 PROFILE_FILE_SUFFIXES = (".yaml", ".yml")
-_FILE_TEXT_KEYS = ("kv_memory_basis", "fp8_gemm", "vllm_release", "basis", "sources")
+# a profile file's free-text keys (its optional keys are _OPTIONAL_DEFAULTS')
+_FILE_TEXT_KEYS = ("basis", "sources")
 # the vLLM releases whose V1 scheduling rules simsrv follows (``vllm_release``)
 VLLM_RELEASES = ("0.11", "0.34")
 KV_MEMORY_BASES = ("total", "free")
@@ -316,7 +315,7 @@ def _check_file_entry(path: Path, d: object) -> dict:
         raise UserError(f"engine.profile: {path}: a profile file is a YAML mapping of the catalogue's keys "
                         f"(sim/catalog/engine_profiles.yaml), got {type(d).__name__}")
     terms = term_fields()
-    valid = [*terms, *_PLAIN_KEYS, *_OPTIONAL_PLAIN_KEYS, *_OPTIONAL_RULE_KEYS, *_FILE_TEXT_KEYS]
+    valid = [*terms, *_PLAIN_KEYS, *_OPTIONAL_DEFAULTS, *_FILE_TEXT_KEYS]
     for k in d:
         if k not in valid:
             shown_key = k if isinstance(k, str) else shown_value(k)
@@ -327,8 +326,9 @@ def _check_file_entry(path: Path, d: object) -> dict:
     for k in terms:
         if k in d:
             _file_number(path, k, d[k], integer=False)
-    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap", "custom_allreduce",
-              "budget_covers_max_model_len"):
+    # the boolean keys: these three, and every optional key whose default is true or false
+    for k in ("overlap_cpu", "cuda_graph_decode", "frontend_overlap",
+              *(k for k, v in _OPTIONAL_DEFAULTS.items() if isinstance(v, bool))):
         if k in d and not isinstance(d[k], bool):
             raise _file_error(path, k, f"{shown_value(d[k])} is not true or false")
     if d.get("draft_cuda_graph") is not None and not isinstance(d["draft_cuda_graph"], bool):
