@@ -29,7 +29,7 @@ def test_cross_check_matches_the_cost_models_chunk_rule():
                                  "batch": [1] * len(shapes), "seq_tokens": [c for c, _ in shapes],
                                  "context_tokens": [x for _, x in shapes], "num_heads": [32] * len(shapes),
                                  "num_kv_heads": [32] * len(shapes), "head_dim": [128] * len(shapes)}))
-    pred = _chunk_attention_s(df, gpu, cal, rows)
+    pred = _chunk_attention_s(gpu, cal, Calibration(fit(df, gpu, ops=("attn_decode",))), rows)
     cost = RooflineCostModel(get_model("llama-2-7b"), gpu, 1, calibration=load_calibration(gpu.key),
                              engine=get_profile("vllm-v1"))
     model = [cost.step_time(Batch(prefill_chunks=((c, x),), num_logits=1)).ops_s["attn_prefill"] / 32

@@ -294,8 +294,7 @@ def _inner_p90(rows: pl.DataFrame, gpu: GPUSpec, op: str, terms: dict) -> float:
         cal = Calibration(table)
         te = with_efficiency(te, gpu, terms)
         te = te.filter(~beyond_roofline())  # not the regime the cost model prices
-        err = ape(te["bound_s"].to_numpy() / predict_eff(cal, te, op) + te["extra_s"].to_numpy(),
-                  te["time_ms"].to_numpy() / 1e3)
+        err = ape(predicted_s(cal, te, op), te["time_ms"].to_numpy() / 1e3)
         err = err[np.isfinite(err)]
         if len(err):
             p90s.append(float(np.percentile(err, 90)))
@@ -379,6 +378,12 @@ def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
         for i, (det, nb) in enumerate(zip(rows["detail"].to_list(), nbytes)):
             out[i] = cal.elementwise[ELEM_KIND[det]].eff(nb)[0]
     return out
+
+
+def predicted_s(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
+    """Seconds the calibration gives each of ``rows`` (``with_efficiency``'s columns): its bound
+    over the efficiency at its shape, plus the time outside the efficiency (``extra_s``)."""
+    return rows["bound_s"].to_numpy() / predict_eff(cal, rows, op) + rows["extra_s"].to_numpy()
 
 
 def ape(pred_s: np.ndarray, meas_s: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import polars as pl
 
 from sim.cost.calibration import Calibration
 from sim.cost.fit import (ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
-                          primary_source, with_efficiency)
+                          predicted_s, primary_source, with_efficiency)
 from sim.cost.shapes import prefill_pairs
 from sim.spec.hardware import GPUSpec
 
@@ -67,7 +67,7 @@ def heldout_table(df: pl.DataFrame, gpu: GPUSpec, ops=HELDOUT_OPS) -> list[dict]
             # rows beyond the roofline (L2-resident repeats) are left out, as from the fit
             beyond = int(test.select(beyond_roofline().sum()).item())
             test = test.filter(~beyond_roofline())
-            pred_s = test["bound_s"].to_numpy() / predict_eff(cal, test, op) + test["extra_s"].to_numpy()
+            pred_s = predicted_s(cal, test, op)
             err = ape(pred_s, test["time_ms"].to_numpy() / 1e3)
         out.append({"op": op, "rows_fitted": len(train), "rows_held_out": len(test), **_stats(err),
                     **({"rows_beyond_roofline": beyond} if op != "overhead" else {})})
@@ -125,26 +125,22 @@ def cross_source_gemm(df: pl.DataFrame, gpu: GPUSpec, models=CROSS_MODELS) -> li
     return out
 
 
-def _chunk_attention_s(df: pl.DataFrame, gpu: GPUSpec, cal: Calibration, rows: pl.DataFrame) -> np.ndarray:
+def _chunk_attention_s(gpu: GPUSpec, cal: Calibration, decode: Calibration | None, rows: pl.DataFrame) -> np.ndarray:
     """Seconds the cost model gives each prefill row (sim/cost/roofline.py ``_chunk_attn``): a
     chunk of c tokens after x cached ones takes the measured time of the no-context prompt of
     equal causal work (its own bound over the table's efficiency there), and after cached
     context no less than the calibrated decode kernel's read of those x tokens at the row's
-    batch (fitted on the primary decode source)."""
+    batch (``decode``: the tables fitted on the primary decode source; None: none)."""
     ctx = rows["context_tokens"].fill_null(0).to_numpy().astype(float)
     # the equal-work prompt: s tokens, s (s + 1) / 2 = the chunk's pairs (its FLOPs exactly, its own bytes)
     equal = rows.with_columns(seq_tokens=pl.Series(equivalent_prefill_tokens(
         prefill_pairs(rows["seq_tokens"].fill_null(0).to_numpy().astype(float), ctx))),
         context_tokens=pl.lit(0.0))
-    equal = with_efficiency(equal, gpu, cal.terms)
-    pred = equal["bound_s"].to_numpy() / predict_eff(cal, equal, "attn_prefill") + equal["extra_s"].to_numpy()
+    pred = predicted_s(cal, with_efficiency(equal, gpu, cal.terms), "attn_prefill")
     cached = ctx > 0
-    if cached.any() and primary_source(df, "attn_decode") is not None:
-        dcal = Calibration(fit(df, gpu, ops=("attn_decode",)))
+    if cached.any() and decode is not None:
         reads = rows.filter(pl.Series(cached)).with_columns(op=pl.lit("attn_decode"), seq_tokens=pl.lit(0, dtype=rows["seq_tokens"].dtype))
-        reads = with_efficiency(reads, gpu, dcal.terms)
-        read_s = reads["bound_s"].to_numpy() / predict_eff(dcal, reads, "attn_decode") + reads["extra_s"].to_numpy()
-        pred[cached] = np.maximum(pred[cached], read_s)
+        pred[cached] = np.maximum(pred[cached], predicted_s(decode, with_efficiency(reads, gpu, decode.terms), "attn_decode"))
     return pred
 
 
@@ -152,19 +148,17 @@ def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
     """Attention tables fitted on the primary source predict every other attention source
     (e.g. Frontier's FlashInfer Llama-2-7B on A800), including prefill chunks after cached
     context, which the cost model looks up at their equivalent prompt length."""
+    ops = ("attn_prefill", "attn_decode")
+    # each op's tables fitted once on its primary source (the prefill check reads the decode ones)
+    cals = {op: Calibration(fit(df, gpu, ops=(op,))) for op in ops if primary_source(df, op) is not None}
     out = []
-    for op in ("attn_prefill", "attn_decode"):
-        prim = primary_source(df, op)
-        if prim is None:
-            continue
-        cal = Calibration(fit(df, gpu, ops=(op,)))
-        other = df.filter((pl.col("op") == op) & (pl.col("source") != prim))
+    for op, cal in cals.items():
+        other = df.filter((pl.col("op") == op) & (pl.col("source") != primary_source(df, op)))
         for (src,), rows in other.group_by("source"):
             if op == "attn_prefill":
-                pred_s = _chunk_attention_s(df, gpu, cal, rows)
+                pred_s = _chunk_attention_s(gpu, cal, cals.get("attn_decode"), rows)
             else:
-                rows = with_efficiency(rows, gpu, cal.terms)
-                pred_s = rows["bound_s"].to_numpy() / predict_eff(cal, rows, op) + rows["extra_s"].to_numpy()
+                pred_s = predicted_s(cal, with_efficiency(rows, gpu, cal.terms), op)
             meas = rows["time_ms"].to_numpy() / 1e3
             out.append({"op": op, "target": src, "rows": len(rows), **_stats(ape(pred_s, meas)),
                         "median_ratio": float(np.median(pred_s / meas))})
