@@ -47,21 +47,6 @@ def profile_release(profile: str) -> str:
     return get_profile(profile).vllm_release
 
 
-def budget_covers_max_model_len(profile: str) -> bool:
-    """Whether engine profile ``profile`` refuses, without chunked prefill, a budget below
-    ``max_model_len`` (its ``budget_covers_max_model_len``): vLLM does (SchedulerConfig.
-    _verify_args); TensorRT-LLM checks each prompt against max_num_tokens only (``trt-llm``:
-    false; trtllm-bench's get_settings raises max_num_tokens to the longest prompt plus
-    max_batch_size and runs it with max_seq_len = the longest ISL + OSL, above it: the
-    perf-overview's 128/2048 rows, sim/spec/trtllm_bench.py), and the continuous scheduler's
-    admission_error fails a longer prompt with its reason. A profile file is read where the
-    scenario found it (``Scenario._profile_file`` makes its path absolute before the limits are
-    checked), never taken for vLLM's rule when not found from here."""
-    from sim.cost.engine_profile import get_profile
-
-    return get_profile(profile).budget_covers_max_model_len
-
-
 def vllm_default_limits(gpu, release: str = "0.11") -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI API server defaults to on ``gpu`` (a
     ``GPUSpec``) with chunked prefill: vllm/engine/arg_utils.py ``EngineArgs._set_default_args``
@@ -131,8 +116,17 @@ def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: 
     key = ("engine.max_num_batched_tokens" if given is not None
            else "engine.max_num_batched_tokens (unset, its default)")
     pool = "" if where == "engine" else f"{where} pool: "
+    # Without chunked prefill vLLM refuses a budget below max_model_len (SchedulerConfig.
+    # _verify_args); an engine profile with budget_covers_max_model_len false does not: TensorRT-LLM
+    # checks each prompt against max_num_tokens only (trtllm-bench's get_settings raises
+    # max_num_tokens to the longest prompt plus max_batch_size and runs max_seq_len = the longest
+    # ISL + OSL above it: sim/spec/trtllm_bench.py), and the scheduler's admission_error fails a
+    # longer prompt with its reason. A profile file is read where the scenario found it
+    # (Scenario._profile_file makes its path absolute before the limits are checked).
+    from sim.cost.engine_profile import get_profile
+
     if (not chunked and max_model_len is not None and budget < max_model_len
-            and budget_covers_max_model_len(engine.profile)):
+            and get_profile(engine.profile).budget_covers_max_model_len):
         runs = (f"policy {engine.policy} prefills whole prompts" if where == "engine"
                 else f"the {where} pool of policy {engine.policy} prefills whole prompts")
         return (f"{key} {budget} must be >= {max_len_source} {max_model_len}: {runs} (no chunked prefill), so a "
