@@ -73,11 +73,13 @@ def test_run_of_k_steps_equals_sum_of_single_steps(cm):
 
 def test_tensor_parallel_adds_two_allreduces_per_layer():
     m, g = get_model("llama-3-70b"), get_gpu("h100-sxm")
-    tp4 = RooflineCostModel(m, g, 4).step_time(Batch(num_decode_seqs=8, decode_context_tokens=8000, num_logits=8))
-    ar = tp4.ops_s["allreduce"]
+    cm = RooflineCostModel(m, g, 4)
+    tp4 = cm.step_time(Batch(num_decode_seqs=8, decode_context_tokens=8000, num_logits=8))
+    # the allreduce operator also carries the LM head's logits gather (tests/test_lm_head_gather.py)
+    ar = tp4.ops_s["allreduce"] - cm._logits_gather_s(8)
     # 128 KiB: vLLM's custom one-shot all-reduce (each GPU reads its 3 peers' buffers)
     assert ar == pytest.approx(2 * 80 * (5e-6 + 3 * 8 * 8192 * 2 / (450e9 * 0.8)), rel=1e-9)
-    big = RooflineCostModel(m, g, 4).step_time(Batch(prefill_chunks=((1024, 0),), num_logits=1)).ops_s["allreduce"]
+    big = cm.step_time(Batch(prefill_chunks=((1024, 0),), num_logits=1)).ops_s["allreduce"] - cm._logits_gather_s(1)
     # 16 MiB: NCCL's ring, Simple protocol, its tuning model's latency 8.4 + 2 (4 - 1) x 3.4 us
     # (sim/cost/nccl_tuning.py; was a flat 10 us: 80 us against the 99 us nccl-tests measure)
     assert big == pytest.approx(2 * 80 * (28.8e-6 + 1.5 * 1024 * 8192 * 2 / (450e9 * 0.8)), rel=1e-9)

@@ -132,7 +132,7 @@ def _alone_by_operator(cm, tokens: int, ctx: int, completing: bool) -> float:
     elem, ar, _ = cm._per_tokens(tokens)
     t = qkv + o + up + down + elem + ar + cm._prefill_attn(((tokens, ctx),))[0]
     if completing:
-        t += cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw
+        t += cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw + cm._logits_gather_s(1)
     return t
 
 
@@ -163,7 +163,8 @@ def test_a_chunk_of_no_tokens_alone_costs_its_operators_kernels_only(over):
         for ctx in (0, 100, 5000):
             for done in (False, True):
                 zero = cm.prefill_alone_s(0, ctx, done)
-                tail = cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw if done else 0.0
+                tail = (cm._lm_head_s(1) + cm.model.vocab_size * 4 * 3 / cm.mem_bw
+                        + cm._logits_gather_s(1)) if done else 0.0
                 elem, ar, _ = cm._per_tokens(0)  # calibrated: 0; the plain roofline: its kernel floors
                 assert zero == pytest.approx(sum(cm._gemms(0)) + elem + ar + tail, rel=1e-12)
                 assert 0 < zero <= cm.prefill_alone_s(1, ctx, done)

@@ -1,4 +1,4 @@
-"""Collectives whose ranks span nodes: NCCL's all-reduce across nodes and a send between nodes.
+"""Collectives whose ranks span nodes: NCCL's all-reduce and all-gather across nodes and a send between nodes.
 
 Why: NCCL has no hierarchical all-reduce (reduce-scatter within each node, all-reduce of the
 shards between nodes, all-gather) outside CollNet/SHARP and NVLS-tree, which need switch-resident
@@ -101,6 +101,33 @@ def multinode_allreduce_s(size_bytes: float, ranks: int, nodes: int, intra_bytes
     network (achieved), so the group's GPUs of one node, ``ranks / nodes``, share that many."""
     nic = ranks // nodes * gpu_net_bytes_per_s
     return multinode_allreduce_choice(size_bytes, ranks, nodes, intra_bytes_per_s, intra_link, nic, net_latency_s)[0]
+
+
+def multinode_allgather_s(size_bytes: float, ranks: int, nodes: int, intra_bytes_per_s: float, intra_link: int,
+                          gpu_net_bytes_per_s: float, net_latency_s: float) -> float:
+    """Seconds of one NCCL all-gather of ``size_bytes`` gathered in all (each rank contributes
+    ``size_bytes / ranks``) over ``ranks`` GPUs spread evenly over ``nodes`` nodes (> 1): the
+    ring of ``multinode_option_s`` with tuning.cc's AllGather rows (2.19-2.21): ring only,
+    ``nsteps = ranks - 1`` of which ``nInterSteps = nodes - 1`` cross the network, LL at a
+    quarter of the bus (nNodes > 1) capped at the network's ``llMaxBw``, LL128 x 0.92 (0.7 with
+    one rank per node), algorithm bandwidth the bus x ``ranks / nsteps``, no plateau factor (an
+    all-reduce's alone, ``ncclTopoGetAlgoTime``). The bus is the slower of the intra-node link
+    and the node's network share, as for the all-reduce."""
+    nic = ranks // nodes * gpu_net_bytes_per_s
+    bus = min(intra_bytes_per_s, nic) / 1e9  # GB/s, as tuning.cc
+    ll_max = _LL_MAX_BW_NET_GB_S[0 if nodes <= 2 else 1]
+    steps, inter_steps = ranks - 1, nodes - 1
+    best = math.inf
+    for p, protocol in enumerate(PROTOCOLS):
+        if intra_link != LINK_NVLINK and protocol == "LL128":
+            continue
+        simple = protocol == "Simple"
+        bw = ring_bus_gb_s(bus, protocol, ll_max, ranks // nodes) * ranks / steps
+        intra_lat = max(_HW_LAT_US[intra_link]["ring"][p], _NET_OVERHEAD_US * (3.0 if simple else 1.0))
+        inter_lat = _NET_LAT_US["ring"][p] + net_latency_s * 1e6 * (2.0 if simple else 1.0)
+        lat_us = _BASE_LAT_US["ring"][p] + (steps - inter_steps) * intra_lat + inter_steps * inter_lat
+        best = min(best, (lat_us + size_bytes / (1000.0 * bw)) * 1e-6)
+    return best
 
 
 def send_s(size_bytes: float, bytes_per_s: float, latency_s: float) -> float:

@@ -29,6 +29,12 @@ channels), CollNet, and AMD's RCCL (its own tuning tables; the model is applied 
 GPU-to-GPU link). Across nodes, ``sim/cost/collectives.py``. The measured NCCL tables
 (``kernels_profile/``, nccl-tests ``all_reduce_perf``) replace this model where the GPU has one;
 tests/test_allreduce_latency.py compares the two.
+
+An all-gather (the LM head's logits under TP, sim/cost/roofline.py ``_logits_gather_s``) is priced
+by the same model's AllGather rows (``allgather_s``): a ring only (NCCL runs no tree for it),
+``nsteps = n - 1`` (one pass, against the all-reduce's 2 (n - 1)), LL at a third of the bus on
+one node (a quarter across nodes or for an all-reduce), bus to algorithm bandwidth ``n / (n - 1)``;
+NCCL's ``nBytes`` is the gathered total (argcheck.cc: ``nBytes *= nRanks``, "count is per rank").
 """
 
 from __future__ import annotations
@@ -127,3 +133,34 @@ def allreduce_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int
     if ranks <= 1:
         return 0.0
     return allreduce_choice(size_bytes, ranks, bus_bytes_per_s, link)[0]
+
+
+def allgather_option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int, protocol: str) -> float:
+    """Seconds NCCL's model gives one ring all-gather of ``size_bytes`` in all (each rank
+    contributes ``size_bytes / ranks``) over ``ranks`` GPUs of one node under ``protocol``
+    (tuning.cc ``ncclTopoTuneModel``, AllGather rows, 2.19-2.21): ``nsteps = ranks - 1``; LL
+    moves a third of the bus on one node (``busBw x 1/3`` where neither nNodes > 1 nor an
+    all-reduce or reduce), capped at ``llMaxBw``; LL128 x 0.92; algorithm bandwidth the bus x
+    ``ranks / nsteps``; latency ``baseLat[ring] + nsteps x hwLat[link][ring]``. So each rank
+    moves (ranks - 1) / ranks of the total over its link in one pass. inf where NCCL does not
+    enable the pair (LL128 off NVLink)."""
+    p = PROTOCOLS.index(protocol)
+    if link != LINK_NVLINK and protocol == "LL128":
+        return math.inf
+    bus = bus_bytes_per_s / 1e9  # GB/s, as tuning.cc
+    if protocol == "LL":
+        bus = min(_LL_MAX_BW_GB_S, bus / 3.0)
+    elif protocol == "LL128":
+        bus *= 0.92
+    steps = ranks - 1
+    bw = bus * ranks / steps
+    lat_us = _BASE_LAT_US["ring"][p] + steps * _HW_LAT_US[link]["ring"][p]
+    return (lat_us + size_bytes / (1000.0 * bw)) * 1e-6
+
+
+def allgather_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, link: int) -> float:
+    """Seconds of one NCCL all-gather of ``size_bytes`` gathered in all over ``ranks`` GPUs of
+    one node: the fastest protocol of the ring (``allgather_option_s``); 0 for one rank."""
+    if ranks <= 1:
+        return 0.0
+    return min(allgather_option_s(size_bytes, ranks, bus_bytes_per_s, link, p) for p in PROTOCOLS)

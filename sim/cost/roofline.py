@@ -9,7 +9,9 @@ calibrate``) each calibrated operator takes ``raw roofline bound / measured effi
 instead (``sim/cost/calibrated.py``).
 
 All quantities are per GPU of a tensor-parallel group (Megatron-LM sharding, Shoeybi et al.
-2019: attention heads and MLP columns split across ``tp`` GPUs, two all-reduces per layer).
+2019: attention heads and MLP columns split across ``tp`` GPUs, two all-reduces per layer; the
+LM head's columns over the vocabulary, its logits all-gathered before sampling, charged with the
+all-reduces: ``_logits_gather_s``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from sim.cost.decode_attention import DecodeAttention, NoDecodes, RooflineDecode
 from sim.cost.engine_profile import EngineProfile, get_profile
 from sim.cost.runs import FnCurve, RunCost, StepCurve, affine_steps, run_sum_s
 from sim.cost.shapes import custom_allreduce_link_bytes, uses_custom_allreduce
-from sim.cost.collectives import multinode_allreduce_s
+from sim.cost.collectives import multinode_allgather_s, multinode_allreduce_s
 from sim.cost.nccl_tuning import LINK_NVLINK, LINK_PCI
+from sim.cost.nccl_tuning import allgather_s as nccl_allgather_within_node_s
 from sim.cost.nccl_tuning import allreduce_s as nccl_allreduce_within_node_s
 from sim.spec.hardware import GPUSpec
 from sim.spec.nodes import NodeLinks
@@ -97,7 +100,7 @@ class _Fixed(NamedTuple):
     """A batch's operators but decode attention and the overhead: they stay fixed along a run."""
 
     before: tuple[float, ...]  # OPS before decode attention (GEMMs, prefill attention)
-    after: tuple[float, ...]   # OPS after it, but the overhead (elementwise, all-reduce, LM head, sampling)
+    after: tuple[float, ...]   # OPS after it, but the overhead (elementwise, all-reduce and the logits' gather, LM head, sampling)
     head: float                # sum(before)
     tail: float                # sum(after)
     flag: bool                 # a calibrated operator's shape lies outside its table
@@ -351,6 +354,7 @@ class RooflineCostModel:
         # (sim/engine/cluster.py ``RooflineSolo``): its entries are pure functions of the key
         self.solo_cache: dict[int | tuple[int, int, bool], float] = {}
         self._lm_cache: dict[int, tuple[float, bool]] = {}
+        self._gather_cache: dict[int, float] = {}  # the logits' all-gather by sampled positions
         # Memoised per batch shape (the per-step path, sim/engine/cluster.py): everything but
         # decode attention and the overhead (``_fixed``), decode attention as a function of the
         # context (``_decode_fn``) and the engine's host terms (``_host``).
@@ -364,7 +368,7 @@ class RooflineCostModel:
         # (an int for the frequent shapes: cheaper to hash and compare than a tuple)
         self._step_cache: dict[int | tuple[int, int, tuple], _Step] = {}
         self._overlap_cpu = self.engine.overlap_cpu  # (_PLUS_OVERHEAD)
-        self._alone_tail: float | None = None  # prefill_alone_s's LM head and sampling of one position
+        self._alone_tail: float | None = None  # prefill_alone_s's LM head, sampling and logits' gather of one position
         # _piece's cut at the decode table's nodes and FA2's split changes (``decode_smooth_end``
         # of these ops; None: no decode table). (The ops, not their bound method: compiled, a
         # native call.)
@@ -488,6 +492,56 @@ class RooflineCostModel:
         # step, so it is reported once per run (``RunCost.lm_head_extrapolated``), not per step.
         self._lm_flag |= hit[1]
         return hit[0]
+
+    def _logits_gather_s(self, num_logits: int) -> float:
+        """The TP group's gather of the LM head's logits over ``num_logits`` sampled positions;
+        cached by their count. 0 at TP 1 and without sampled positions (a pipeline's stages but
+        the last run no LM head: sim/cost/pipeline.py ``replace_logits``).
+
+        The LM head is column-parallel over the vocabulary (vLLM ``ParallelLMHead``, a
+        ``VocabParallelEmbedding``): each rank computes logits for vocab / tp columns, and the
+        engine gathers them before sampling, in the model's dtype (the head's GEMM output; fp32
+        only after the gather):
+        - vLLM V1 (0.11.0, 0.34.0): ``LogitsProcessor._gather_logits`` takes
+          ``tensor_model_parallel_all_gather`` (``Platform.use_all_gather``: 0.11.0 returns
+          ``envs.VLLM_USE_V1``, 0.34.0 True; CUDA does not override it), an NCCL all-gather
+          (pynccl ``all_gather``); the sampler casts to fp32 afterwards;
+        - vLLM 0.2 (sampler.py ``_get_logits``): ``gather_from_tensor_model_parallel_region``, an
+          all-gather; vLLM V0 0.3-0.6 on CUDA: ``tensor_model_parallel_gather`` to rank 0 (NCCL
+          sends and receives: rank 0 takes in the same (tp - 1) / tp of the logits over its link);
+        - SGLang >= 0.3 (srt/layers/logits_processor.py ``_get_logits``): ``if
+          self.do_tensor_parallel_all_gather: tensor_model_parallel_all_gather(logits)``, then
+          ``.float()``;
+        - TensorRT-LLM: ``lm_head = ColumnLinear(..., gather_output=True)``, whose forward runs the
+          ``allgather`` plugin (ncclAllGather) in the network's dtype, cast to ``logits_dtype``
+          after.
+        So S = num_logits x vocab x dtype bytes is gathered, each rank sending S / tp; priced as
+        NCCL's tuning model prices an AllGather (sim/cost/nccl_tuning.py ``allgather_s``: a
+        ring's one pass of (tp - 1) / tp of S per rank, n - 1 steps of latency), across nodes
+        its multi-node ring (sim/cost/collectives.py ``multinode_allgather_s``). NOTE: the model,
+        not a measured table: the project holds no all-gather measurement, and an all-reduce
+        table (all_reduce_perf) read at equal traffic per rank would charge an all-reduce's
+        2 (tp - 1) steps of latency and its protocol choice, where NCCL's own model of the
+        AllGather gives its n - 1 steps and LL at a third of the bus. V0's gather to rank 0 is
+        priced as the all-gather (the same bytes into rank 0; its latency is one round of sends,
+        a few microseconds below the ring's). The vocabulary is the model's, unpadded (vLLM pads
+        each shard to a multiple of 64: < 0.1% more bytes), as the LM head's GEMM here."""
+        if self.tp == 1 or not num_logits:
+            return 0.0
+        hit = self._gather_cache.get(num_logits)
+        if hit is None:
+            size = float(num_logits) * self.model.vocab_size * self.dtype_bytes
+            link = self.gpu.nvlink_bw_bytes_per_s * self.eff.link
+            nodes = self.nodes
+            if nodes is not None and self.tp_nodes > 1:
+                hit = multinode_allgather_s(size, self.tp, self.tp_nodes, link, self._nccl_link,
+                                            nodes.inter_bytes_per_s * self.eff.link, nodes.inter_latency_s)
+            elif self.eff.nccl_tuning:
+                hit = nccl_allgather_within_node_s(size, self.tp, link, self._nccl_link)
+            else:  # the ring's bytes alone plus one call's latency (``ideal``: the link's peak, no latency)
+                hit = self.eff.allreduce_latency_s + (self.tp - 1) / self.tp * size / link
+            self._gather_cache[num_logits] = hit
+        return hit
 
     # Prompt-chunk shapes (chunks in the step, new tokens, cached tokens) whose calibrated prefill
     # attention is kept; the memo starts over when full (its entries are pure functions of their
@@ -694,6 +748,9 @@ class RooflineCostModel:
                 return hit
         qkv, o, up, down, elem, ar, flag = self._token_ops(num_tokens)
         lm, sampling, lm_flag = self._logit_ops(num_logits)
+        # the LM head's logits gathered across the TP group, charged with its all-reduces (the
+        # communication operator, sim/cost/floor.py COMMUNICATION; ``_logits_gather_s``)
+        ar = ar + self._logits_gather_s(num_logits)
         if chunks:
             prefill, out = self._prefill_attn(chunks)
             flag |= out
@@ -805,8 +862,9 @@ class RooflineCostModel:
         t = qkv + o + up + down + elem + ar + attn
         if completing:
             tail = self._alone_tail
-            if tail is None:  # the LM head of one position and its sampling (pure: computed once)
-                tail = self._alone_tail = self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
+            if tail is None:  # the LM head of one position, its sampling and its logits' gather (pure: computed once)
+                tail = self._alone_tail = (self._lm_head_s(1) + self.model.vocab_size * 4 * 3 / self.mem_bw
+                                           + self._logits_gather_s(1))
             t += tail
         return t
 
@@ -915,6 +973,7 @@ class RooflineCostModel:
             if logit is None:
                 logit = self._logit_ops(num_logits)
             lm, sampling, lm_flag = logit
+            ar = ar + self._logits_gather_s(num_logits)  # the logits' gather, with the all-reduces (as _fixed)
             if self._prefill_cal and len(chunks) == 1:  # _prefill_attn of one chunk: L * (0.0 + its seconds), as there
                 c, x = chunks[0]
                 hit = self._chunk_attn(1, c, x)
