@@ -105,7 +105,8 @@ class EngineProfile:
     fp8_gemm: str = "cutlass"
     # whether, without chunked prefill, the step budget must hold ``max_model_len`` (vLLM's
     # SchedulerConfig._verify_args) or only each prompt (false: TensorRT-LLM, whose trtllm-bench
-    # itself runs max_num_tokens below max_seq_len: sim/policies/budget.py ``budget_error``)
+    # itself runs max_num_tokens below max_seq_len and whose 2023 GptSession engines bound prompts
+    # by max_input_len: sim/policies/budget.py ``budget_error``)
     budget_covers_max_model_len: bool = True
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:

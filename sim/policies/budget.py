@@ -120,8 +120,9 @@ def budget_error(engine, where: str, chunked: bool, budget: int, max_model_len: 
     # _verify_args); an engine profile with budget_covers_max_model_len false does not: TensorRT-LLM
     # checks each prompt against max_num_tokens only (trtllm-bench's get_settings raises
     # max_num_tokens to the longest prompt plus max_batch_size and runs max_seq_len = the longest
-    # ISL + OSL above it: sim/spec/trtllm_bench.py), and the scheduler's admission_error fails a
-    # longer prompt with its reason. A profile file is read where the scenario found it
+    # ISL + OSL above it: sim/spec/trtllm_bench.py; v0.5-v0.7's GptSession builds max_input_len and
+    # max_output_len apart: trt-llm-2023), and the scheduler's admission_error fails a longer
+    # prompt with its reason. A profile file is read where the scenario found it
     # (Scenario._profile_file makes its path absolute before the limits are checked).
     from sim.cost.engine_profile import get_profile
 

@@ -36,11 +36,15 @@ class StaticScheduler(Scheduler):
     def admission_error(self, req) -> str:
         """A prompt is prefilled whole, so it must fit the budget (as ``continuous``; the
         scenario check refuses a budget below max_model_len unless the engine profile allows it,
-        ``budget_covers_max_model_len: false`` as ``trt-llm``, or the scheduler is built by hand)."""
+        ``budget_covers_max_model_len: false`` as ``trt-llm`` and ``trt-llm-2023``, or the
+        scheduler is built by hand)."""
         reason = super().admission_error(req)
         if not reason and req.prompt_tokens > self.limits.max_num_batched_tokens:
+            # the budget stands for the static engine's input bound: TensorRT-LLM's GptSession
+            # refuses a prompt over its engine's max_input_len / max_num_tokens (sim/catalog/
+            # engine_profiles.yaml trt-llm-2023, budget_covers_max_model_len)
             reason = (f"prompt {req.prompt_tokens} tokens > max_num_batched_tokens {self.limits.max_num_batched_tokens} "
-                      "(policy static: whole prompts)")
+                      "(policy static: whole prompts; TensorRT-LLM's engine input bound, max_input_len)")
         return reason
 
     def _first_chunk(self, remaining: int, budget: int, plan: StepPlan) -> int:

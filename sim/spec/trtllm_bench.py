@@ -1,5 +1,6 @@
 """The engine settings ``trtllm-bench throughput`` picks for itself: max_batch_size, max_num_tokens
-and max_seq_len from its tuning heuristic, when the user passes none of them.
+and max_seq_len from its tuning heuristic, when the user passes none of them, and the CUDA-graph
+batch sizes its PyTorch backend then captures.
 
 Why: TensorRT-LLM's perf-overview tables (validation VC-14, VC-15, VC-24) were measured with
 ``trtllm-bench --model M throughput --dataset D --backend pytorch --extra_llm_api_options
@@ -78,13 +79,45 @@ NVFP4_VALUES_PER_ELEMENT = 2
 NVFP4_BLOCK = 16
 
 
+# The perf-overview's llm_options.yml (docs/source/performance/perf-overview.md, v0.21 and v1.0,
+# "Running the Benchmark", dense models): ``cuda_graph_config: enable_padding: true, batch_sizes:
+# [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192]``
+PERF_OVERVIEW_CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+
+
 @dataclass(frozen=True)
 class BenchSettings:
-    """What one trtllm-bench run gives the engine: its scheduler's two limits and max_seq_len."""
+    """What one trtllm-bench run gives the engine: its scheduler's two limits, max_seq_len, and
+    the largest decode batch its PyTorch backend replays a CUDA graph for (a row's
+    ``engine.overhead.cuda_graph_max_batch``)."""
 
     max_batch_size: int
     max_num_tokens: int
     max_seq_len: int
+    cuda_graph_max_batch: int
+
+
+def filter_cuda_graph_batch_sizes(batch_sizes: tuple[int, ...], max_batch_size: int, max_num_tokens: int,
+                                  max_draft_len: int, enable_padding: bool) -> list[int]:
+    """The decode batch sizes the PyTorch backend captures CUDA graphs for, of the sorted
+    ``batch_sizes`` asked: tensorrt_llm/_torch/pyexecutor/model_engine.py
+    ``_filter_cuda_graph_batch_sizes`` (v0.21-v1.0), line by line. A pure decode batch holds at
+    most ``min(max_batch_size, int(max_num_tokens / (1 + max_draft_len)))`` requests; sizes above
+    it are dropped, except that with padding the first one above it is replaced by that bound
+    ("if the user is OK padding to a batch size B, they should also be OK with padding to some
+    size B' < B"). PyTorchModelEngine keeps the result as ``_cuda_graph_batch_sizes`` and its
+    last entry as ``_max_cuda_graph_batch_size``: a decode-only batch above it runs eager
+    (``_get_padded_batch`` returns no padding past it, ``_maybe_get_cuda_graph`` finds no graph)."""
+    max_cuda_graph_bs = min(max_batch_size, int(max_num_tokens / (1 + max_draft_len)))
+    result: list[int] = []
+    for i, bs in enumerate(batch_sizes):
+        if bs <= max_cuda_graph_bs:
+            result.append(bs)
+        else:
+            if enable_padding and (i == 0 or result[i - 1] != max_cuda_graph_bs):
+                result.append(max_cuda_graph_bs)
+            break
+    return result
 
 
 def checkpoint_element_count(model: ModelSpec) -> int:
@@ -175,4 +208,13 @@ def trtllm_bench_settings(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int, kv_c
         # general.py: "If chunked prefill is disabled, we need to ensure that the max_num_tokens
         # is at least the max_isl"
         max_tokens = max(max_tokens, max_isl + max_bs)
-    return BenchSettings(max_bs, max_tokens, max_seq_len)
+    # CUDA graphs: get_settings gives ``cuda_graph_config`` padding on and ``max_batch_size`` the
+    # run's max_batch_size (CudaGraphConfig then generates sizes ending at it:
+    # llmapi/llm_args.py ``_generate_cuda_graph_batch_sizes`` appends max_batch_size); the
+    # perf-overview's --extra_llm_api_options file replaces that cuda_graph_config with its own
+    # list (llm_args.py ``update_llm_args_with_extra_dict``: the file's fields override). Either
+    # way the engine keeps the sizes up to its own max_batch_size and max_num_tokens and, padding
+    # on, pads to that bound (``filter_cuda_graph_batch_sizes``): every decode batch the engine
+    # can schedule replays a graph. No speculative decoding in these runs (draft length 0).
+    graphs = filter_cuda_graph_batch_sizes(PERF_OVERVIEW_CUDA_GRAPH_BATCH_SIZES, max_bs, max_tokens, 0, True)
+    return BenchSettings(max_bs, max_tokens, max_seq_len, graphs[-1] if graphs else 0)
