@@ -76,3 +76,50 @@ def test_default_profile_client_ttft_pays_the_request_term():
     e = explain(build_deployment(scenario_from_dict(_one_request(prompt, True))), prompt, 1)
     assert e["frontend_in_ms_at_context"] == pytest.approx(p["frontend_request_ms"]
                                                            + p["frontend_per_prompt_token_ms"] * prompt)
+
+
+
+def test_live_run_is_its_replay_to_the_bit_where_the_arrival_timer_rounds(tmp_path):
+    """A live run (``simsrv serve``) gives the requests ``simsrv run`` gives for its recorded
+    arrivals, to the bit, also where the replay's arrival process (sim/engine/arrivals.py: from
+    the previous arrival's event time ``prev``, ``at_from(prev, t - prev)``) fires a rounding away
+    from the request's time ``t``: the live hand-off fires where the replay's does and the
+    request arrives at ``t`` as there (sim/live.py ``inject``)."""
+    from sim.engine.deployment import engine_profile
+    from sim.engine.frontend import EntryQueue, Frontend
+    from sim.live import LiveSimulation
+
+    prompt, out = 300, 8
+    path = tmp_path / "trace.csv"
+
+    def scenario():
+        return scenario_from_dict({
+            "name": "live", "seed": 0, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"},
+            "engine": {"policy": "chunked", "max_num_batched_tokens": 4096},
+            "workload": {"trace": {"path": str(path), "format": "generic", "time_unit": "s",
+                                   "columns": {"arrival": "arrival_s", "input": "input", "output": "output"}}}})
+
+    path.write_text("arrival_s,input,output\n0.0,1,1\n")
+    s = scenario()
+    fe = Frontend.of(engine_profile(s.engine), s.engine.stream_interval)
+    c = float(fe.input_s(np.array([prompt]))[0])
+
+    def misses(arrivals: list[float]) -> bool:
+        """Whether the replay's timer fires the last request a rounding away from its time."""
+        prev = fire = 0.0
+        for e in EntryQueue().entries(np.array(arrivals), np.full(len(arrivals), c)).tolist():
+            prev = fire = prev + (e - prev)
+        return fire != e
+
+    a2 = next(a for a in (0.9 + k * 0.00137 for k in range(2000)) if misses([0.0, 0.37, a]))
+    rows = [(0.0, prompt, out), (0.37, prompt, out), (a2, prompt, out)]
+    path.write_text("arrival_s,input,output\n" + "".join(f"{t!r},{i},{o}\n" for t, i, o in rows))
+    replay = run_scenario(scenario())
+    live = LiveSimulation(scenario())
+    for t, i, o in rows:
+        live.run_until(t)
+        live.inject(i, o)
+    live.run_until(float("inf"))
+    result = live.finish()
+    assert result.requests["status"].to_list() == ["completed"] * 3
+    assert result.requests.equals(replay.requests) and result.steps.equals(replay.steps)
