@@ -59,6 +59,8 @@ class LiveSimulation:
         # reaches the engine when the API server hands it over (``inject`` schedules that)
         self._frontend = Frontend.of(engine_profile(scenario.engine), scenario.engine.stream_interval)
         self._entries = LiveEntryQueue()
+        # the time of the last hand-off's event: the replayed arrival process's ``now`` (0: its start)
+        self._handoff_s = 0.0
         self._spent_in = ColumnBuffer(("frontend_in_s",)) if self._frontend is not None else None
         # id -> (entry time, prompt, output, max_tokens, priority) of those the front end still holds
         self._at_frontend: dict[int, tuple[float, int, int, int, int]] = {}
@@ -144,20 +146,28 @@ class LiveSimulation:
         entry = self._entries.entry(now, float(fe.input_s(np.array([input_tokens]))[0]))
         self._spent_in.add_block(np.array([[entry - now]]))
         self._at_frontend[rid] = (entry, input_tokens, output_tokens, max_tokens, priority)
+        # when ``simsrv run`` sends it, to the bit: its arrival process (sim/engine/arrivals.py
+        # ``_send``) waits from the previous arrival's event time ``prev`` with ``at_from(prev,
+        # entry - prev)``, which may miss ``entry`` by a rounding, and the request arrives at
+        # ``entry`` itself (``arrival_s``); never before the clock (a miss below it, at most one
+        # rounding, only where the front end's time is under one)
+        prev = self._handoff_s
+        fire = prev + (entry - prev)
+        self._handoff_s = fire = fire if fire >= now else now
         clock = self._sim.clock
         Call(clock, lambda _e: self._enter(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
-                                           priority)).at(entry - now)
+                                           priority, entry)).at_time(fire)
         return rid
 
     def _enter(self, input_tokens: int, output_tokens: int, hash_ids: Any, hash_block_size: int,
-               max_tokens: int, priority: int) -> None:
+               max_tokens: int, priority: int, arrival_s: float = NO_ABORT) -> None:
         """A request reaches the engine now (through admission control, where configured); one
         aborted while the API server held it ends as aborted here instead (``abort``), as a
         replayed one does (sim/engine/arrivals.py)."""
         arrivals = self._sim.arrivals
         aborted_s = self._frontend_aborts.pop(arrivals.sent, NO_ABORT)  # (the front end keeps their order)
         req = arrivals.inject(input_tokens, output_tokens, hash_ids, hash_block_size, max_tokens, priority,
-                              aborted_s)
+                              aborted_s, arrival_s)
         self._at_frontend.pop(req.request_id, None)
         if req.status not in ("completed", "failed", "rejected", ABORTED):  # (ended at the door already)
             self._in_flight[req.request_id] = req

@@ -124,13 +124,14 @@ def _digest(path: Path) -> str:
 
 def test_fcfs_is_unchanged_byte_for_byte_on_chat(tmp_path):
     # the digest of chat.yaml's requests (priority scheduling's fcfs path unchanged since commit
-    # 455a6d8; the value moves only with the cost model: last with the elementwise floor, issue 37)
+    # 455a6d8; the value moves only with the cost model: last with vllm-v1's measured per-request
+    # front-end cost, frontend_request_ms 2.5, issue 37)
     s = load_scenario(ROOT / "scenarios" / "chat.yaml")
     assert s.engine.scheduling_policy == "fcfs"
     result = run_scenario(s)
     write_run(result, summarize(result), tmp_path / "run")
     assert _digest(tmp_path / "run" / "requests.parquet") == \
-        "2e02897440f354d0040207dec5820b7a609fb6fe5da0a64f38ca66cf8453a824"
+        "98a5051a9712ac872ac5efc8559cd9456da416a224fd87d8d7fcdfd5e95e39a8"
 
 
 def test_fcfs_never_reads_a_priority(tmp_path):

@@ -141,11 +141,15 @@ class Arrivals:
 
     def inject(self, prompt_tokens: int, output_tokens: int, hash_ids: Any = None,
                hash_block_size: int = 16, max_tokens: int = 0, priority: int = 0,
-               aborted_s: float = NO_ABORT) -> Request:
+               aborted_s: float = NO_ABORT, arrival_s: float = NO_ABORT) -> Request:
         """Send one request now (the clock's time), numbered next: a live run's arrival
         (``max_tokens`` 0: the client sent none). ``aborted_s``: when its client aborted it,
-        before now (the API server held it meanwhile: sim/live.py), or ``NO_ABORT``."""
-        return self._emit(self.clock.now_s, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
+        before now (the API server held it meanwhile: sim/live.py), or ``NO_ABORT``.
+        ``arrival_s``: its arrival time where it is not the clock's to the bit (a replay's
+        request arrives at its trace time ``t`` while the event sending it fires at ``now + (t -
+        now)``, ``_send``; sim/live.py mirrors that), or ``NO_ABORT`` (NaN): the clock's time."""
+        t = arrival_s if arrival_s == arrival_s else self.clock.now_s
+        return self._emit(t, prompt_tokens, output_tokens, hash_ids, hash_block_size, max_tokens,
                           priority, aborted_s)
 
     def _emit(self, t: float, prompt_tokens: int, output_tokens: int, hash_ids: Any,
