@@ -26,8 +26,10 @@ CALIBRATED_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode
 # An engine's own attention kernels, measured where the engine ran them (kernels_profile/README.md,
 # aiconfigurator-core): ``attn_{prefill,decode}_<tables>`` with ``<tables>`` an attention
 # backend's ``tables`` (sim/catalog/attention_backends.yaml); ``_fp8``: FP8 context FMHA,
-# ``_fp8kv``: decode with an fp8 KV cache. TensorRT-LLM's context FMHA and XQA generation kernel.
-ENGINE_ATTN_OPS = ("attn_prefill_trtllm", "attn_prefill_trtllm_fp8", "attn_decode_trtllm", "attn_decode_trtllm_fp8kv")
+# ``_fp8kv``: decode with an fp8 KV cache. TensorRT-LLM's context FMHA and XQA generation kernel;
+# FlashInfer's prefill and decode kernels under SGLang.
+ENGINE_ATTN_OPS = ("attn_prefill_trtllm", "attn_prefill_trtllm_fp8", "attn_decode_trtllm", "attn_decode_trtllm_fp8kv",
+                   "attn_prefill_flashinfer", "attn_decode_flashinfer", "attn_decode_flashinfer_fp8kv")
 
 
 def attn_base(op: str) -> str:

@@ -88,12 +88,20 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
 
 # aiconfigurator-core's engine attention tables (``aiconfigurator_core-<v>`` wheel, package data
 # ``systems/data/<gpu>/attention/<framework>/<version>/``): (framework, kind, attn_dtype,
-# kv_cache_dtype) -> op. TensorRT-LLM's generation rows time its XQA decode kernel; the context
-# rows its context FMHA, bf16, and FP8 (attn_dtype fp8, with an fp8 KV cache: FP8 context FMHA).
-ENGINE_ATTN = {("trtllm", "context", "bfloat16", "bfloat16"): "attn_prefill_trtllm",
-               ("trtllm", "context", "fp8", "fp8"): "attn_prefill_trtllm_fp8",
-               ("trtllm", "generation", "bfloat16", "bfloat16"): "attn_decode_trtllm",
-               ("trtllm", "generation", "bfloat16", "fp8"): "attn_decode_trtllm_fp8kv"}
+# kv_cache_dtype, kernel_source or None for any) -> op. TensorRT-LLM's generation rows time its
+# XQA decode kernel; the context rows its context FMHA, bf16, and FP8 (attn_dtype fp8, with an
+# fp8 KV cache: FP8 context FMHA). SGLang's rows time the attention backend its collector built,
+# logged as ``kernel_source`` (ai-dynamo/aiconfigurator collector/sglang/collect_attn.py:
+# ``kernel_source=attn_backend_name``): only the rows of its FlashInfer backend (L40S; part of
+# B200's grid) measure FlashInfer; H100/H200 rows are SGLang's FA3 backend, A100's its
+# flash_attention backend, B200's others its TRT-LLM MHA backend, so they are not FlashInfer's.
+ENGINE_ATTN = {("trtllm", "context", "bfloat16", "bfloat16", None): "attn_prefill_trtllm",
+               ("trtllm", "context", "fp8", "fp8", None): "attn_prefill_trtllm_fp8",
+               ("trtllm", "generation", "bfloat16", "bfloat16", None): "attn_decode_trtllm",
+               ("trtllm", "generation", "bfloat16", "fp8", None): "attn_decode_trtllm_fp8kv",
+               ("sglang", "context", "bfloat16", "bfloat16", "flashinfer"): "attn_prefill_flashinfer",
+               ("sglang", "generation", "bfloat16", "bfloat16", "flashinfer"): "attn_decode_flashinfer",
+               ("sglang", "generation", "bfloat16", "fp8", "flashinfer"): "attn_decode_flashinfer_fp8kv"}
 CORE_TAG = "aiconfigurator-core"
 
 
@@ -105,11 +113,14 @@ def aiconfigurator_core(data: Path, version: str) -> list[pl.DataFrame]:
     ``aiconfigurator-core/<version>/<gpu>/attention/<framework>/<framework version>``."""
     out = []
     for folder, gpu in AIC_GPUS.items():
-        for (fw, kind, adt, kdt), op in ENGINE_ATTN.items():
+        for (fw, kind, adt, kdt, kern), op in ENGINE_ATTN.items():
             for f in sorted((data / folder / "attention" / fw).glob(f"*/{kind}_attention_perf.parquet")):
-                a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("window_size") == 0)
-                                              & (pl.col("beam_width") == 1) & (pl.col("attn_dtype") == adt)
-                                              & (pl.col("kv_cache_dtype") == kdt))
+                a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("beam_width") == 1)
+                                              & (pl.col("attn_dtype") == adt) & (pl.col("kv_cache_dtype") == kdt))
+                if "window_size" in a.columns:
+                    a = a.filter(pl.col("window_size") == 0)
+                if kern is not None:
+                    a = a.filter(pl.col("kernel_source") == kern)
                 if a.is_empty():
                     continue
                 seq = pl.col("isl") if kind == "context" else pl.lit(1)
@@ -118,7 +129,7 @@ def aiconfigurator_core(data: Path, version: str) -> list[pl.DataFrame]:
                 out.append(conform(a.select(
                     pl.col("batch_size").alias("batch"), seq.alias("seq_tokens"), ctx.alias("context_tokens"),
                     pl.col("num_heads"), pl.col("num_key_value_heads").alias("num_kv_heads"), "head_dim",
-                    pl.col("latency").alias("time_ms"), pl.lit(f"{fw}_{kind}_{adt}_{kdt}").alias("detail"),
+                    pl.col("latency").alias("time_ms"), (pl.lit(f"{fw}_{kind}_{adt}_{kdt}_") + pl.col("kernel_source")).alias("detail"),
                 ).with_columns(gpu=pl.lit(gpu), op=pl.lit(op), source=pl.lit(tag))))
     return out
 
