@@ -156,3 +156,15 @@ def test_flashinfer_decode_is_its_measured_kernel(gpu, kv_bytes, op):
         per_layer_ms = _decode_s(cm, n, ctx) / cm.model.num_layers * 1e3
         meas = _measured_ms(gpu, op, batch=n, num_heads=32, num_kv_heads=2, context_tokens=ctx - 1)
         assert per_layer_ms == pytest.approx(meas, rel=1e-3)
+
+
+@pytest.mark.parametrize("backend,profile", [("trtllm", "trt-llm"), ("flashinfer", "sglang")])
+@pytest.mark.parametrize("kv_bytes", [2, 1])
+def test_mla_models_keep_the_main_tables(backend, profile, kv_bytes):
+    """The engine tables time MHA/GQA kernels; an MLA model (DeepSeek-V3's 576-wide latent) runs
+    other kernels and keeps today's pricing (with them, DeepSeek-R1 on B200 decoded 10x slower)."""
+    for gpu in ("b200", "h100-sxm"):
+        new = _cm("deepseek-v3", kv_bytes, backend, gpu, profile=profile)
+        old = _cm("deepseek-v3", kv_bytes, backend, gpu, cal=_stripped(gpu), profile=profile)
+        assert new.cops.decode_op == "attn_decode" and new.cops.prefill_op == "attn_prefill"
+        assert _steps(new) == _steps(old)

@@ -318,6 +318,11 @@ class RooflineCostModel:
         # FMHA" when the KV cache is fp8); only a backend with its own tables has such a table
         fp8_context = (q is not None and q.compute in ("fp8", "fp4") and self.kv_dtype_bytes <= 1
                        and bool(gpu.fp8_flops_per_s))
+        # The engine's own attention tables time its MHA/GQA kernels (head_dim 128, K and V per KV
+        # head); an MLA model's attention runs other kernels (TensorRT-LLM's and FlashInfer's MLA
+        # paths over the 576-wide latent; aiconfigurator measures them in separate mla tables),
+        # so it keeps the main tables' pricing (sim/cost/arch.py ``mla_attention``).
+        engine_tables = "" if m.is_mla else backend.tables
         self.cops = None if calibration is None else CalibratedOps(
             calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, fp8_kernel=self.engine.fp8_gemm, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
@@ -326,7 +331,7 @@ class RooflineCostModel:
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s, fp8_peak_flops_per_s=gpu.fp8_flops_per_s or 0.0,
             fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0, decode_kv_heads=decode_kv_heads,
-            attn_tables=backend.tables, kv_8bit=self.kv_dtype_bytes <= 1, fp8_context=fp8_context)
+            attn_tables=engine_tables, kv_8bit=self.kv_dtype_bytes <= 1, fp8_context=fp8_context)
         # the calibrated prefill attention's peak: FP8 context FMHA's table is measured against
         # the FP8 peak (sim/cost/fit.py ``bounds_s``), the others against bf16's
         self._prefill_peak: float = self.flops_s
