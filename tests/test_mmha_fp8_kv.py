@@ -75,8 +75,15 @@ def test_mmha_8bit_cache_keeps_the_efficiency_of_its_key_count(model, tp, n):
 
 def test_grouped_tile_kernels_keep_the_equal_bytes_lookup():
     """XQA (trtllm) folds a query-head group into one tile: looked up at the model's own KV
-    heads, an 8-bit cache at the context of equal bytes; a GQA model is not its MHA twin."""
-    xqa8, xqa16 = _cm("llama-2-70b", 1, backend="trtllm"), _cm("llama-2-70b", 2, backend="trtllm")
-    twin = _cm(_mha_twin("llama-2-70b"), 1, backend="trtllm")
+    heads, an 8-bit cache at the context of equal bytes where no table measured it (a calibration
+    without TensorRT-LLM's own tables: tests/test_engine_attention_tables.py covers those); a GQA
+    model is not its MHA twin."""
+    from sim.cost.calibration import ENGINE_ATTN_OPS, Calibration
+    raw = load_calibration("h100-sxm").raw
+    cal = Calibration({k: v for k, v in raw.items() if k not in ENGINE_ATTN_OPS})
+    g = get_gpu("h100-sxm")
+    eng = get_profile("trt-llm-2023", {"attention_backend": "trtllm"})
+    xqa8, xqa16 = (RooflineCostModel(get_model("llama-2-70b"), g, 1, b, engine=eng, calibration=cal) for b in (1, 2))
+    twin = RooflineCostModel(_mha_twin("llama-2-70b"), g, 1, 1, engine=eng, calibration=cal)
     assert _attn_s(xqa8, 256, 2048) == pytest.approx(_attn_s(xqa16, 256, 1024), rel=0.02)
     assert _attn_s(twin, 256, 2048) > 4 * _attn_s(xqa8, 256, 2048)

@@ -32,6 +32,10 @@ class AttentionBackend:
     decode_kv_loads: str
     description: str = ""
     sources: tuple[str, ...] = ()
+    # the engine whose own measured attention tables price these kernels where a GPU has them
+    # (sim/cost/calibration.py ``ENGINE_ATTN_OPS``: attn_{prefill,decode}_<tables>); "": the
+    # GPU's main tables (vLLM's kernels)
+    tables: str = ""
 
     def decode_kv_read_factor(self, q_heads: float, kv_heads: float, kv_dtype_bytes: float,
                               hbm_per_l2: float = 1.0) -> float:
@@ -81,4 +85,5 @@ def get_backend(name: str, where: str = "engine.attention_backend") -> Attention
     d = cat[name]
     if d["decode_kv_loads"] not in KV_LOADS:  # catalogue integrity (a shipped file)
         raise UserError(f"sim/catalog/attention_backends.yaml: {name}.decode_kv_loads must be one of {', '.join(KV_LOADS)}")
-    return AttentionBackend(name, d["decode_kv_loads"], d.get("description", ""), tuple(d.get("sources") or ()))
+    return AttentionBackend(name, d["decode_kv_loads"], d.get("description", ""), tuple(d.get("sources") or ()),
+                            str(d.get("tables") or ""))

@@ -27,7 +27,8 @@ class CalibratedOps:
                  hidden: int, q_dim: float, kv_dim: float, mlp_dim: float, num_layers: int, tp: int,
                  dtype_bytes: int, peak_flops_per_s: float, hbm_bw_bytes_per_s: float, link_bw_bytes_per_s: float,
                  fp8_peak_flops_per_s: float = 0.0, fp4_peak_flops_per_s: float = 0.0,
-                 decode_kv_heads: float | None = None):
+                 decode_kv_heads: float | None = None, attn_tables: str = "", kv_8bit: bool = False,
+                 fp8_context: bool = False):
         self.cal = cal
         self.peak, self.bw, self.link = peak_flops_per_s, hbm_bw_bytes_per_s, link_bw_bytes_per_s
         self.L, self.tp, self.dtype_bytes, self.hidden = num_layers, tp, dtype_bytes, hidden
@@ -51,15 +52,28 @@ class CalibratedOps:
             self.fp4_peak = fp4_peak_flops_per_s  # this GPU's own FP4 peak (as fp8 above)
             self.nvfp4_curves = {name: cal.gemm_nvfp4.eff_fn(fout, fin) for name, (fin, fout) in linear_shapes.items()}
         self.heads, self.kv_heads = heads, kv_heads
-        self.decode_split = cal.decode_split
+        # The attention tables of the engine's kernels (``attn_tables``: the backend's ``tables``,
+        # sim/catalog/attention_backends.yaml): the engine's own, measured where it ran them
+        # (TensorRT-LLM's context FMHA and XQA), on a GPU that has them; else the GPU's main
+        # tables (vLLM's kernels). ``kv_8bit``: an 8-bit KV cache (its own decode table where
+        # measured); ``fp8_context``: FP8 context FMHA (its own prefill table, at the FP8 peak).
+        pre, prefill_op, dec, decode_op = cal.engine_attention(attn_tables, kv_8bit, fp8_context)
+        self.prefill_op: str = prefill_op
+        self.decode_op: str = decode_op
+        # whether the decode table measured the 8-bit cache itself (looked up at the context, not
+        # at the context of equal bytes in 16 bits), and the prefill table's FP8 context FMHA
+        self.decode_8bit_table: bool = decode_op.endswith("_fp8kv")
+        self.prefill_fp8: bool = prefill_op.endswith("_fp8")
+        # FA2's split-KV combine kernel: a term of the main table's kernel (vLLM's FA2) only
+        self.decode_split = cal.decode_split if self.decode_op == "attn_decode" else None
         self._split_cache: dict[tuple[int, int], bool] = {}
         self.prefill_grid: tuple[Grid2, tuple[int, int], float] | None = (
-            cal.attn_prefill.pick(heads, kv_heads) if cal.attn_prefill else None)
+            pre.pick(heads, kv_heads) if pre else None)
         # the decode kernel's own shape (``decode_kv_heads``: the KV heads its tiles see; a kernel
         # of one block per (sequence, query head) is MHA-shaped whatever the model's KV heads,
         # sim/cost/attention_backend.py ``decode_tile_kv_heads``)
         dkv = kv_heads if decode_kv_heads is None else decode_kv_heads
-        self.decode_grid = cal.attn_decode.pick(heads, dkv) if cal.attn_decode else None
+        self.decode_grid = dec.pick(heads, dkv) if dec else None
         # decode_smooth_end's table nodes, and whether FA2 may split (grouped-query decode only)
         # (typed: compiled, sim/compiled_core.py, decode_smooth_end's arithmetic is native)
         self._decode_nodes: list[float] = self.decode_grid[0].b_nodes if self.decode_grid else []
@@ -251,10 +265,13 @@ class CalibratedOps:
         return end
 
     def describe(self) -> dict:
-        return {
+        d: dict[str, list | None] = {
             "attn_prefill_heads_table": list(self.prefill_grid[1]) if self.prefill_grid else None,
             "attn_decode_heads_table": list(self.decode_grid[1]) if self.decode_grid else None,
         }
+        if self.prefill_op != "attn_prefill" or self.decode_op != "attn_decode":  # an engine's own tables
+            d["attn_tables"] = [self.prefill_op, self.decode_op]
+        return d
 
 
 class CalibratedDecodeAttention(DecodeAttention):

@@ -23,6 +23,19 @@ from sim.cost.tables import Axis, Curve, Grid2, bracket
 from sim.spec.quantization import NVFP4_BYTES_PER_WEIGHT
 
 CALIBRATED_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+# An engine's own attention kernels, measured where the engine ran them (kernels_profile/README.md,
+# aiconfigurator-core): ``attn_{prefill,decode}_<tables>`` with ``<tables>`` an attention
+# backend's ``tables`` (sim/catalog/attention_backends.yaml); ``_fp8``: FP8 context FMHA,
+# ``_fp8kv``: decode with an fp8 KV cache. TensorRT-LLM's context FMHA and XQA generation kernel;
+# FlashInfer's prefill and decode kernels under SGLang.
+ENGINE_ATTN_OPS = ("attn_prefill_trtllm", "attn_prefill_trtllm_fp8", "attn_decode_trtllm", "attn_decode_trtllm_fp8kv",
+                   "attn_prefill_flashinfer", "attn_decode_flashinfer", "attn_decode_flashinfer_fp8kv")
+
+
+def attn_base(op: str) -> str:
+    """The attention operator a table measures (``attn_prefill`` or ``attn_decode``: an engine's
+    own table, ``ENGINE_ATTN_OPS``, is one of them), else ``op``."""
+    return "attn_prefill" if op.startswith("attn_prefill") else "attn_decode" if op.startswith("attn_decode") else op
 
 # A table of PACK_MIN_VALUES or more efficiencies (the GEMM grids: 22 x 22 x 74 values; the
 # attention grids: ~12 x 17 per head configuration) is stored packed, as
@@ -280,11 +293,16 @@ class CublasLtFp8Table(GemmTable):
 
 def attention_axis(op: str, heads: float, kv_heads: float, peaks: dict) -> Axis:
     """Roofline axis of one sequence's attention along its length (``Axis``): decode reads
-    K/V per cached token per KV head plus a query per head (bound ~ context + heads/kv_heads);
-    causal prefill turns from bandwidth to compute bound at (s + 1) r = 1."""
-    if op == "attn_decode":
-        return Axis(shift=heads / kv_heads)
-    return Axis(r=heads * peaks["hbm_bw_bytes_per_s"] / (2.0 * (heads + kv_heads) * peaks["bf16_flops_per_s"]))
+    K/V per cached token per KV head plus a query per head (bound ~ context + heads/kv_heads;
+    an 8-bit cache, ``_fp8kv``: context + 2 heads/kv_heads, the 2-byte query against 1-byte
+    K/V); causal prefill turns from bandwidth to compute bound at (s + 1) r = 1 (FP8 context
+    FMHA, ``_fp8``: 1-byte K/V, 2-byte Q/O, the FP8 peak; ``sim.cost.fit.bounds_s``)."""
+    if attn_base(op) == "attn_decode":
+        return Axis(shift=(2.0 if op.endswith("_fp8kv") else 1.0) * heads / kv_heads)
+    bw = peaks["hbm_bw_bytes_per_s"]
+    if op.endswith("_fp8"):
+        return Axis(r=heads * bw / ((2.0 * heads + kv_heads) * peaks["fp8_flops_per_s"]))
+    return Axis(r=heads * bw / (2.0 * (heads + kv_heads) * peaks["bf16_flops_per_s"]))
 
 
 class HeadTables:
@@ -306,10 +324,11 @@ class HeadTables:
         g = self._grids.get(key)
         if g is None:
             t, op = self.tables[key], self.op
-            axes = ("batch", "seq_tokens") if op == "attn_prefill" else ("batch", "context_tokens")
+            prefill = attn_base(op) == "attn_prefill"
+            axes = ("batch", "seq_tokens") if prefill else ("batch", "context_tokens")
             g = self._grids[key] = Grid2(t[axes[0]], t[axes[1]], log_eff_values(t["log_eff"]),
                                          attention_axis(op, t["num_heads"], t["num_kv_heads"], self.peaks),
-                                         op == "attn_prefill")
+                                         prefill)
         return g
 
     def pick(self, heads: float, kv_heads: float) -> tuple[Grid2, tuple[int, int], float]:
@@ -361,6 +380,38 @@ class Calibration:
         self.overhead = d.get("overhead")
         # FA2 split-KV combine kernel of decode attention (sim/cost/fit.py ``fa2_split_kv``).
         self.decode_split = d["attn_decode"].get("split_kv") if "attn_decode" in d else None
+        # an engine's own attention tables (``ENGINE_ATTN_OPS``), where measured on this GPU
+        self.engine_attn = {op: HeadTables(d[op], op, peaks) for op in ENGINE_ATTN_OPS if op in d}
+
+    def attention(self, op: str) -> "HeadTables | None":
+        """The attention table ``op`` (``attn_prefill``, ``attn_decode`` or one of
+        ``ENGINE_ATTN_OPS``); None where not measured."""
+        if op == "attn_prefill":
+            return self.attn_prefill
+        if op == "attn_decode":
+            return self.attn_decode
+        return self.engine_attn.get(op)
+
+    def engine_attention(self, tables: str, kv_8bit: bool, fp8_context: bool
+                         ) -> tuple["HeadTables | None", str, "HeadTables | None", str]:
+        """(prefill table, its op, decode table, its op) of an attention backend whose kernels
+        were measured as ``tables`` (sim/catalog/attention_backends.yaml; "" for none): that
+        engine's own tables where this GPU has them, else the GPU's main tables
+        (``attn_prefill`` / ``attn_decode``, vLLM's kernels). An 8-bit cache (``kv_8bit``) reads
+        the ``_fp8kv`` decode table where measured, else the 16-bit one (looked up at equal
+        bytes); FP8 context FMHA (``fp8_context``) the ``_fp8`` prefill table where measured."""
+        pre, pre_op = self.attn_prefill, "attn_prefill"
+        dec, dec_op = self.attn_decode, "attn_decode"
+        if tables:
+            for op in ((f"attn_prefill_{tables}_fp8",) if fp8_context else ()) + (f"attn_prefill_{tables}",):
+                if op in self.engine_attn:
+                    pre, pre_op = self.engine_attn[op], op
+                    break
+            for op in ((f"attn_decode_{tables}_fp8kv",) if kv_8bit else ()) + (f"attn_decode_{tables}",):
+                if op in self.engine_attn:
+                    dec, dec_op = self.engine_attn[op], op
+                    break
+        return pre, pre_op, dec, dec_op
 
     def fp8_table(self, kernel: str) -> GemmTable | None:
         """The fp8 GEMM table as ``kernel`` (an engine profile's ``fp8_gemm``) runs it: the
@@ -428,7 +479,7 @@ def calibration_sibling(gpu_key: str) -> str | None:
 
 
 # Tables dropped when the inheriting GPU lacks the peak they are measured against.
-_TABLE_PEAK = {"gemm_fp8": "fp8_flops_per_s", "gemm_nvfp4": "fp4_flops_per_s"}
+_TABLE_PEAK = {"gemm_fp8": "fp8_flops_per_s", "gemm_nvfp4": "fp4_flops_per_s", "attn_prefill_trtllm_fp8": "fp8_flops_per_s"}
 # Collective tables: measured over the sibling's GPU-GPU fabric.
 COLLECTIVE_OPS = ("allreduce", "custom_allreduce")
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import polars as pl
 
-from sim.cost.calibration import Calibration
+from sim.cost.calibration import ENGINE_ATTN_OPS, Calibration, attn_base
 from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
                              fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce, wave_padding)
 from sim.spec.hardware import GPUSpec
@@ -38,6 +38,14 @@ FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
 HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "gemm_nvfp4": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
+
+
+
+for _op in ENGINE_ATTN_OPS:
+    HOLDOUT_KEY[_op] = HOLDOUT_KEY[attn_base(_op)]
+# Operators fitted on one source only (``primary_source``)
+ONE_SOURCE_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
+                  "overhead") + ENGINE_ATTN_OPS
 
 
 def custom_allreduce_link_bytes_np(tp, size_bytes) -> np.ndarray:
@@ -112,14 +120,23 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
         peak4 = getattr(gpu, "fp4_flops_per_s", None) or peak
         wb = NVFP4_BYTES_PER_WEIGHT
         out[g4] = np.maximum(2 * m * n * k / peak4, (wb * m * k + wb * k * n + 2 * m * n) / bw)[g4]
-    p = op == "attn_prefill"
+    # Attention: an engine's own tables (``ENGINE_ATTN_OPS``) have the bound of the operator they
+    # time, with its dtypes: ``_fp8kv`` reads a 1-byte K/V cache, ``_fp8`` (FP8 context FMHA:
+    # Q, K, V in fp8, QK^T and PV on FP8 tensor cores) runs at the FP8 peak with 1-byte K and V
+    # (Q read and O written counted at 2 bytes, as the cost model does).
+    base = np.array([attn_base(x) for x in op]) if len(op) else op
+    kvb = np.where(np.char.endswith(op.astype(str), "_fp8kv") | np.char.endswith(op.astype(str), "_fp8"), 1.0, 2.0) \
+        if len(op) else np.zeros(0)
+    apeak = np.where(np.char.endswith(op.astype(str), "_fp8"), getattr(gpu, "fp8_flops_per_s", None) or peak, peak) \
+        if len(op) else np.zeros(0)
+    p = base == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
-    by = b * ((seq + ctx) * 2 * kvh * d * 2 + 2 * seq * h * d * 2)
-    out[p] = np.maximum(fl / peak, by / bw)[p]
-    dd = op == "attn_decode"
+    by = b * ((seq + ctx) * 2 * kvh * d * kvb + 2 * seq * h * d * 2)
+    out[p] = np.maximum(fl / apeak, by / bw)[p]
+    dd = base == "attn_decode"
     att = ctx + seq
-    out[dd] = np.maximum(4 * h * d * att * b / peak, b * (att * 2 * kvh * d * 2 + 2 * h * d * 2) / bw)[dd]
+    out[dd] = np.maximum(4 * h * d * att * b / peak, b * (att * 2 * kvh * d * kvb + 2 * h * d * 2) / bw)[dd]
     a = op == "allreduce"
     with np.errstate(divide="ignore", invalid="ignore"):
         out[a] = (2 * (tp - 1) / tp * size / gpu.nvlink_bw_bytes_per_s)[a]
@@ -210,13 +227,12 @@ def overhead_coefs(tot: pl.DataFrame) -> tuple[float, float, float]:
 def fit_op(df: pl.DataFrame, op: str) -> dict | None:
     """The JSON table of one operator from rows already carrying ``log_eff``."""
     rows = df.filter(pl.col("op") == op)
-    if op in ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
-              "overhead"):
+    if op in ONE_SOURCE_OPS:
         src = primary_source(df, op)
         if src is None:
             return None
         rows = rows.filter(pl.col("source") == src)
-    if op == "attn_prefill":
+    if attn_base(op) == "attn_prefill":
         rows = rows.filter(pl.col("context_tokens") == 0)
     beyond = 0
     if op != "overhead":
@@ -237,10 +253,10 @@ def _fit_rows(rows: pl.DataFrame, op: str) -> dict:
         look = {(r["m"], r["n"], r["k"]): r["log_eff"] for r in g.iter_rows(named=True)}
         return {"m": mv, "n": nv, "k": kv, "sources": srcs,
                 "log_eff": [[[_r(look.get((m, n, k))) for m in mv] for k in kv] for n in nv]}
-    if op in ("attn_prefill", "attn_decode"):
-        if op == "attn_decode":
+    if attn_base(op) in ("attn_prefill", "attn_decode"):
+        if attn_base(op) == "attn_decode":
             rows = rows.with_columns(context_tokens=pl.col("context_tokens") + pl.col("seq_tokens"))
-        axis = "seq_tokens" if op == "attn_prefill" else "context_tokens"
+        axis = "seq_tokens" if attn_base(op) == "attn_prefill" else "context_tokens"
         tables = []
         for (h, kvh), part in sorted(rows.group_by("num_heads", "num_kv_heads"), key=lambda t: t[0]):
             tables.append({"num_heads": h, "num_kv_heads": kvh, **_grid(part, "batch", axis)})
@@ -329,7 +345,7 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
 
 
 def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
-                                           "elementwise", "overhead"), terms: dict | None = None) -> dict:
+                                           "elementwise", "overhead") + ENGINE_ATTN_OPS, terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
     if terms is None:
@@ -346,7 +362,7 @@ def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "gemm_nvfp4", "
             if op == "attn_decode" and terms.get("decode_split"):
                 t["split_kv"] = terms["decode_split"]
             out[op] = t
-    if "gemm_fp8" in out:
+    if "gemm_fp8" in out or "attn_prefill_trtllm_fp8" in out:
         out["peaks"]["fp8_flops_per_s"] = gpu.fp8_flops_per_s
     if "gemm_nvfp4" in out:
         out["peaks"]["fp4_flops_per_s"] = gpu.fp4_flops_per_s
@@ -362,13 +378,13 @@ def predict_eff(cal: Calibration, rows: pl.DataFrame, op: str) -> np.ndarray:
         for i, (m, n, k) in enumerate(rows.select("m", "n", "k").iter_rows()):
             c = cache.get((n, k)) or cache.setdefault((n, k), tab.eff_fn(n, k)[0])
             out[i] = c.eff(m)[0]
-    elif op in ("attn_prefill", "attn_decode"):
-        tab = cal.attn_prefill if op == "attn_prefill" else cal.attn_decode
+    elif attn_base(op) in ("attn_prefill", "attn_decode"):
+        tab = cal.attention(op)
         for i, (b, s, x, h, kvh) in enumerate(rows.select("batch", "seq_tokens", "context_tokens", "num_heads",
                                                           "num_kv_heads").iter_rows()):
             grid, _, scale = tab.pick(h, kvh)
             b = b * scale
-            shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if op == "attn_prefill" else x + s
+            shape = equivalent_prefill_tokens(prefill_pairs(s, x)) if attn_base(op) == "attn_prefill" else x + s
             out[i] = grid.eff(b, float(shape))[0]
     elif op in ("allreduce", "custom_allreduce"):
         for i, (tp, size) in enumerate(rows.select("tp", "size_bytes").iter_rows()):

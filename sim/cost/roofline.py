@@ -311,6 +311,18 @@ class RooflineCostModel:
         backend = get_backend(self.engine.attention_backend)
         kv_heads = self.kv_dim / m.head_dim
         decode_kv_heads = backend.decode_tile_kv_heads(self.heads, kv_heads, self.kv_dtype_bytes)
+        # FP8 context FMHA: TensorRT-LLM turns it on with FP8 (or NVFP4) quantization and an fp8
+        # KV cache on SM >= 89 (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``build``, "Logics to
+        # control paged_context_fmha and fp8_context_fmha": disabled unless quant_algo is FP8,
+        # W4A8_AWQ or NVFP4, disabled below Ada/Hopper, and enabled "to support FP8 Paged Context
+        # FMHA" when the KV cache is fp8); only a backend with its own tables has such a table
+        fp8_context = (q is not None and q.compute in ("fp8", "fp4") and self.kv_dtype_bytes <= 1
+                       and bool(gpu.fp8_flops_per_s))
+        # The engine's own attention tables time its MHA/GQA kernels (head_dim 128, K and V per KV
+        # head); an MLA model's attention runs other kernels (TensorRT-LLM's and FlashInfer's MLA
+        # paths over the 576-wide latent; aiconfigurator measures them in separate mla tables),
+        # so it keeps the main tables' pricing (sim/cost/arch.py ``mla_attention``).
+        engine_tables = "" if m.is_mla else backend.tables
         self.cops = None if calibration is None else CalibratedOps(
             calibration, elem_donor=donor, fp8=fp8, nvfp4=nvfp4, fp8_kernel=self.engine.fp8_gemm, linear_shapes={"qkv": self._qkv, "o": self._o, "up": self._up, "down": self._down,
                                         "lm": self._lm},
@@ -318,7 +330,13 @@ class RooflineCostModel:
             kv_dim=self.kv_dim, mlp_dim=self.mlp_dim, num_layers=m.num_layers, tp=tp, dtype_bytes=self.dtype_bytes,
             peak_flops_per_s=self.flops_s, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             link_bw_bytes_per_s=gpu.nvlink_bw_bytes_per_s, fp8_peak_flops_per_s=gpu.fp8_flops_per_s or 0.0,
-            fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0, decode_kv_heads=decode_kv_heads)
+            fp4_peak_flops_per_s=gpu.fp4_flops_per_s or 0.0, decode_kv_heads=decode_kv_heads,
+            attn_tables=engine_tables, kv_8bit=self.kv_dtype_bytes <= 1, fp8_context=fp8_context)
+        # the calibrated prefill attention's peak: FP8 context FMHA's table is measured against
+        # the FP8 peak (sim/cost/fit.py ``bounds_s``), the others against bf16's
+        self._prefill_peak: float = self.flops_s
+        if self.cops is not None and self.cops.prefill_fp8 and gpu.fp8_flops_per_s:
+            self._prefill_peak = gpu.fp8_flops_per_s
         self._gemm_cal = self.cops is not None and self.cops.gemm_curves is not None
         self._prefill_cal = self.cops is not None and self.cops.prefill_grid is not None
         # fp8 W8A8 on a GPU with FP8 tensor cores and a measured fp8 GEMM table
@@ -346,8 +364,10 @@ class RooflineCostModel:
         # elements in half the bytes, so a block runs the loads and iterations of a 16-bit cache
         # of that context (decoderMaskedMultiheadAttentionTemplate.h K_VEC_SIZE = 16 / sizeof(T);
         # vLLM 0.2 paged_attention VEC_SIZE by scalar_t). The bytes charged stay the cache's.
-        self._kv_scale = 1.0 if backend.per_query_head_blocks(self.kv_dtype_bytes) else \
-            self.kv_dtype_bytes / self.dtype_bytes
+        # A decode table measured with the 8-bit cache itself (an engine's ``_fp8kv`` table) is
+        # looked up at the context too.
+        self._kv_scale = 1.0 if backend.per_query_head_blocks(self.kv_dtype_bytes) or (
+            self.cops is not None and self.cops.decode_8bit_table) else self.kv_dtype_bytes / self.dtype_bytes
         self._chunk_cache: dict[int | tuple[int, int, int], tuple[float, bool]] = {}  # calibrated prefill attention
         # the TTFT split's memo of chunks' seconds alone (``prefill_alone_s``, by
         # sim/core/ttft.py ``solo_key``), shared by every replica that shares this model
@@ -599,7 +619,7 @@ class RooflineCostModel:
             # the cached context: applied to the x + c tokens' bytes it divided a read of the
             # whole cache by the launch-bound efficiency of a short prompt (a 1-token chunk after
             # 512 cached tokens cost twice a 513-token prompt's attention).
-            fb = flops / self.flops_s
+            fb = flops / self._prefill_peak
             mb = (s * self._prefill_kv_bytes + 2 * s * self.q_dim * self.dtype_bytes) / self._hbm_bw
             t = (mb if mb > fb else fb) / e  # max(fb, mb), written out (compiled: native)
             # ... and a chunk after x cached tokens reads their K and V no faster than the

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from sim.cost.calibration import Calibration
-from sim.cost.fit import (ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
+from sim.cost.calibration import ENGINE_ATTN_OPS, Calibration, attn_base
+from sim.cost.fit import (ONE_SOURCE_OPS, ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
                           predicted_s, primary_source, with_efficiency)
 from sim.cost.shapes import prefill_pairs
 from sim.spec.hardware import GPUSpec
 
-HELDOUT_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+HELDOUT_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise",
+               "overhead") + ENGINE_ATTN_OPS
 # Cross-source GEMM check: vidur per-layer linear ops (model, TP) predicted from a GEMM table.
 CROSS_MODELS = (("meta-llama/Llama-2-7b-hf", 1), ("meta-llama/Llama-2-70b-hf", 4),
                 ("codellama/CodeLlama-34b-Instruct-hf", 1))
@@ -32,10 +33,9 @@ def _op_rows(df: pl.DataFrame, op: str) -> pl.DataFrame:
     rows = df.filter(pl.col("op") == op)
     if rows.is_empty():
         return rows
-    if op in ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
-              "overhead"):
+    if op in ONE_SOURCE_OPS:
         rows = rows.filter(pl.col("source") == primary_source(df, op))
-    if op == "attn_prefill":
+    if attn_base(op) == "attn_prefill":
         rows = rows.filter(pl.col("context_tokens") == 0)
     return rows
 
@@ -162,4 +162,21 @@ def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
             meas = rows["time_ms"].to_numpy() / 1e3
             out.append({"op": op, "target": src, "rows": len(rows), **_stats(ape(pred_s, meas)),
                         "median_ratio": float(np.median(pred_s / meas))})
+    # An engine's own 16-bit tables (``ENGINE_ATTN_OPS``) priced by the main tables, as they were
+    # before the engine had its own: how far the main kernel's timings stand from the engine's
+    for eop in ENGINE_ATTN_OPS:
+        op = attn_base(eop)
+        if eop.endswith(("_fp8", "_fp8kv")) or op not in cals:
+            continue
+        rows = df.filter(pl.col("op") == eop)
+        if attn_base(eop) == "attn_prefill":
+            rows = rows.filter(pl.col("context_tokens") == 0)
+        if rows.is_empty():
+            continue
+        rows = rows.with_columns(op=pl.lit(op))
+        w = with_efficiency(rows, gpu, cals[op].terms).filter(pl.col("log_eff").is_finite())
+        pred_s = predicted_s(cals[op], w, op)
+        meas = w["time_ms"].to_numpy() / 1e3
+        out.append({"op": op, "target": f"{eop} ({rows['source'][0]})", "rows": len(w), **_stats(ape(pred_s, meas)),
+                    "median_ratio": float(np.median(pred_s / meas))})
     return out

@@ -86,6 +86,75 @@ def aiconfigurator(src: Path) -> list[pl.DataFrame]:
     return out
 
 
+# aiconfigurator-core's engine attention tables (``aiconfigurator_core-<v>`` wheel, package data
+# ``systems/data/<gpu>/attention/<framework>/<version>/``): (framework, kind, attn_dtype,
+# kv_cache_dtype, kernel_source or None for any) -> op. TensorRT-LLM's generation rows time its
+# XQA decode kernel; the context rows its context FMHA, bf16, and FP8 (attn_dtype fp8, with an
+# fp8 KV cache: FP8 context FMHA). SGLang's rows time the attention backend its collector built,
+# logged as ``kernel_source`` (ai-dynamo/aiconfigurator collector/sglang/collect_attn.py:
+# ``kernel_source=attn_backend_name``): only the rows of its FlashInfer backend (L40S; part of
+# B200's grid) measure FlashInfer; H100/H200 rows are SGLang's FA3 backend, A100's its
+# flash_attention backend, B200's others its TRT-LLM MHA backend, so they are not FlashInfer's.
+ENGINE_ATTN = {("trtllm", "context", "bfloat16", "bfloat16", None): "attn_prefill_trtllm",
+               ("trtllm", "context", "fp8", "fp8", None): "attn_prefill_trtllm_fp8",
+               ("trtllm", "generation", "bfloat16", "bfloat16", None): "attn_decode_trtllm",
+               ("trtllm", "generation", "bfloat16", "fp8", None): "attn_decode_trtllm_fp8kv",
+               ("sglang", "context", "bfloat16", "bfloat16", "flashinfer"): "attn_prefill_flashinfer",
+               ("sglang", "generation", "bfloat16", "bfloat16", "flashinfer"): "attn_decode_flashinfer",
+               ("sglang", "generation", "bfloat16", "fp8", "flashinfer"): "attn_decode_flashinfer_fp8kv"}
+CORE_TAG = "aiconfigurator-core"
+
+
+def aiconfigurator_core(data: Path, version: str) -> list[pl.DataFrame]:
+    """Engine attention tables of the aiconfigurator-core wheel's data folder ``data``
+    (``<gpu>/attention/<framework>/<version>/``): head_dim 128, no sliding window, beam 1, as the
+    vLLM tables; latency in ms (the same unit as the vLLM tables: FA3 and TensorRT-LLM agree
+    within ~10% at the shapes both measure on H100). Source tag
+    ``aiconfigurator-core/<version>/<gpu>/attention/<framework>/<framework version>``."""
+    out = []
+    for folder, gpu in AIC_GPUS.items():
+        for (fw, kind, adt, kdt, kern), op in ENGINE_ATTN.items():
+            for f in sorted((data / folder / "attention" / fw).glob(f"*/{kind}_attention_perf.parquet")):
+                a = pl.read_parquet(f).filter((pl.col("head_dim") == 128) & (pl.col("beam_width") == 1)
+                                              & (pl.col("attn_dtype") == adt) & (pl.col("kv_cache_dtype") == kdt))
+                if "window_size" in a.columns:
+                    a = a.filter(pl.col("window_size") == 0)
+                if kern is not None:
+                    a = a.filter(pl.col("kernel_source") == kern)
+                if a.is_empty():
+                    continue
+                seq = pl.col("isl") if kind == "context" else pl.lit(1)
+                ctx = pl.lit(0) if kind == "context" else pl.col("step")
+                tag = f"{CORE_TAG}/{version}/{folder}/attention/{fw}/{f.parent.name}"
+                out.append(conform(a.select(
+                    pl.col("batch_size").alias("batch"), seq.alias("seq_tokens"), ctx.alias("context_tokens"),
+                    pl.col("num_heads"), pl.col("num_key_value_heads").alias("num_kv_heads"), "head_dim",
+                    pl.col("latency").alias("time_ms"), (pl.lit(f"{fw}_{kind}_{adt}_{kdt}_") + pl.col("kernel_source")).alias("detail"),
+                ).with_columns(gpu=pl.lit(gpu), op=pl.lit(op), source=pl.lit(tag))))
+    return out
+
+
+def _write(allrows: pl.DataFrame, dest: Path) -> dict[str, int]:
+    dest.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for gpu in sorted(allrows["gpu"].unique().to_list()):
+        part = allrows.filter(pl.col("gpu") == gpu).sort("op", "source", "detail", "model", "m", "n", "k", "batch",
+                                                        "seq_tokens", "context_tokens", "num_heads", "num_kv_heads",
+                                                        "tp", "size_bytes", nulls_last=True)
+        part.write_parquet(dest / f"{gpu}.parquet", compression="zstd", compression_level=19, statistics=False)
+        counts[gpu] = len(part)
+    return counts
+
+
+def add_core(data: Path, version: str, dest: Path) -> dict[str, int]:
+    """``dest``'s profiles with their aiconfigurator-core rows replaced by ``data``'s
+    (``aiconfigurator_core``); the other sources' rows unchanged."""
+    old = pl.concat([pl.read_parquet(f) for f in sorted(dest.glob("*.parquet"))])
+    old = old.filter(~pl.col("source").str.starts_with(CORE_TAG + "/"))
+    new = pl.concat(aiconfigurator_core(data, version)).filter(pl.col("time_ms") > 0)
+    return _write(pl.concat([old, new]), dest)
+
+
 def _vidur_layers(f: Path, gpu: str, model: str, source: str) -> list[pl.DataFrame]:
     d = pl.read_csv(f)
     # num_tokens 2048/4096 appear twice per TP degree (SOURCES.md 1a): keep the mean.
@@ -160,20 +229,17 @@ def frontier(src: Path) -> list[pl.DataFrame]:
 
 def ingest(src: Path, dest: Path) -> dict[str, int]:
     frames = aiconfigurator(src) + vidur(src) + frontier(src)
-    allrows = pl.concat(frames).filter(pl.col("time_ms") > 0)
-    dest.mkdir(parents=True, exist_ok=True)
-    counts = {}
-    for gpu in sorted(allrows["gpu"].unique().to_list()):
-        part = allrows.filter(pl.col("gpu") == gpu).sort("op", "source", "detail", "model", "m", "n", "k", "batch",
-                                                        "seq_tokens", "context_tokens", "num_heads", "num_kv_heads",
-                                                        "tp", "size_bytes", nulls_last=True)
-        part.write_parquet(dest / f"{gpu}.parquet", compression="zstd", compression_level=19, statistics=False)
-        counts[gpu] = len(part)
-    return counts
+    return _write(pl.concat(frames).filter(pl.col("time_ms") > 0), dest)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m sim.kernels.ingest SRC_DIR DEST_DIR")
-    for g, n in ingest(Path(sys.argv[1]), Path(sys.argv[2])).items():
+    # python -m sim.kernels.ingest SRC_DIR DEST_DIR, then
+    # python -m sim.kernels.ingest --core VERSION DATA_DIR DEST_DIR (aiconfigurator-core's tables)
+    if len(sys.argv) == 5 and sys.argv[1] == "--core":
+        counts = add_core(Path(sys.argv[3]), sys.argv[2], Path(sys.argv[4]))
+    elif len(sys.argv) == 3:
+        counts = ingest(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        sys.exit("usage: python -m sim.kernels.ingest SRC_DIR DEST_DIR | --core VERSION DATA_DIR DEST_DIR")
+    for g, n in counts.items():
         print(f"{g}: {n:,} rows")

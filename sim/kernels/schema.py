@@ -10,10 +10,13 @@ from pathlib import Path
 
 import polars as pl
 
+from sim.cost.calibration import ENGINE_ATTN_OPS
 from sim.errors import UserError
 
 # op: gemm | gemm_fp8 (W8A8 fp8 GEMM, vLLM's CUTLASS scaled_mm) | gemm_nvfp4 (W4A4 NVFP4 GEMM) | linear (a model's projection, vidur per-layer) | attn_prefill | attn_decode |
-#     allreduce | custom_allreduce (vLLM's custom all-reduce) | elementwise | overhead
+#     allreduce | custom_allreduce (vLLM's custom all-reduce) | elementwise | overhead |
+#     attn_prefill_<engine>[_fp8] / attn_decode_<engine>[_fp8kv]: an engine's own attention kernels
+#     (``ENGINE_ATTN_OPS``; _fp8: FP8 context FMHA, _fp8kv: an fp8 KV cache)
 SCHEMA: dict[str, pl.DataType] = {
     "gpu": pl.Utf8,           # simsrv GPU key (a100-80g, h100-sxm, ...) or a profile name
     "op": pl.Utf8,
@@ -34,7 +37,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "source": pl.Utf8,
 }
 
-OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "linear", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise", "overhead")
+OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "linear", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise",
+       "overhead") + ENGINE_ATTN_OPS
 
 
 def empty_frame() -> pl.DataFrame:
