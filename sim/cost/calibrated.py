@@ -14,7 +14,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 
-from sim.cost.calibration import Calibration, GemmEff
+from sim.cost.calibration import Calibration, GemmEff, ops_inside_attention
 from sim.cost.decode_attention import DecodeAttention, decode_work
 from sim.cost.shapes import ELEM_BYTES_PER_WIDTH, custom_allreduce_link_bytes, fa2_split_kv
 from sim.cost.tables import Axis, Curve, Grid2, bracket
@@ -83,7 +83,10 @@ class CalibratedOps:
         self.custom_curve = cal.allreduce_curve(tp, custom=True) if (cal.custom_allreduce and tp > 1) else None
         # Elementwise ops per layer as (table kind, row width): 2 norms, 2 residual adds, rotary
         # on q and k, the gated activation (widths per GPU); the KV-cache write and the
-        # embedding lookup move like a norm (read a row, write a row).
+        # embedding lookup move like a norm (read a row, write a row). Ops the attention tables
+        # in use already time (``ops_inside_attention``: TensorRT-LLM's attention op rotates q
+        # and k and appends K/V to the cache; FlashInfer's writes K/V) are not charged again.
+        self.fused_ops: frozenset[str] = ops_inside_attention(attn_tables, prefill_op, decode_op)
         self.elem_ops: tuple[tuple[Curve, float], ...] = ()
         # A GPU without elementwise measurements carries the donor's curves by the bandwidth
         # ratio: a kernel of B bytes here takes what the donor's kernel of B * bw_donor / bw
@@ -98,9 +101,12 @@ class CalibratedOps:
         if src.elementwise:
             kinds = src.elementwise
             act = "act_gated" if "act_gated" in kinds else "act"
-            ops = [("norm", hidden), ("norm", hidden), ("add", hidden), ("add", hidden), ("rope", q_dim + kv_dim),
-                   (act, mlp_dim), ("norm", kv_dim)]
-            self.elem_ops = tuple((kinds[k], ELEM_BYTES_PER_WIDTH[k] * w) for k, w in ops if k in kinds)
+            # (name, table kind, width)
+            ops = [("norm", "norm", hidden), ("norm", "norm", hidden), ("add", "add", hidden),
+                   ("add", "add", hidden), ("rope", "rope", q_dim + kv_dim), ("act", act, mlp_dim),
+                   ("kv_write", "norm", kv_dim)]
+            self.elem_ops = tuple((kinds[k], ELEM_BYTES_PER_WIDTH[k] * w) for name, k, w in ops
+                                  if k in kinds and name not in self.fused_ops)
             self.embed = (kinds["norm"], ELEM_BYTES_PER_WIDTH["norm"] * hidden) if "norm" in kinds else None
 
     # -- per token count (the caller caches these) ----------------------------------------------

@@ -32,6 +32,51 @@ ENGINE_ATTN_OPS = ("attn_prefill_trtllm", "attn_prefill_trtllm_fp8", "attn_decod
                    "attn_prefill_flashinfer", "attn_decode_flashinfer", "attn_decode_flashinfer_fp8kv")
 
 
+# Elementwise work a measured attention table's timed call already includes, by the engine whose
+# kernels it measured (``tables``: sim/catalog/attention_backends.yaml; "" for the GPU's main
+# tables); the step does not charge these ops again (sim/cost/calibrated.py ``CalibratedOps``).
+#   "rope": rotary embedding of q and k; "kv_write": appending the step's K/V to the paged cache.
+# trtllm: aiconfigurator collector/trtllm/collect_attn.py builds TrtllmAttention with
+#   pos_embd_params rope_gpt_neox and times attn.forward on the fused, unrotated qkv (q, k, v
+#   random; k=v=None). TensorRT-LLM's attention op preprocesses it inside the op:
+#   cpp/tensorrt_llm/kernels/unfusedAttentionKernels.h ``invokeQKVPreprocessing`` ->
+#   ``invokeApplyBiasRopeUpdateKVCacheDispatch`` (bias, RoPE, K/V appended to the KV cache),
+#   called by cpp/tensorrt_llm/common/attentionOp.cpp ``enqueueContext`` (context FMHA) and by
+#   the XQA dispatch for generation (or RoPE inside the XQA kernel itself, decoderXQAImplJIT.cpp
+#   ``applyRoPEInXqaKernel``). The engine runs Llama so: tensorrt_llm/_torch/modules/attention.py
+#   ``Attention.__init__`` ("If rope_fusion is not specified, enable if the attention backend
+#   supports it"; attention_backend/trtllm.py ``TrtllmAttention.support_fused_rope`` -> True),
+#   models/modeling_llama.py ``LlamaAttention`` passes pos_embd_params and no rope_fusion, and
+#   the separate RotaryEmbedding is built only when rope_fusion is off.
+# flashinfer: collector/sglang/collect_attn.py (SGLang 0.5.14) times ``layer(q, k, v,
+#   forward_batch)`` (RadixAttention) on q and k given as random tensors: no rotary in the timed
+#   call (SGLang's models apply ``self.rotary_emb`` before ``self.attn``); SGLang's
+#   layers/attention/flashinfer_backend.py ``forward_extend`` / ``forward_decode``
+#   (save_kv_cache=True by default) write K/V with ``token_to_kv_pool.set_kv_buffer`` inside it.
+# "" (the main tables, aiconfigurator collector/vllm/collect_attn.py): times ``impl.forward``
+#   only. vLLM moved the cache write out of FlashAttention's forward into ``do_kv_cache_update``
+#   (vllm-project/vllm#25954, ``forward_includes_kv_cache_update = False``; FlashInfer and the
+#   other backends followed, #32335), so the 0.24.0 tables (H100, H200, B200, L40S) hold no
+#   KV write and no rotary. NOTE: A100's table is vLLM 0.14.0 FA2; whether that release
+#   predates #25954 (forward then called reshape_and_cache_flash itself) is not settled from
+#   the sources at hand, so its KV write stays charged (an open question, not a fit).
+TABLES_INCLUDE: dict[str, frozenset[str]] = {
+    "trtllm": frozenset(("rope", "kv_write")),
+    "flashinfer": frozenset(("kv_write",)),
+}
+
+
+def ops_inside_attention(tables: str, prefill_op: str, decode_op: str) -> frozenset[str]:
+    """The elementwise ops the attention pricing in use already includes: those that both the
+    prefill and the decode table (``Calibration.engine_attention``'s ops) include, since one
+    step's elementwise kernels run over its prefill and decode tokens alike. A phase priced by
+    the main tables (the engine's own table not measured on this GPU) includes none of them."""
+    own = TABLES_INCLUDE.get(tables, frozenset())
+    pre = own if prefill_op != "attn_prefill" else frozenset()
+    dec = own if decode_op != "attn_decode" else frozenset()
+    return pre & dec
+
+
 def attn_base(op: str) -> str:
     """The attention operator a table measures (``attn_prefill`` or ``attn_decode``: an engine's
     own table, ``ENGINE_ATTN_OPS``, is one of them), else ``op``."""
