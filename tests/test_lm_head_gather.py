@@ -121,5 +121,16 @@ def test_pipeline_gathers_on_its_last_stage_only():
     pp = PipelineCostModel(M, 2, lambda s: RooflineCostModel(s, G, 4), G.nvlink_bw_bytes_per_s)
     first, last = pp.stages
     assert first.step_time(Batch(64, 64 * 512, (), 0)).ops_s["allreduce"] == first._per_tokens(64)[1]
+    # through the pipeline itself: its step is the stages' work rescaled, so the all-reduce's
+    # share of it is that of a first stage without sampled positions plus the last stage's
+    sans = first.step_time(Batch(64, 64 * 512, (), 0)).ops_s
+    with_logits = first.step_time(b).ops_s
+    tail = last.step_time(b).ops_s
+    ops = pp.step_time(b).ops_s
+    share = ops["allreduce"] / sum(ops.values())
+    assert share == pytest.approx((sans["allreduce"] + tail["allreduce"]) / (sum(sans.values()) + sum(tail.values())),
+                                  rel=1e-9)
+    assert share != pytest.approx((with_logits["allreduce"] + tail["allreduce"])
+                                  / (sum(with_logits.values()) + sum(tail.values())), rel=1e-6)
     assert last.step_time(b).ops_s["allreduce"] == pytest.approx(
         last._per_tokens(64)[1] + last._logits_gather_s(64), rel=1e-12)
