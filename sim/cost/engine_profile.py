@@ -108,6 +108,11 @@ class EngineProfile:
     # itself runs max_num_tokens below max_seq_len and whose 2023 GptSession engines bound prompts
     # by max_input_len: sim/policies/budget.py ``budget_error``)
     budget_covers_max_model_len: bool = True
+    # whether the engine runs FP8 context FMHA (prefill attention on FP8 tensor cores) where its
+    # attention tables hold one and the model runs FP8 with an fp8 KV cache (sim/cost/roofline.py):
+    # TensorRT-LLM's builder turns it on in that case in later releases; v0.5-v0.7 had none
+    # (NVIDIA/TensorRT-LLM#1463: --use_fp8_context_fmha is not an option in 0.8.0): false there
+    fp8_context_fmha: bool = True
 
     def cpu_s(self, num_seqs: int, has_prefill: bool, tp: int) -> float:
         """Fixed + per-sequence + per-extra-rank CPU seconds of one step; with
@@ -216,6 +221,7 @@ class EngineProfile:
             "custom_allreduce": self.custom_allreduce, "vllm_release": self.vllm_release,
             "eager_op_ms": self.eager_op_s * 1e3, "draft_cuda_graph": self.draft_cuda_graph,
             "fp8_gemm": self.fp8_gemm, "budget_covers_max_model_len": self.budget_covers_max_model_len,
+            "fp8_context_fmha": self.fp8_context_fmha,
             "overridden": list(self.overridden),
         }
 
@@ -241,7 +247,8 @@ FRONTEND_MS_KEYS = ("frontend_request_ms", "frontend_per_prompt_token_ms", "fron
 
 # keys a catalogue entry or a profile file may leave out, with the value their absence means
 _OPTIONAL_DEFAULTS = {"kv_memory_basis": "total", "custom_allreduce": True, "draft_cuda_graph": None,
-                      "fp8_gemm": "cutlass", "vllm_release": "0.11", "budget_covers_max_model_len": True}
+                      "fp8_gemm": "cutlass", "vllm_release": "0.11", "budget_covers_max_model_len": True,
+                      "fp8_context_fmha": True}
 
 
 def _optional_values(d: dict) -> dict:

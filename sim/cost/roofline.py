@@ -315,9 +315,11 @@ class RooflineCostModel:
         # KV cache on SM >= 89 (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``build``, "Logics to
         # control paged_context_fmha and fp8_context_fmha": disabled unless quant_algo is FP8,
         # W4A8_AWQ or NVFP4, disabled below Ada/Hopper, and enabled "to support FP8 Paged Context
-        # FMHA" when the KV cache is fp8); only a backend with its own tables has such a table
+        # FMHA" when the KV cache is fp8), in the releases that have it (the profile's
+        # ``fp8_context_fmha``: not v0.5-v0.7, trt-llm-2023); only a backend with its own tables
+        # has such a table
         fp8_context = (q is not None and q.compute in ("fp8", "fp4") and self.kv_dtype_bytes <= 1
-                       and bool(gpu.fp8_flops_per_s))
+                       and bool(gpu.fp8_flops_per_s) and self.engine.fp8_context_fmha)
         # The engine's own attention tables time its MHA/GQA kernels (head_dim 128, K and V per KV
         # head); an MLA model's attention runs other kernels (TensorRT-LLM's and FlashInfer's MLA
         # paths over the 576-wide latent; aiconfigurator measures them in separate mla tables),
