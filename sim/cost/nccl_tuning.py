@@ -69,13 +69,15 @@ def _log2i(x: int) -> int:
     return int(math.floor(math.log2(x))) if x > 1 else 0
 
 
-def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float, ranks_per_node: int = 2) -> float:
+def ring_bus_gb_s(bus_gb_s: float, protocol: str, ll_max_gb_s: float, ranks_per_node: int = 2,
+                  ll_divisor: float = 4.0) -> float:
     """A ring's bus bandwidth under ``protocol`` (tuning.cc ``ncclTopoTuneModel``): LL moves 8
-    bytes per 16 (a quarter of the bus after its flags and fences), capped at ``llMaxBw``;
+    bytes per 16 (1 / ``ll_divisor`` of it: a quarter of the bus after its flags and fences for an
+    all-reduce or across nodes, a third for an all-gather on one node), capped at ``llMaxBw``;
     LL128 120 of 128 bytes (x 0.92; x 0.7 with one rank per node, ``ppn < 2``); Simple the bus
     as measured."""
     if protocol == "LL":
-        return min(ll_max_gb_s, bus_gb_s / 4.0)
+        return min(ll_max_gb_s, bus_gb_s / ll_divisor)
     if protocol == "LL128":
         return bus_gb_s * (0.7 if ranks_per_node < 2 else 0.92)
     return bus_gb_s
@@ -147,13 +149,8 @@ def allgather_option_s(size_bytes: float, ranks: int, bus_bytes_per_s: float, li
     p = PROTOCOLS.index(protocol)
     if link != LINK_NVLINK and protocol == "LL128":
         return math.inf
-    bus = bus_bytes_per_s / 1e9  # GB/s, as tuning.cc
-    if protocol == "LL":
-        bus = min(_LL_MAX_BW_GB_S, bus / 3.0)
-    elif protocol == "LL128":
-        bus *= 0.92
     steps = ranks - 1
-    bw = bus * ranks / steps
+    bw = ring_bus_gb_s(bus_bytes_per_s / 1e9, protocol, _LL_MAX_BW_GB_S, ranks, ll_divisor=3.0) * ranks / steps
     lat_us = _BASE_LAT_US["ring"][p] + steps * _HW_LAT_US[link]["ring"][p]
     return (lat_us + size_bytes / (1000.0 * bw)) * 1e-6
 
