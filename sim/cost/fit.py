@@ -14,7 +14,7 @@ import math
 import numpy as np
 import polars as pl
 
-from sim.cost.calibration import ENGINE_ATTN_OPS, Calibration, attn_base
+from sim.cost.calibration import CALIBRATED_OPS, ENGINE_ATTN_OPS, Calibration, attn_base
 from sim.cost.shapes import (ELEM_BYTES_PER_WIDTH, FA2_BLOCK_N, custom_allreduce_link_bytes,  # noqa: F401
                              fa2_num_splits, fa2_split_kv, prefill_pairs, uses_custom_allreduce, wave_padding)
 from sim.spec.hardware import GPUSpec
@@ -38,14 +38,12 @@ FA2_DECODE_KERNELS = ("vllm_flash_attn",)
 COMBINE_S = tuple(i * 1e-6 for i in range(11))  # candidate split-KV combine costs, 0..10 us
 HOLDOUT_KEY = {"gemm": "m", "gemm_fp8": "m", "gemm_nvfp4": "m", "linear": "m", "attn_prefill": "seq_tokens", "attn_decode": "context_tokens",
                "allreduce": "size_bytes", "custom_allreduce": "size_bytes", "elementwise": "m", "overhead": "batch"}
-
-
-
 for _op in ENGINE_ATTN_OPS:
     HOLDOUT_KEY[_op] = HOLDOUT_KEY[attn_base(_op)]
-# Operators fitted on one source only (``primary_source``)
-ONE_SOURCE_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
-                  "overhead") + ENGINE_ATTN_OPS
+# Every operator a calibration file holds (the fit's and the held-out check's default)
+FITTED_OPS = CALIBRATED_OPS + ENGINE_ATTN_OPS
+# Operators fitted on one source only (``primary_source``): all but the elementwise kernels
+ONE_SOURCE_OPS = tuple(op for op in FITTED_OPS if op != "elementwise")
 
 
 def custom_allreduce_link_bytes_np(tp, size_bytes) -> np.ndarray:
@@ -125,10 +123,10 @@ def bounds_s(df: pl.DataFrame, gpu: GPUSpec, terms: dict | None = None) -> np.nd
     # Q, K, V in fp8, QK^T and PV on FP8 tensor cores) runs at the FP8 peak with 1-byte K and V
     # (Q read and O written counted at 2 bytes, as the cost model does).
     base = np.array([attn_base(x) for x in op]) if len(op) else op
-    kvb = np.where(np.char.endswith(op.astype(str), "_fp8kv") | np.char.endswith(op.astype(str), "_fp8"), 1.0, 2.0) \
-        if len(op) else np.zeros(0)
-    apeak = np.where(np.char.endswith(op.astype(str), "_fp8"), getattr(gpu, "fp8_flops_per_s", None) or peak, peak) \
-        if len(op) else np.zeros(0)
+    names = op.astype(str)
+    fp8_fmha = np.char.endswith(names, "_fp8")
+    kvb = np.where(np.char.endswith(names, "_fp8kv") | fp8_fmha, 1.0, 2.0)
+    apeak = np.where(fp8_fmha, getattr(gpu, "fp8_flops_per_s", None) or peak, peak)
     p = base == "attn_prefill"
     pairs = prefill_pairs(seq, ctx)
     fl = 4 * h * d * pairs * b
@@ -253,10 +251,11 @@ def _fit_rows(rows: pl.DataFrame, op: str) -> dict:
         look = {(r["m"], r["n"], r["k"]): r["log_eff"] for r in g.iter_rows(named=True)}
         return {"m": mv, "n": nv, "k": kv, "sources": srcs,
                 "log_eff": [[[_r(look.get((m, n, k))) for m in mv] for k in kv] for n in nv]}
-    if attn_base(op) in ("attn_prefill", "attn_decode"):
-        if attn_base(op) == "attn_decode":
+    base = attn_base(op)
+    if base in ("attn_prefill", "attn_decode"):
+        if base == "attn_decode":
             rows = rows.with_columns(context_tokens=pl.col("context_tokens") + pl.col("seq_tokens"))
-        axis = "seq_tokens" if attn_base(op) == "attn_prefill" else "context_tokens"
+        axis = "seq_tokens" if base == "attn_prefill" else "context_tokens"
         tables = []
         for (h, kvh), part in sorted(rows.group_by("num_heads", "num_kv_heads"), key=lambda t: t[0]):
             tables.append({"num_heads": h, "num_kv_heads": kvh, **_grid(part, "batch", axis)})
@@ -344,8 +343,7 @@ def select_terms(df: pl.DataFrame, gpu: GPUSpec, ops) -> dict:
     return terms
 
 
-def fit(df: pl.DataFrame, gpu: GPUSpec, ops=("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce",
-                                           "elementwise", "overhead") + ENGINE_ATTN_OPS, terms: dict | None = None) -> dict:
+def fit(df: pl.DataFrame, gpu: GPUSpec, ops=FITTED_OPS, terms: dict | None = None) -> dict:
     """The calibration file's content for ``gpu`` from its profile rows. ``terms`` (the GEMM
     wave term, the FA2 split-KV combine) are selected on these rows unless given."""
     if terms is None:

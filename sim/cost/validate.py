@@ -10,13 +10,12 @@ import numpy as np
 import polars as pl
 
 from sim.cost.calibration import ENGINE_ATTN_OPS, Calibration, attn_base
-from sim.cost.fit import (ONE_SOURCE_OPS, ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
+from sim.cost.fit import (FITTED_OPS, ONE_SOURCE_OPS, ape, beyond_roofline, equivalent_prefill_tokens, fit, overhead_coefs, holdout_mask, predict_eff,
                           predicted_s, primary_source, with_efficiency)
 from sim.cost.shapes import prefill_pairs
 from sim.spec.hardware import GPUSpec
 
-HELDOUT_OPS = ("gemm", "gemm_fp8", "gemm_nvfp4", "attn_prefill", "attn_decode", "allreduce", "custom_allreduce", "elementwise",
-               "overhead") + ENGINE_ATTN_OPS
+HELDOUT_OPS = FITTED_OPS
 # Cross-source GEMM check: vidur per-layer linear ops (model, TP) predicted from a GEMM table.
 CROSS_MODELS = (("meta-llama/Llama-2-7b-hf", 1), ("meta-llama/Llama-2-70b-hf", 4),
                 ("codellama/CodeLlama-34b-Instruct-hf", 1))
@@ -168,9 +167,7 @@ def cross_source_attention(df: pl.DataFrame, gpu: GPUSpec) -> list[dict]:
         op = attn_base(eop)
         if eop.endswith(("_fp8", "_fp8kv")) or op not in cals:
             continue
-        rows = df.filter(pl.col("op") == eop)
-        if attn_base(eop) == "attn_prefill":
-            rows = rows.filter(pl.col("context_tokens") == 0)
+        rows = _op_rows(df, eop)
         if rows.is_empty():
             continue
         rows = rows.with_columns(op=pl.lit(op))
